@@ -1,0 +1,298 @@
+"""Typed, frozen trial configuration: the only thing the sweep engine hands the trainer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.presets import MODEL_PRESETS
+
+REMAT_POLICIES = (
+    "full",
+    "minimal",
+    "minimal_with_context",
+    "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "save_out_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "custom",
+)
+RematPolicy = Literal[
+    "full",
+    "minimal",
+    "minimal_with_context",
+    "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "save_out_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "custom",
+]
+# Tensors a `custom` policy may place; everything not listed is recomputed.
+CUSTOM_REMAT_TENSORS = (
+    "decoder_layer_input",
+    "context",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "qkv_proj",
+    "out_proj",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+)
+MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+
+
+class ConfigError(ValueError):
+    """A configuration a user can fix; `field` is the dotted path of the offending key."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Frozen):
+    """Decoder-only transformer shape; `preset` fills every field not given explicitly."""
+
+    preset: str | None = None
+    vocab_size: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    mlp_dim: int = Field(gt=0)
+    num_experts: int = Field(default=0, ge=0)
+    experts_per_token: int = Field(default=0, ge=0)
+    capacity_factor: float = -1.0
+    load_balance_loss_weight: float = Field(default=0.01, ge=0)
+    fused_qkv: bool = False
+    rope_theta: float = Field(default=10000.0, gt=0)
+    norm_eps: float = Field(default=1e-5, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            name = data["preset"]
+            if name not in MODEL_PRESETS:
+                known = ", ".join(sorted(MODEL_PRESETS))
+                raise ValueError(f"unknown preset {name!r}; known presets: {known}")
+            return {**MODEL_PRESETS[name], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.is_moe:
+            if not 0 < self.experts_per_token <= self.num_experts:
+                raise ValueError(
+                    f"experts_per_token ({self.experts_per_token}) must be in 1..num_experts ({self.num_experts})"
+                )
+            if self.capacity_factor != -1.0:
+                raise ValueError(
+                    "capacity_factor: only dropless routing (-1) is implemented; "
+                    "set capacity_factor: -1"
+                )
+        elif self.experts_per_token:
+            raise ValueError("experts_per_token is set but num_experts is 0 (dense model)")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+class MeshConfig(_Frozen):
+    """ICI parallelism degrees; their product is the device count; one may be -1 (fill)."""
+
+    data: int = 1
+    fsdp: int = -1
+    context: int = 1
+    expert: int = 1
+    tensor: int = 1
+    context_load_balance: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> MeshConfig:
+        degrees = self.degrees()
+        for axis, degree in degrees.items():
+            if degree == 0 or degree < -1:
+                raise ValueError(
+                    f"{axis}: degree must be a positive integer or -1 (fill), got {degree}"
+                )
+        if sum(d == -1 for d in degrees.values()) > 1:
+            raise ValueError("at most one mesh degree may be -1 (fill)")
+        return self
+
+    def degrees(self) -> dict[str, int]:
+        return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+    def resolve(self, num_devices: int) -> dict[str, int]:
+        """Concrete degrees for `num_devices`; raises ConfigError when impossible."""
+        degrees = self.degrees()
+        fixed = 1
+        for degree in degrees.values():
+            if degree != -1:
+                fixed *= degree
+        fill = [axis for axis, d in degrees.items() if d == -1]
+        if fill:
+            if num_devices % fixed:
+                raise ConfigError(
+                    f"mesh.{fill[0]}",
+                    f"cannot fill: {num_devices} devices are not divisible by the product "
+                    f"of the other degrees ({fixed})",
+                )
+            degrees[fill[0]] = num_devices // fixed
+        elif fixed != num_devices:
+            raise ConfigError(
+                "mesh",
+                f"product of degrees {degrees} is {fixed} but there are {num_devices} devices; "
+                "make the product equal the device count or set one degree to -1",
+            )
+        return degrees
+
+
+class RematConfig(_Frozen):
+    policy: RematPolicy = "full"
+    custom: dict[str, Literal["device", "remat", "offload"]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> RematConfig:
+        if self.custom and self.policy != "custom":
+            raise ValueError("custom: per-tensor placements are only read when policy is 'custom'")
+        unknown = sorted(set(self.custom) - set(CUSTOM_REMAT_TENSORS))
+        if unknown:
+            raise ValueError(
+                f"custom: unknown tensor(s) {unknown}; known: {', '.join(CUSTOM_REMAT_TENSORS)}"
+            )
+        return self
+
+
+class DataConfig(_Frozen):
+    source: Literal["stdlib", "synthetic"] = "stdlib"
+    max_corpus_mib: float = Field(default=16.0, gt=0)
+
+
+class ConvergenceConfig(_Frozen):
+    """Compare this run's losses with the baseline-numerics reference of the same recipe."""
+
+    enabled: bool = True
+    tolerance: float = Field(default=0.05, gt=0, description="allowed |final - ref| / ref")
+    window: int = Field(default=5, gt=0, description="final loss = mean of the last `window` steps")
+    cache_dir: str | None = None
+
+
+class MeasureConfig(_Frozen):
+    skip_steps: int = Field(default=2, ge=0, description="warm-up steps excluded from timing")
+
+
+class LimitsConfig(_Frozen):
+    time_limit_s: float | None = Field(default=None, gt=0)
+    device_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="memory budget per device; defaults to the backend's real capacity when known",
+    )
+
+
+class FaultConfig(_Frozen):
+    """Fault injection, for testing the engine's failure handling and the convergence check."""
+
+    nan_at_step: int | None = Field(default=None, ge=0)
+    grad_scale: float = 1.0
+
+
+class TrialConfig(_Frozen):
+    """One trial: a model, a mesh, a remat policy, a data source and a training recipe."""
+
+    model: ModelConfig
+    mesh: MeshConfig = MeshConfig()
+    remat: RematConfig = RematConfig()
+    data: DataConfig = DataConfig()
+    seq_len: int = Field(default=128, ge=2)
+    per_device_batch: float = Field(default=1.0, gt=0)
+    steps: int = Field(default=20, gt=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    learning_rate: float = Field(default=3e-3, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    num_devices: int | None = Field(default=None, gt=0)
+    measure: MeasureConfig = MeasureConfig()
+    convergence: ConvergenceConfig = ConvergenceConfig()
+    limits: LimitsConfig = LimitsConfig()
+    fault: FaultConfig = FaultConfig()
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrialConfig:
+        return load_config(json.loads(text))
+
+    def numerics_signature(self) -> dict[str, Any]:
+        """What determines the loss curve up to float reordering (not mesh, remat or limits)."""
+        return {
+            "model": self.model.model_dump(exclude={"preset"}),
+            "data": self.data.model_dump(),
+            "seq_len": self.seq_len,
+            "per_device_batch": self.per_device_batch,
+            "steps": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "learning_rate": self.learning_rate,
+            "weight_decay": self.weight_decay,
+            "grad_clip": self.grad_clip,
+            "seed": self.seed,
+        }
+
+    def baseline(self) -> TrialConfig:
+        """The same recipe with baseline numerics and no faults: the convergence reference."""
+        return self.model_copy(
+            update={
+                "fault": FaultConfig(),
+                "convergence": self.convergence.model_copy(update={"enabled": False}),
+            }
+        )
+
+    @property
+    def is_baseline_numerics(self) -> bool:
+        return self.fault == FaultConfig()
+
+
+def _field_of(error: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "config"
+
+
+def load_config(data: dict[str, Any]) -> TrialConfig:
+    """Validate a plain dict; raise ConfigError naming the first offending field."""
+    try:
+        return TrialConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown key (remove it or check its spelling)"
+        raise ConfigError(_field_of(first), message) from None

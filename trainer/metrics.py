@@ -1,0 +1,140 @@
+"""What a step costs and how fast it ran: analytic FLOPs, peak tables, step-time statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.config import ModelConfig
+
+
+def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int) -> float:
+    """MaxText's calculate_tflops_training_per_device, for the whole step (not per device).
+
+    3 x (FFN + QKV + output projection) per layer + embedding, plus 3 x causal attention;
+    MoE counts the router and the top-k experts. Remat recompute is not counted.
+    """
+    tokens = global_batch * seq_len
+    ffn_one = 2 * tokens * model.mlp_dim * model.d_model * 3  # wi_0, wi_1, wo
+    if model.is_moe:
+        ffn = 2 * tokens * model.d_model * model.num_experts + ffn_one * model.experts_per_token
+    else:
+        ffn = ffn_one
+    qkv = 2 * tokens * model.d_model * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+    projection = 2 * tokens * model.d_model * model.num_heads * model.head_dim
+    embedding = 2 * tokens * model.d_model * model.vocab_size
+    causal_attention = 4 * global_batch * seq_len**2 * model.num_heads * model.head_dim / 2
+    learnable = ((ffn + qkv + projection) * model.num_layers + embedding) * 3
+    attention = causal_attention * model.num_layers * 3
+    return float(learnable + attention)
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Peak dense TFLOP/s per chip by precision, and how many JAX devices a chip shows."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    devices_per_chip: int
+    source: str
+
+
+# Vendor peaks (KNOBS.md, Measurement). Keys are jax Device.device_kind prefixes.
+CHIPS: dict[str, Chip] = {
+    "TPU7x": Chip("TPU7x", {"bf16": 2307.0, "fp8": 4614.0}, 2, "datasheet"),
+    "TPU v5p": Chip("TPU v5p", {"bf16": 459.0}, 1, "datasheet"),
+    "TPU v6": Chip("TPU v6e", {"bf16": 918.0}, 1, "datasheet"),
+    "NVIDIA H100": Chip("H100", {"bf16": 989.0}, 1, "datasheet"),
+    "NVIDIA H200": Chip("H200", {"bf16": 989.0}, 1, "datasheet"),
+}
+
+
+def chip_for(
+    device_kind: str, platform_name: str, num_devices: int, cache_dir: Path | None
+) -> Chip:
+    for prefix, chip in CHIPS.items():
+        if device_kind.startswith(prefix):
+            return chip
+    if platform_name == "cpu":
+        # Simulated CPU devices share one host: the host is the "chip".
+        peak = measured_cpu_peak_tflops(cache_dir)
+        return Chip(
+            f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
+            {"bf16": peak, "fp8": peak},
+            num_devices,
+            "measured",
+        )
+    return Chip(device_kind, {}, 1, "unknown")
+
+
+def measured_cpu_peak_tflops(cache_dir: Path | None) -> float:
+    """Best f32 matmul TFLOP/s of this host, measured once and cached by host and JAX version."""
+    import jax
+    import jax.numpy as jnp
+
+    key = f"{platform.node()}-{platform.machine()}-{os.cpu_count()}-jax{jax.__version__}"
+    path = (cache_dir / "cpu_peak.json") if cache_dir else None
+    if path and path.exists():
+        cached = json.loads(path.read_text())
+        if key in cached:
+            return float(cached[key])
+    n = 1024
+    cpu = jax.devices("cpu")[0]
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    tflops = 2 * n**3 / best / 1e12
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cached = json.loads(path.read_text()) if path.exists() else {}
+        cached[key] = tflops
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return tflops
+
+
+def step_time_stats(step_times_s: list[float]) -> dict[str, float]:
+    times = np.asarray(step_times_s)
+    return {
+        "step_time_median_s": float(np.median(times)),
+        "step_time_p90_s": float(np.percentile(times, 90)),
+        "step_time_min_s": float(times.min()),
+        "step_time_max_s": float(times.max()),
+        "timed_steps": len(times),
+    }
+
+
+def memory_per_device(compiled: Any) -> dict[str, int]:
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return {}
+    fields = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+        "host_temp_size_in_bytes",
+    )
+    memory = {f: int(getattr(analysis, f, 0) or 0) for f in fields}
+    # Donated (aliased) outputs reuse argument buffers, so count them once.
+    memory["total_bytes"] = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+    )
+    return memory

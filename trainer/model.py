@@ -1,0 +1,168 @@
+"""Decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU) with a scanned, rematted layer stack."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from trainer.config import ModelConfig
+from trainer.moe import MoeBlock
+
+Dtype = Any
+ACT_BxSxE = ("activation_batch", "activation_length", None)
+
+
+def weight(
+    module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...], fan_in: int
+):
+    init = nn.initializers.normal(stddev=fan_in**-0.5)
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param(
+            "scale",
+            nn.with_logical_partitioning(nn.initializers.ones, (None,)),
+            (x.shape[-1],),
+            jnp.float32,
+        )
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * scale).astype(self.dtype)
+
+
+def apply_rope(x_BxSxHxD, positions_BxS, theta: float):
+    half = x_BxSxHxD.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles_BxSx1xF = (positions_BxS[..., None].astype(jnp.float32) * inv_freq)[:, :, None, :]
+    sin, cos = jnp.sin(angles_BxSx1xF), jnp.cos(angles_BxSx1xF)
+    x1, x2 = jnp.split(x_BxSxHxD.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxSxHxD.dtype)
+
+
+def causal_attention(q_BxSxHxD, k_BxTxKxD, v_BxTxKxD, q_pos_BxS, k_pos_BxT):
+    """Grouped-query attention; the mask comes from positions, so a permuted sequence works."""
+    b, s, h, d = q_BxSxHxD.shape
+    kv = k_BxTxKxD.shape[2]
+    q_BxSxKxGxD = q_BxSxHxD.reshape(b, s, kv, h // kv, d) * (d**-0.5)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q_BxSxKxGxD, k_BxTxKxD).astype(jnp.float32)
+    mask = q_pos_BxS[:, None, None, :, None] >= k_pos_BxT[:, None, None, None, :]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxD.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v_BxTxKxD)
+    return out.reshape(b, s, h, d)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x_BxSxE, positions_BxS):
+        cfg, dt = self.cfg, self.dtype
+        e, h, kv, d = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if cfg.fused_qkv:
+            w = weight(self, "qkv", (e, h + 2 * kv, d), ("embed", "heads", None), e)
+            qkv = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, w.astype(dt)), "qkv_proj")
+            q, k, v = jnp.split(qkv, [h, h + kv], axis=2)
+        else:
+            wq = weight(self, "query", (e, h, d), ("embed", "heads", None), e)
+            wk = weight(self, "key", (e, kv, d), ("embed", "kv_heads", None), e)
+            wv = weight(self, "value", (e, kv, d), ("embed", "kv_heads", None), e)
+            q = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wq.astype(dt)), "query_proj")
+            k = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wk.astype(dt)), "key_proj")
+            v = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wv.astype(dt)), "value_proj")
+        q = apply_rope(q, positions_BxS, cfg.rope_theta)
+        k = apply_rope(k, positions_BxS, cfg.rope_theta)
+        q = nn.with_logical_constraint(
+            q, ("activation_batch", "activation_length", "activation_heads", None)
+        )
+        # Keys and values span the whole sequence: under context parallelism this all-gathers them.
+        k = nn.with_logical_constraint(k, ("activation_batch", None, "activation_kv_heads", None))
+        v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
+        k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
+        ctx = checkpoint_name(causal_attention(q, k, v, positions_BxS, k_pos), "context")
+        wo = weight(self, "out", (h, d, e), ("heads", None, "embed"), h * d)
+        return checkpoint_name(jnp.einsum("bshd,hde->bse", ctx, wo.astype(dt)), "out_proj")
+
+
+class Mlp(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x_BxSxE):
+        e, f, dt = self.cfg.d_model, self.cfg.mlp_dim, self.dtype
+        wi_0 = weight(self, "wi_0", (e, f), ("embed", "mlp"), e)
+        wi_1 = weight(self, "wi_1", (e, f), ("embed", "mlp"), e)
+        wo = weight(self, "wo", (f, e), ("mlp", "embed"), f)
+        gate = checkpoint_name(jnp.einsum("bse,ef->bsf", x_BxSxE, wi_0.astype(dt)), "mlpwi_0")
+        up = checkpoint_name(jnp.einsum("bse,ef->bsf", x_BxSxE, wi_1.astype(dt)), "mlpwi_1")
+        hidden = nn.with_logical_constraint(
+            jax.nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp")
+        )
+        return checkpoint_name(jnp.einsum("bsf,fe->bse", hidden, wo.astype(dt)), "mlpwo")
+
+
+class DecoderLayer(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x_BxSxE, positions_BxS):
+        cfg = self.cfg
+        x = nn.with_logical_constraint(x_BxSxE, ACT_BxSxE)
+        x = checkpoint_name(x, "decoder_layer_input")
+        h = RMSNorm(cfg.norm_eps, self.dtype, name="attn_norm")(x)
+        x = x + Attention(cfg, self.dtype, name="attention")(h, positions_BxS)
+        h = RMSNorm(cfg.norm_eps, self.dtype, name="mlp_norm")(x)
+        if cfg.is_moe:
+            y, aux_loss = MoeBlock(cfg, self.dtype, name="moe")(h)
+        else:
+            y, aux_loss = Mlp(cfg, self.dtype, name="mlp")(h), jnp.zeros((), jnp.float32)
+        x = nn.with_logical_constraint(x + y, ACT_BxSxE)
+        return x, aux_loss
+
+
+class Transformer(nn.Module):
+    """Returns (logits_BxSxV in float32, summed MoE load-balancing loss)."""
+
+    cfg: ModelConfig
+    remat_policy: Callable[..., Any] | None = None
+    dtype: Dtype = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, tokens_BxS, positions_BxS):
+        cfg = self.cfg
+        embedding = weight(self, "embedding", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), 1)
+        x = jnp.take(embedding.astype(self.dtype), tokens_BxS, axis=0)
+        layer = nn.remat(DecoderLayer, policy=self.remat_policy, prevent_cse=False)
+        stack = nn.scan(
+            layer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast,),
+            length=cfg.num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, aux_per_layer = stack(cfg, self.dtype, name="layers")(x, positions_BxS)
+        x = RMSNorm(cfg.norm_eps, self.dtype, name="final_norm")(x)
+        unembed = weight(
+            self, "unembed", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model
+        )
+        logits = jnp.einsum("bse,ev->bsv", x, unembed.astype(self.dtype)).astype(jnp.float32)
+        logits = nn.with_logical_constraint(
+            logits, ("activation_batch", "activation_length", "activation_vocab")
+        )
+        return logits, jnp.sum(aux_per_layer)

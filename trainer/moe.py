@@ -1,0 +1,73 @@
+"""Mixture-of-Experts block: top-k router, dropless grouped matmul, load-balancing loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from trainer.config import ModelConfig
+
+
+def _tag(x, name: str):
+    # MoE tensors answer to both the dense name and its moe_ twin, as in MaxText.
+    return checkpoint_name(checkpoint_name(x, name), f"moe_{name}")
+
+
+class MoeBlock(nn.Module):
+    cfg: ModelConfig
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x_BxSxE):
+        cfg, dt = self.cfg, self.dtype
+        b, s, e = x_BxSxE.shape
+        n, k, f = cfg.num_experts, cfg.experts_per_token, cfg.mlp_dim
+        init = nn.initializers.normal
+        router = self.param(
+            "router",
+            nn.with_logical_partitioning(init(e**-0.5), ("embed", None)),
+            (e, n),
+            jnp.float32,
+        )
+        wi_0 = self.param(
+            "wi_0", nn.with_logical_partitioning(init(e**-0.5), ("exp", "embed", "mlp")), (n, e, f)
+        )
+        wi_1 = self.param(
+            "wi_1", nn.with_logical_partitioning(init(e**-0.5), ("exp", "embed", "mlp")), (n, e, f)
+        )
+        wo = self.param(
+            "wo", nn.with_logical_partitioning(init(f**-0.5), ("exp", "mlp", "embed")), (n, f, e)
+        )
+
+        probs_BxSxN = jax.nn.softmax(
+            jnp.einsum("bse,en->bsn", x_BxSxE.astype(jnp.float32), router), axis=-1
+        )
+        top_w_BxSxK, top_i_BxSxK = jax.lax.top_k(probs_BxSxN, k)
+        top_w_BxSxK = top_w_BxSxK / jnp.sum(top_w_BxSxK, axis=-1, keepdims=True)
+
+        # Dropless routing: sort the (token, choice) pairs by expert into ragged groups.
+        tokens = b * s
+        x_TxE = x_BxSxE.reshape(tokens, e)
+        expert_of_slot = top_i_BxSxK.reshape(tokens * k)
+        order = jnp.argsort(expert_of_slot, stable=True)
+        x_sorted = jnp.take(x_TxE, order // k, axis=0)
+        group_sizes = jnp.bincount(expert_of_slot, length=n).astype(jnp.int32)
+
+        gate = _tag(jax.lax.ragged_dot(x_sorted, wi_0.astype(dt), group_sizes), "mlpwi_0")
+        up = _tag(jax.lax.ragged_dot(x_sorted, wi_1.astype(dt), group_sizes), "mlpwi_1")
+        out_sorted = _tag(
+            jax.lax.ragged_dot(jax.nn.silu(gate) * up, wo.astype(dt), group_sizes), "mlpwo"
+        )
+        out_TKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
+        out_TxKxE = out_TKxE.reshape(tokens, k, e)
+        y_TxE = jnp.einsum("tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(tokens, k).astype(dt))
+
+        # Switch-style balance loss: num_experts * sum_e(fraction routed to e * mean prob of e).
+        fraction_N = group_sizes.astype(jnp.float32) / (tokens * k)
+        mean_prob_N = jnp.mean(probs_BxSxN, axis=(0, 1))
+        aux_loss = n * jnp.sum(fraction_N * mean_prob_N) * cfg.load_balance_loss_weight
+        return y_TxE.reshape(b, s, e), aux_loss

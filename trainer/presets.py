@@ -1,0 +1,78 @@
+"""Model shapes by name: tiny ones for tests, real ones for compile and estimate trials."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TINY = dict(vocab_size=256, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-dense": {**_TINY, "mlp_dim": 128},
+    "tiny-moe": {**_TINY, "mlp_dim": 64, "num_experts": 4, "experts_per_token": 2},
+    # A CPU-sized model that still spends most of its time in matmuls (benchmarks).
+    "small-dense": dict(
+        vocab_size=256,
+        d_model=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        mlp_dim=768,
+    ),
+    "small-moe": dict(
+        vocab_size=256,
+        d_model=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        mlp_dim=384,
+        num_experts=8,
+        experts_per_token=2,
+    ),
+    "llama3-8b": dict(
+        vocab_size=128256,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        rope_theta=500000.0,
+    ),
+    "llama3.1-70b": dict(
+        vocab_size=128256,
+        d_model=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=28672,
+        rope_theta=500000.0,
+    ),
+    "mixtral-8x7b": dict(
+        vocab_size=32000,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        num_experts=8,
+        experts_per_token=2,
+        rope_theta=1000000.0,
+    ),
+    # DeepSeekMoE-16B's routed experts (64, top-6, 1408 wide); its 2 shared experts and
+    # dense first layer are not modelled, hence "class".
+    "deepseek-moe-16b-class": dict(
+        vocab_size=102400,
+        d_model=2048,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+        mlp_dim=1408,
+        num_experts=64,
+        experts_per_token=6,
+    ),
+}

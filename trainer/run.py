@@ -1,0 +1,245 @@
+"""One training run: validate, build the mesh and state, compile once, train, measure, judge."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from trainer import convergence, metrics
+from trainer.config import ConfigError, TrialConfig
+from trainer.data import BatchSource
+from trainer.effects import knob_effects
+from trainer.events import Emitter, TrialFailure
+from trainer.model import Transformer
+from trainer.remat import checkpoint_policy
+from trainer.sharding import (
+    LOGICAL_RULES,
+    batch_sharding,
+    build_mesh,
+    check_batch_and_sequence,
+    check_divisible,
+    global_batch_size,
+    state_shardings,
+)
+from trainer.step import make_init_fn, make_optimizer, make_train_step
+
+
+@dataclass
+class RunResult:
+    losses: list[float] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def select_devices(config: TrialConfig) -> list[jax.Device]:
+    devices = jax.devices() if config.backend == "auto" else jax.devices(config.backend)
+    if config.num_devices is not None:
+        if config.num_devices > len(devices):
+            raise ConfigError(
+                "num_devices", f"{config.num_devices} requested but only {len(devices)} available"
+            )
+        devices = devices[: config.num_devices]
+    return devices
+
+
+@dataclass
+class Program:
+    """The compiled step and everything needed to feed it."""
+
+    config: TrialConfig
+    mesh: Any
+    degrees: dict[str, int]
+    global_batch: int
+    init_fn: Any
+    step_fn: Any
+    state_shardings: Any
+    batch_sharding: NamedSharding
+    abstract_state: Any
+
+
+def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
+    """Everything up to (not including) compilation; raises ConfigError for impossible setups."""
+    n = len(devices)
+    degrees = config.mesh.resolve(n)
+    check_batch_and_sequence(config, degrees, n)
+    global_batch = global_batch_size(config, n)
+    mesh = build_mesh(degrees, devices)
+    model = Transformer(config.model, checkpoint_policy(config.remat))
+    tx = make_optimizer(config)
+    batch_shards = math.prod(degrees[a] for a in ("data", "fsdp", "expert"))
+    init_boxed = make_init_fn(model, tx, config, (batch_shards, config.seq_len))
+    with mesh, nn.logical_axis_rules(LOGICAL_RULES):
+        abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+        shardings = state_shardings(abstract_boxed, mesh)
+    abstract = nn.meta.unbox(abstract_boxed)
+    check_divisible(abstract, shardings, mesh)
+    data_sharding = batch_sharding(mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    init_fn = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=shardings)
+    step_fn = jax.jit(
+        make_train_step(model, tx, config),
+        in_shardings=(shardings, data_sharding, data_sharding, data_sharding),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
+    abstract_state = jax.tree.map(
+        lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+        abstract,
+        shardings,
+    )
+    return Program(
+        config,
+        mesh,
+        degrees,
+        global_batch,
+        init_fn,
+        step_fn,
+        shardings,
+        data_sharding,
+        abstract_state,
+    )
+
+
+def compile_step(program: Program):
+    batch = jax.ShapeDtypeStruct(
+        (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
+    )
+    with program.mesh, nn.logical_axis_rules(LOGICAL_RULES):
+        start = time.perf_counter()
+        lowered = program.step_fn.lower(program.abstract_state, batch, batch, batch)
+        compiled = lowered.compile()
+    return compiled, time.perf_counter() - start
+
+
+def _cost(compiled) -> dict[str, float]:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return {
+        k: float(v)
+        for k, v in (cost or {}).items()
+        if k in ("flops", "bytes accessed", "transcendentals")
+    }
+
+
+def train(config: TrialConfig, emitter: Emitter) -> RunResult:
+    devices = select_devices(config)
+    program = build_program(config, devices)
+    platform = devices[0].platform
+    cache = convergence.cache_dir(config)
+    chip = metrics.chip_for(devices[0].device_kind, platform, len(devices), cache)
+    emitter.emit(
+        "accepted",
+        protocol=1,
+        config=config.model_dump(mode="json"),
+        backend=platform,
+        device_kind=devices[0].device_kind,
+        num_devices=len(devices),
+        mesh=program.degrees,
+        global_batch=program.global_batch,
+        effects=knob_effects(config, platform),
+    )
+
+    compiled, compile_s = compile_step(program)
+    memory = metrics.memory_per_device(compiled)
+    emitter.emit(
+        "compiled", compile_s=compile_s, memory_per_device=memory, cost_per_device=_cost(compiled)
+    )
+    budget = config.limits.device_memory_gib
+    if budget is not None and memory.get("total_bytes", 0) > budget * 2**30:
+        raise TrialFailure(
+            "oom_hbm",
+            f"compiled program needs {memory['total_bytes'] / 2**30:.3f} GiB per device, "
+            f"more than the configured limits.device_memory_gib = {budget}",
+            needed_gib=memory["total_bytes"] / 2**30,
+            budget_gib=budget,
+        )
+
+    source = BatchSource(config, program.global_batch, program.degrees["context"])
+    state = program.init_fn(jax.random.key(config.seed))
+    result = RunResult()
+    step_times: list[float] = []
+    loop_start = time.perf_counter()
+    for step in range(config.steps):
+        batch = source.batch(step)
+        arrays = [
+            jax.device_put(a, program.batch_sharding)
+            for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
+        ]
+        start = time.perf_counter()
+        state, step_metrics = compiled(state, *arrays)
+        jax.block_until_ready((state, step_metrics))
+        step_time = time.perf_counter() - start
+        values = {k: float(v) for k, v in step_metrics.items()}
+        result.losses.append(values["loss"])
+        if step >= config.measure.skip_steps:
+            step_times.append(step_time)
+        emitter.emit("step", step=step, step_time_s=step_time, **values)
+        if not all(math.isfinite(v) for v in values.values()):
+            raise TrialFailure(
+                "diverged", f"non-finite metrics at step {step}: {values}", step=step
+            )
+        limit = config.limits.time_limit_s
+        if limit is not None and time.perf_counter() - loop_start > limit:
+            raise TrialFailure(
+                "timeout", f"time limit {limit}s reached after step {step}", step=step
+            )
+    train_s = time.perf_counter() - loop_start
+    if not step_times:  # too few steps to skip warm-up: time what there is, and say so
+        step_times = [step_time]
+
+    stats = metrics.step_time_stats(step_times)
+    tokens_per_step = program.global_batch * config.seq_len
+    tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
+    chips = len(devices) / chip.devices_per_chip
+    flops = metrics.training_flops_per_step(config.model, program.global_batch, config.seq_len)
+    tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
+    peak = chip.peak_tflops.get("bf16")
+    result.summary = {
+        "fidelity": "run",
+        "hardware": chip.name,
+        "backend": platform,
+        "num_devices": len(devices),
+        "chips": chips,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_sec": tokens_per_sec,
+        "tokens_per_sec_per_device": tokens_per_sec / len(devices),
+        "tokens_per_sec_per_chip": tokens_per_sec / chips,
+        "flops_per_step": flops,
+        "tflops_per_sec_per_chip": tflops_per_chip,
+        "peak_tflops_per_chip": peak,
+        "peak_source": chip.source,
+        "mfu": tflops_per_chip / peak if peak else None,
+        **stats,
+        "compile_s": compile_s,
+        "train_s": train_s,
+        "memory_per_device": memory,
+        "hbm_per_device_gib": memory.get("total_bytes", 0) / 2**30,
+        "final_loss": result.losses[-1],
+    }
+    if config.convergence.enabled:
+        result.summary["convergence"] = check_convergence(config, result.losses)
+    return result
+
+
+def check_convergence(config: TrialConfig, losses: list[float]) -> dict[str, Any]:
+    reference = convergence.load_reference(config)
+    source = "cache"
+    if reference is None:
+        if config.is_baseline_numerics:
+            reference, source = losses, "this run"
+        else:
+            reference, source = train(config.baseline(), Emitter(stream=None)).losses, "computed"
+        convergence.store_reference(config, reference)
+    judged = convergence.verdict(
+        losses, reference, config.convergence.tolerance, config.convergence.window
+    )
+    judged["reference_source"] = source
+    judged["reference_key"] = convergence.reference_key(config)
+    return judged

@@ -1,0 +1,71 @@
+"""Optimizer, train state and the pure train step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from trainer.config import TrialConfig
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def make_optimizer(config: TrialConfig) -> optax.GradientTransformation:
+    decay_steps = max(config.steps, config.warmup_steps + 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        decay_steps=decay_steps,
+        end_value=config.learning_rate * 0.1,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(config.grad_clip),
+        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay),
+    )
+
+
+def make_init_fn(
+    model: nn.Module, tx: optax.GradientTransformation, config: TrialConfig, batch_shape
+):
+    """State init returning params still boxed with their logical axes (for eval_shape)."""
+
+    def init_boxed(rng):
+        tokens = jnp.zeros(batch_shape, jnp.int32)
+        params = model.init(rng, tokens, tokens)["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    return init_boxed
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, config: TrialConfig):
+    nan_at_step = config.fault.nan_at_step
+    grad_scale = config.fault.grad_scale
+
+    def train_step(state: TrainState, inputs, targets, positions):
+        def loss_fn(params):
+            logits, aux_loss = model.apply({"params": params}, inputs, positions)
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+            if nan_at_step is not None:
+                ce = ce * jnp.where(state.step == nan_at_step, jnp.nan, 1.0)
+            return ce + aux_loss, (ce, aux_loss)
+
+        (_, (ce, aux_loss)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        if grad_scale != 1.0:
+            grads = jax.tree.map(lambda g: g * grad_scale, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": ce, "aux_loss": aux_loss, "grad_norm": optax.global_norm(grads)}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
