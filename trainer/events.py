@@ -34,18 +34,20 @@ class TrialFailure(Exception):
 
 
 class Emitter:
-    """Writes events; a quiet emitter (stream=None) lets library calls reuse the run loop."""
+    """Writes events to stdout (or `stream`); quiet=True lets library calls reuse the run loop."""
 
-    def __init__(self, stream: TextIO | None = sys.stdout):
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False):
+        self._stream = stream
+        self.quiet = quiet
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "time": time.time(), **fields}
         self.events.append(record)
-        if self.stream is not None:
-            self.stream.write(json.dumps(record, default=_jsonable) + "\n")
-            self.stream.flush()
+        if not self.quiet:
+            stream = self._stream or sys.stdout  # looked up late: stdout may be redirected
+            stream.write(json.dumps(record, default=_jsonable) + "\n")
+            stream.flush()
         return record
 
 

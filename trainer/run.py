@@ -235,7 +235,7 @@ def check_convergence(config: TrialConfig, losses: list[float]) -> dict[str, Any
         if config.is_baseline_numerics:
             reference, source = losses, "this run"
         else:
-            reference, source = train(config.baseline(), Emitter(stream=None)).losses, "computed"
+            reference, source = train(config.baseline(), Emitter(quiet=True)).losses, "computed"
         convergence.store_reference(config, reference)
     judged = convergence.verdict(
         losses, reference, config.convergence.tolerance, config.convergence.window

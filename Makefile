@@ -1,0 +1,31 @@
+# Two entry points (README): `make run` sets up and runs the main job, `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SPACE ?= moe_short
+
+.PHONY: setup run test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/sweeper run $(SPACE)
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup
+	$(BIN)/python -m benchmarks.trainer_throughput
+
+clean:
+	rm -rf $(VENV) results/mlflow.db results/optuna.db results/ray results/cache

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import trial
+from trainer.config import ConfigError, TrialConfig, load_config
+
+
+def test_json_round_trip_is_identity():
+    config = load_config(
+        trial(
+            "tiny-moe",
+            mesh={"fsdp": 2, "expert": 4},
+            remat={"policy": "custom", "custom": {"context": "offload"}},
+        )
+    )
+    again = TrialConfig.from_json(config.to_json())
+    assert again == config
+    assert again.model.num_experts == 4 and again.remat.custom == {"context": "offload"}
+
+
+def test_preset_fills_fields_and_explicit_fields_win():
+    config = load_config(
+        trial(model="llama3-8b") | {"model": {"preset": "llama3-8b", "num_layers": 2}}
+    )
+    assert config.model.d_model == 4096 and config.model.num_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"),
+    [
+        ({"stepz": 3}, "stepz", "unknown key"),
+        ({"model": {"preset": "tiny-dense", "num_heads": 3}}, "model", "num_kv_heads"),
+        ({"model": {"preset": "nope"}}, "model", "unknown preset"),
+        ({"mesh": {"fsdp": -1, "tensor": -1}}, "mesh", "at most one"),
+        ({"remat": {"policy": "everything"}}, "remat.policy", "full"),
+        (
+            {"remat": {"policy": "full", "custom": {"context": "device"}}},
+            "remat",
+            "only read when policy is 'custom'",
+        ),
+        ({"remat": {"policy": "custom", "custom": {"bogus": "device"}}}, "remat", "unknown tensor"),
+        ({"seq_len": 1}, "seq_len", "greater than or equal"),
+    ],
+)
+def test_bad_config_names_the_field(change, field, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(trial() | change)
+    assert err.value.field == field
+    assert fragment in err.value.message
+
+
+def test_mesh_fill_and_impossible_products():
+    mesh = load_config(trial(mesh={"fsdp": -1, "tensor": 2})).mesh
+    assert mesh.resolve(8) == {"data": 1, "fsdp": 4, "context": 1, "expert": 1, "tensor": 2}
+    with pytest.raises(ConfigError, match="not divisible"):
+        load_config(trial(mesh={"fsdp": -1, "tensor": 3})).mesh.resolve(8)
+    with pytest.raises(ConfigError, match="product of degrees"):
+        load_config(trial(mesh={"fsdp": 2, "tensor": 2})).mesh.resolve(8)

@@ -1,0 +1,103 @@
+"""The trainer as the engine sees it: a child process, JSON events, classified exit codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import run_trainer, trial
+from trainer.events import EXIT_CODES
+
+
+def _failure(events):
+    failures = [e for e in events if e["event"] == "failure"]
+    assert len(failures) == 1, events
+    return failures[0]
+
+
+def test_success_streams_accepted_compiled_steps_summary(tmp_path, cache_dir):
+    code, events, err = run_trainer(trial(steps=4, convergence={"enabled": False}), tmp_path)
+    assert code == 0, err[-2000:]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["accepted", "compiled", "step", "step", "step", "step", "summary"]
+    summary = events[-1]
+    assert summary["fidelity"] == "run" and summary["backend"] == "cpu"
+    assert summary["timed_steps"] == 2  # 4 steps minus the 2 warm-up steps
+    assert summary["tokens_per_step"] == 8 * 64
+    assert summary["tokens_per_sec"] == pytest.approx(512 / summary["step_time_median_s"])
+    assert 0 < summary["mfu"] < 1 and summary["peak_source"] == "measured"
+    assert events[1]["memory_per_device"]["temp_size_in_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"),
+    [
+        ({"mesh": {"fsdp": 2, "tensor": 2}}, "mesh", "product of degrees"),
+        ({"mesh": {"fsdp": 1, "tensor": 8}}, "mesh", "not divisible by mesh axes"),
+        ({"per_device_batch": 0.3}, "per_device_batch", "not a whole batch"),
+        (
+            {"mesh": {"data": 8, "fsdp": 1}, "per_device_batch": 0.5},
+            "per_device_batch",
+            "not divisible by data x fsdp x expert",
+        ),
+        ({"mesh": {"fsdp": 1, "context": 8}, "seq_len": 24}, "seq_len", "2 x context"),
+        (
+            {"model": {"preset": "tiny-moe"}, "mesh": {"fsdp": 1, "expert": 8}},
+            "mesh",
+            "not divisible",
+        ),
+        ({"learning_rate": -1}, "learning_rate", "greater than 0"),
+    ],
+)
+def test_invalid_config_names_field(tmp_path, change, field, fragment):
+    code, events, _ = run_trainer(trial() | change, tmp_path)
+    failure = _failure(events)
+    assert code == EXIT_CODES["invalid_config"]
+    assert failure["failure_class"] == "invalid_config"
+    assert failure["field"] == field and fragment in failure["message"]
+
+
+def test_forced_nan_is_diverged(tmp_path):
+    code, events, _ = run_trainer(trial(steps=5, fault={"nan_at_step": 2}), tmp_path)
+    failure = _failure(events)
+    assert (code, failure["failure_class"], failure["step"]) == (
+        EXIT_CODES["diverged"],
+        "diverged",
+        2,
+    )
+    assert [e["step"] for e in events if e["event"] == "step"] == [0, 1, 2]
+
+
+def test_memory_over_budget_is_oom_hbm(tmp_path):
+    code, events, _ = run_trainer(trial(limits={"device_memory_gib": 1e-4}), tmp_path)
+    failure = _failure(events)
+    assert (code, failure["failure_class"]) == (EXIT_CODES["oom_hbm"], "oom_hbm")
+    assert failure["needed_gib"] > failure["budget_gib"]
+    assert not any(e["event"] == "step" for e in events)
+
+
+def test_convergence_passes_baseline_and_fails_sabotage(tmp_path, cache_dir):
+    check = {"enabled": True, "cache_dir": str(cache_dir), "tolerance": 0.05, "window": 5}
+    base = trial(steps=20, learning_rate=1e-2, convergence=check)
+    code, events, err = run_trainer(base, tmp_path)
+    assert code == 0, err[-2000:]
+    verdict = events[-1]["convergence"]
+    assert verdict["passed"] and verdict["reference_source"] == "this run"
+
+    code, events, _ = run_trainer(base | {"mesh": {"fsdp": 4, "tensor": 2}}, tmp_path)
+    verdict = events[-1]["convergence"]  # a re-sharded run is judged against the cached curve
+    assert code == 0 and verdict["passed"] and verdict["reference_source"] == "cache"
+
+    code, events, _ = run_trainer(base | {"fault": {"grad_scale": 0.0}}, tmp_path)
+    summary = next(e for e in events if e["event"] == "summary")
+    assert not summary["convergence"]["passed"] and summary["convergence"]["relative_delta"] > 0.05
+    assert code == EXIT_CODES["diverged"]
+    assert _failure(events)["failure_class"] == "diverged"
+
+
+def test_unparseable_config_is_invalid(tmp_path, capsys):
+    from trainer.cli import main
+
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    assert main(["--config", str(path)]) == EXIT_CODES["invalid_config"]
+    assert '"field": "config"' in capsys.readouterr().out
