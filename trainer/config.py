@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -52,6 +53,7 @@ CUSTOM_REMAT_TENSORS = (
     "moe_mlpwo",
 )
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 
 class ConfigError(ValueError):
@@ -280,6 +282,43 @@ class TrialConfig(_Frozen):
     @property
     def is_baseline_numerics(self) -> bool:
         return self.fault == FaultConfig()
+
+
+def global_batch_size(config: TrialConfig, num_devices: int) -> int:
+    global_batch = config.per_device_batch * num_devices
+    if abs(global_batch - round(global_batch)) > 1e-9:
+        raise ConfigError(
+            "per_device_batch",
+            f"{config.per_device_batch} x {num_devices} devices = {global_batch} is not a whole batch",
+        )
+    return round(global_batch)
+
+
+def check_batch_and_sequence(
+    config: TrialConfig, degrees: dict[str, int], num_devices: int
+) -> None:
+    """Static divisibility checks that need only the resolved mesh degrees."""
+    global_batch = global_batch_size(config, num_devices)
+    batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
+    if global_batch % batch_shards:
+        raise ConfigError(
+            "per_device_batch",
+            f"global batch {global_batch} is not divisible by data x fsdp x expert = {batch_shards}; "
+            "raise per_device_batch or move degree to context/tensor",
+        )
+    chunks = degrees["context"] * (
+        2 if config.mesh.context_load_balance and degrees["context"] > 1 else 1
+    )
+    if config.seq_len % chunks:
+        what = "2 x context (load balancing)" if chunks != degrees["context"] else "context"
+        raise ConfigError("seq_len", f"{config.seq_len} is not divisible by {what} = {chunks}")
+
+
+def check_static(config: TrialConfig, num_devices: int) -> dict[str, int]:
+    """Every check that needs no JAX: resolved mesh, whole batch, divisible batch and sequence."""
+    degrees = config.mesh.resolve(num_devices)
+    check_batch_and_sequence(config, degrees, num_devices)
+    return degrees
 
 
 def _field_of(error: dict[str, Any]) -> str:

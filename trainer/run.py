@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import convergence, metrics
-from trainer.config import ConfigError, TrialConfig
+from trainer.config import BATCH_AXES, ConfigError, TrialConfig, check_static, global_batch_size
 from trainer.data import BatchSource
 from trainer.effects import knob_effects
 from trainer.events import Emitter, TrialFailure
@@ -23,9 +23,7 @@ from trainer.sharding import (
     LOGICAL_RULES,
     batch_sharding,
     build_mesh,
-    check_batch_and_sequence,
     check_divisible,
-    global_batch_size,
     state_shardings,
 )
 from trainer.step import make_init_fn, make_optimizer, make_train_step
@@ -66,13 +64,12 @@ class Program:
 def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     """Everything up to (not including) compilation; raises ConfigError for impossible setups."""
     n = len(devices)
-    degrees = config.mesh.resolve(n)
-    check_batch_and_sequence(config, degrees, n)
+    degrees = check_static(config, n)
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
     model = Transformer(config.model, checkpoint_policy(config.remat))
     tx = make_optimizer(config)
-    batch_shards = math.prod(degrees[a] for a in ("data", "fsdp", "expert"))
+    batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
     init_boxed = make_init_fn(model, tx, config, (batch_shards, config.seq_len))
     with mesh, nn.logical_axis_rules(LOGICAL_RULES):
         abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
@@ -140,7 +137,10 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         config=config.model_dump(mode="json"),
         backend=platform,
         device_kind=devices[0].device_kind,
+        hardware=chip.name,
         num_devices=len(devices),
+        chips=len(devices) / chip.devices_per_chip,
+        tokens_per_step=program.global_batch * config.seq_len,
         mesh=program.degrees,
         global_batch=program.global_batch,
         effects=knob_effects(config, platform),

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trainer.config import MESH_AXES, ConfigError, TrialConfig
+from trainer.config import BATCH_AXES, MESH_AXES, ConfigError
 
 # Order matters: flax takes the first rule whose mesh axes are still free in a given spec,
 # so expert weights (exp -> expert) fall back to embed -> (fsdp, context).
@@ -31,42 +31,11 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ("embed", ("fsdp", "context")),
     ("embed", "fsdp"),
 )
-BATCH_AXES = ("data", "fsdp", "expert")
 
 
 def build_mesh(degrees: dict[str, int], devices: Sequence[jax.Device]) -> Mesh:
     shape = tuple(degrees[axis] for axis in MESH_AXES)
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
-
-
-def global_batch_size(config: TrialConfig, num_devices: int) -> int:
-    global_batch = config.per_device_batch * num_devices
-    if abs(global_batch - round(global_batch)) > 1e-9:
-        raise ConfigError(
-            "per_device_batch",
-            f"{config.per_device_batch} x {num_devices} devices = {global_batch} is not a whole batch",
-        )
-    return round(global_batch)
-
-
-def check_batch_and_sequence(
-    config: TrialConfig, degrees: dict[str, int], num_devices: int
-) -> None:
-    """Static divisibility checks that need only the resolved mesh degrees."""
-    global_batch = global_batch_size(config, num_devices)
-    batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
-    if global_batch % batch_shards:
-        raise ConfigError(
-            "per_device_batch",
-            f"global batch {global_batch} is not divisible by data x fsdp x expert = {batch_shards}; "
-            "raise per_device_batch or move degree to context/tensor",
-        )
-    chunks = degrees["context"] * (
-        2 if config.mesh.context_load_balance and degrees["context"] > 1 else 1
-    )
-    if config.seq_len % chunks:
-        what = "2 x context (load balancing)" if chunks != degrees["context"] else "context"
-        raise ConfigError("seq_len", f"{config.seq_len} is not divisible by {what} = {chunks}")
 
 
 def state_shardings(abstract_boxed_state: Any, mesh: Mesh) -> Any:
