@@ -1,0 +1,317 @@
+"""The sweep engine: a configured Ray Tune Tuner (OptunaSearch + trainer trials + MLflow)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import ray
+import yaml
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from sweeper.progress import ProgressCallback
+from sweeper.search import SweepSearch, check_sampler, make_sampler
+from sweeper.space import Space, SpaceError, assemble, load_space
+from sweeper.tracking import Tracker, TrackingCallback, check_tracking_server, default_tracking_uri
+from sweeper.trainable import TrialRuntime, local_cpu_env, run_trial
+
+REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+@dataclass
+class SweepContext:
+    """Where a sweep's durable state lives, and who owns it."""
+
+    space: Space
+    sweep_id: str
+    results_dir: Path
+    tracking_uri: str
+    tracker: Tracker
+    tracking: TrackingCallback
+    study_name: str
+    optuna_storage: str
+    result: SweepResult | None = None
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.results_dir / self.space.name / self.sweep_id
+
+
+@dataclass
+class SweepResult:
+    """What a sweep produced: every trial (one row each), the best feasible one, and the record ids."""
+
+    space: str
+    sweep_id: str
+    trials: pd.DataFrame
+    best: dict[str, Any] | None
+    experiment_id: str
+    parent_run_id: str
+    tracking_uri: str
+    study_name: str
+    optuna_storage: str
+    sweep_dir: Path
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+
+
+def check_fidelity(space: Space) -> None:
+    """Only what is real is accepted: today that is running trials on local devices."""
+    if space.fidelity in ("estimate", "compile"):
+        raise SpaceError(
+            f"fidelity {space.fidelity!r} is not available yet (compile-only and estimate trials are planned); "
+            "use fidelity: run (or auto) with target: local",
+            field="fidelity",
+        )
+    if space.target != "local":
+        raise SpaceError(
+            f"target {space.target!r}: running on attached TPU hosts and compiling for TPU topologies are not "
+            "available yet; use target: local (simulated CPU devices) for now",
+            field="target",
+        )
+
+
+def new_sweep_id() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def prepare(
+    space: Space,
+    *,
+    results_dir: Path | None = None,
+    tracking_uri: str | None = None,
+    sweep_id: str | None = None,
+) -> SweepContext:
+    check_fidelity(space)
+    try:
+        check_sampler(space)
+    except ValueError as exc:
+        raise SpaceError(str(exc), field="search.sampler") from None
+    results_dir = Path(results_dir or REPO_RESULTS).resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    tracking_uri = tracking_uri or default_tracking_uri(results_dir)
+    check_tracking_server(tracking_uri)
+    sweep_id = sweep_id or new_sweep_id()
+    sweep_dir = results_dir / space.name / sweep_id
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts")
+    tracker.start_sweep(
+        yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
+        {"target": space.target, "fidelity": "run", "sampler": space.search.sampler},
+    )
+    return SweepContext(
+        space=space,
+        sweep_id=sweep_id,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        tracker=tracker,
+        tracking=TrackingCallback(tracker, sweep_dir / "mlflow_runs.json"),
+        study_name=f"{space.name}-{sweep_id}",
+        optuna_storage=f"sqlite:///{results_dir / 'optuna.db'}",
+    )
+
+
+def build_tuner(
+    space: Space | str | Path,
+    *,
+    results_dir: Path | None = None,
+    tracking_uri: str | None = None,
+    callbacks: list[tune.Callback] | None = None,
+    progress: bool = False,
+    context: SweepContext | None = None,
+    **overrides: Any,
+) -> tune.Tuner:
+    """A ready Tuner for this space; pipelines may add callbacks and run it on their own cluster.
+
+    Ray must already be initialized (or is started locally). The sweep's MLflow parent run
+    is opened here and closed when the Tuner's experiment ends.
+    """
+    if not isinstance(space, Space):
+        space = load_space(space, space_overrides(overrides))
+    elif overrides:
+        raise TypeError(
+            "overrides apply when the space is loaded: pass a path or name, or edit the Space"
+        )
+    ctx = context or prepare(space, results_dir=results_dir, tracking_uri=tracking_uri)
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    runtime = TrialRuntime(env=local_cpu_env(space.devices), timeout_s=space.search.trial_timeout_s)
+    base = space.base_trial()
+    base.setdefault("convergence", {}).setdefault("cache_dir", str(ctx.results_dir / "cache"))
+    space = space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
+    ctx.space = space
+
+    objective = space.objective
+    single = objective.secondary is None
+    searcher = SweepSearch(
+        space,
+        metric=objective.primary.metric if single else objective.metrics,
+        mode=objective.primary.mode if single else objective.modes,
+        sampler=make_sampler(space),
+        study_name=ctx.study_name,
+        storage=optuna.storages.RDBStorage(ctx.optuna_storage),
+        points_to_evaluate=space.search.warm_start or None,
+    )
+    scheduler = None
+    if space.search.early_stopping and single:
+        steps = int(base.get("steps", 20))
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            metric=objective.primary.metric,
+            mode=objective.primary.mode,
+            max_t=steps + 1,
+            grace_period=max(3, steps // 4),
+        )
+    all_callbacks: list[tune.Callback] = [ctx.tracking, FinishCallback(ctx)]
+    if progress:
+        all_callbacks.append(ProgressCallback(space))
+    all_callbacks += callbacks or []
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, space=space, runtime=runtime), {"CPU": 1}
+    )
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=space.search.trials,
+            max_concurrent_trials=space.search.concurrency,
+            time_budget_s=space.search.time_budget_s,
+            reuse_actors=False,
+            trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=ctx.study_name,
+            storage_path=str(ctx.results_dir / "ray"),
+            callbacks=all_callbacks,
+            failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+            verbose=0,
+        ),
+    )
+    tuner.sweep_context = ctx  # for run_sweep and pipelines that want the ids
+    return tuner
+
+
+class FinishCallback(tune.Callback):
+    """Closes the sweep when Tune's experiment ends: summary files and the parent run."""
+
+    def __init__(self, ctx: SweepContext):
+        self.ctx = ctx
+
+    def on_experiment_end(self, trials, **info):
+        self.ctx.result = finish(self.ctx)
+
+
+def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
+    primary = space.objective.primary
+    ok = frame[frame["status"] == "ok"] if not frame.empty else frame
+    if ok.empty:
+        return None
+    ranked = ok.sort_values(primary.metric, ascending=primary.mode == "min")
+    return ranked.iloc[0].to_dict()
+
+
+def finish(ctx: SweepContext) -> SweepResult:
+    frame = pd.DataFrame(ctx.tracking.rows)
+    counts = {"total": len(frame)}
+    if not frame.empty:
+        counts.update(frame["status"].value_counts().to_dict())
+    best = _best(frame, ctx.space)
+    ctx.sweep_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(ctx.sweep_dir / "summary.csv", index=False)
+    if best:
+        point = {
+            k.removeprefix("knob:"): v
+            for k, v in best.items()
+            if k.startswith("knob:") and not _missing(v)
+        }
+        (ctx.sweep_dir / "best.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "trial_id": best["trial_id"],
+                    "knobs": point,
+                    "trial": assemble(ctx.space, point),
+                    ctx.space.objective.primary.metric: float(
+                        best[ctx.space.objective.primary.metric]
+                    ),
+                    "fidelity": "run",
+                    "hardware": best.get("hardware"),
+                },
+                sort_keys=False,
+            )
+        )
+    ctx.tracker.finish_sweep(best, counts)
+    return SweepResult(
+        space=ctx.space.name,
+        sweep_id=ctx.sweep_id,
+        trials=frame,
+        best=best,
+        experiment_id=ctx.tracker.experiment_id,
+        parent_run_id=ctx.tracker.parent_run_id,
+        tracking_uri=ctx.tracking_uri,
+        study_name=ctx.study_name,
+        optuna_storage=ctx.optuna_storage,
+        sweep_dir=ctx.sweep_dir,
+        counts=counts,
+    )
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# Keyword overrides of run_sweep/build_tuner and the space keys they set.
+OVERRIDE_KEYS = {
+    "trials": "search.trials",
+    "concurrency": "search.concurrency",
+    "sampler": "search.sampler",
+    "seed": "search.seed",
+    "fidelity": "fidelity",
+    "target": "target",
+    "devices": "devices",
+}
+
+
+def space_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`trials=4, set={"trial.steps": 10}` -> {"search.trials": 4, "trial.steps": 10}."""
+    out = dict(kwargs.pop("set", None) or {})
+    for key, value in kwargs.items():
+        if key not in OVERRIDE_KEYS:
+            raise TypeError(
+                f"unknown override {key!r}; known: {', '.join(OVERRIDE_KEYS)} or set={{'dotted.key': value}}"
+            )
+        if value is not None:
+            out[OVERRIDE_KEYS[key]] = value
+    return out
+
+
+def run_sweep(
+    space: Space | str | Path,
+    *,
+    results_dir: Path | None = None,
+    tracking_uri: str | None = None,
+    progress: bool = False,
+    callbacks: list[tune.Callback] | None = None,
+    **overrides: Any,
+) -> SweepResult:
+    """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`)."""
+    tuner = build_tuner(
+        space,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        progress=progress,
+        callbacks=callbacks,
+        **overrides,
+    )
+    tuner.fit()
+    ctx: SweepContext = tuner.sweep_context
+    return ctx.result or finish(ctx)

@@ -1,0 +1,214 @@
+"""The space as an Optuna define-by-run search, samplers, and how trial endings reach Optuna."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState
+from ray.tune.search.optuna import OptunaSearch
+
+from sweeper.space import Knob, Space, active
+
+OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
+# A failure that is a property of the point: the search must learn to avoid the region.
+INFEASIBLE_CLASSES = frozenset({"invalid_config", "oom_hbm", "oom_vmem", "diverged"})
+# Failures that say nothing certain about the point (a flaky host, a bug): not learned from.
+FAILED_CLASSES = frozenset({"compile_error", "timeout", "crashed"})
+
+
+def to_distribution(knob: Knob) -> BaseDistribution:
+    """The single converter from a knob to Optuna; int bounds are inclusive on both sides."""
+    if knob.kind == "categorical":
+        return CategoricalDistribution(knob.values)
+    if knob.kind == "int":
+        return IntDistribution(
+            int(knob.low), int(knob.high), log=knob.log, step=int(knob.step or 1)
+        )
+    return FloatDistribution(knob.low, knob.high, log=knob.log, step=knob.step)
+
+
+def from_distribution(dist: BaseDistribution, when: dict[str, Any] | None = None) -> Knob:
+    """Inverse of to_distribution (for round-trip tests and for reading studies back)."""
+    when = when or {}
+    if isinstance(dist, CategoricalDistribution):
+        return Knob(values=list(dist.choices), when=when)
+    if isinstance(dist, IntDistribution):
+        return Knob(
+            low=dist.low,
+            high=dist.high,
+            step=None if dist.step == 1 else dist.step,
+            log=dist.log,
+            type="int",
+            when=when,
+        )
+    return Knob(low=dist.low, high=dist.high, step=dist.step, log=dist.log, type="float", when=when)
+
+
+def _suggest(trial: Any, name: str, dist: BaseDistribution) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+class DefineByRun:
+    """Optuna define-by-run space: conditional knobs are asked only when active.
+
+    A class, not a closure: Tune checkpoints the searcher with pickle.
+    """
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.dists = {key: to_distribution(knob) for key, knob in space.knobs.items()}
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        point: dict[str, Any] = {}
+        for key, knob in self.space.knobs.items():
+            if active(knob, point):
+                point[key] = _suggest(trial, key, self.dists[key])
+        return {OPTUNA_NUMBER_KEY: trial.number}
+
+
+def make_sampler(space: Space) -> optuna.samplers.BaseSampler:
+    search = space.search
+    startup = (
+        search.startup_trials
+        if search.startup_trials is not None
+        else max(1, min(10, search.trials // 3))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if search.sampler == "tpe":
+            return optuna.samplers.TPESampler(
+                seed=search.seed,
+                n_startup_trials=startup,
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+            )
+        if search.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=search.seed)
+        if search.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=search.seed)
+        if search.sampler == "gp":
+            return optuna.samplers.GPSampler(seed=search.seed, n_startup_trials=startup)
+        if search.sampler == "cmaes":
+            return optuna.samplers.CmaEsSampler(seed=search.seed, n_startup_trials=startup)
+        grid = {key: knob.candidates() for key, knob in space.knobs.items()}
+        return optuna.samplers.GridSampler(grid, seed=search.seed)
+
+
+def check_sampler(space: Space) -> None:
+    """Raise ValueError naming the fix when the chosen sampler cannot serve this space."""
+    sampler = space.search.sampler
+    if sampler == "grid":
+        conditional = [k for k, knob in space.knobs.items() if knob.when]
+        continuous = [k for k, knob in space.knobs.items() if knob.candidates() is None]
+        if conditional or continuous:
+            raise ValueError(
+                f"search.sampler: grid needs unconditional discrete knobs; conditional: {conditional}, "
+                f"continuous: {continuous}. Use tpe or random."
+            )
+    needs = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}
+    if sampler in needs:
+        module, fix = needs[sampler]
+        try:
+            __import__(module)
+        except ImportError:
+            raise ValueError(
+                f"search.sampler: {sampler} needs the {module!r} package ({fix}), or use tpe"
+            ) from None
+    if sampler == "nsga2" and space.objective.secondary is None:
+        raise ValueError(
+            "search.sampler: nsga2 is multi-objective; add objective.secondary or use tpe"
+        )
+
+
+def outcome(result: dict[str, Any] | None, error: bool) -> str:
+    """ok | infeasible | failed | pruned, from the last result Tune saw for a trial."""
+    status = (result or {}).get("trial_status")
+    if status == "ok":
+        return "ok"
+    if status == "failed":
+        return "infeasible" if result.get("failure_class") in INFEASIBLE_CLASSES else "failed"
+    return "failed" if error or not result else "pruned"
+
+
+CONSTRAINTS = ("validity", "memory", "convergence")
+
+
+def constraint_vector(result: dict[str, Any]) -> list[float]:
+    """Values for CONSTRAINTS; each <= 0 when satisfied (Optuna's convention)."""
+    failure = result.get("failure_class") or ""
+    validity = 1.0 if failure == "invalid_config" else 0.0
+    needed, budget = result.get("needed_gib"), result.get("budget_gib")
+    memory = 1.0 if failure in ("oom_hbm", "oom_vmem") else 0.0
+    if needed and budget:
+        memory = needed / budget - 1.0
+    convergence = 0.0
+    delta, tol = result.get("convergence_relative_delta"), result.get("convergence_tolerance")
+    if delta is not None and tol is not None and math.isfinite(delta):
+        convergence = abs(delta) - tol
+    elif failure == "diverged":
+        convergence = 1.0
+    return [validity, memory, convergence]
+
+
+class SweepSearch(OptunaSearch):
+    """OptunaSearch that tells Optuna what really happened to each trial.
+
+    Stock OptunaSearch tells COMPLETE with the last reported value, which records a
+    crashed trial's partial throughput as a result and a NaN as a RUNNING trial. Here:
+    ok -> COMPLETE with feasible constraints; an infeasible point (invalid, OOM,
+    diverged) -> COMPLETE with violated constraints, so constraint-aware samplers learn
+    the region; crashed/timeout/compile error -> FAIL; stopped early -> PRUNED.
+    """
+
+    def __init__(self, space: Space, **kwargs: Any):
+        self._sweep_space = space
+        super().__init__(space=DefineByRun(space), **kwargs)
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        if isinstance(self.metric, list) or trial_id in self._completed_trials:
+            return
+        value = result.get(self.metric)
+        if result.get("trial_status") == "running" and value is not None and math.isfinite(value):
+            self._ot_trials[trial_id].report(value, result.get("training_iteration", 0))
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        ot_trial = self._ot_trials[trial_id]
+        kind = outcome(result, error)
+        result = result or {}
+        ot_trial.set_user_attr("outcome", kind)
+        ot_trial.set_user_attr("failure_class", result.get("failure_class") or "")
+        # Constraint-aware samplers (TPE, GP, NSGA-II) read these to learn infeasible regions.
+        for name, value in zip(CONSTRAINTS, constraint_vector(result), strict=True):
+            ot_trial.set_constraint(name, value)
+        objectives = self._sweep_space.objective.all
+        if kind == "ok":
+            values = [float(result[o.metric]) for o in objectives]
+            state = TrialState.COMPLETE
+        elif kind == "infeasible":
+            # A value is required for COMPLETE; the constraint violation ranks it below any feasible point.
+            values = [0.0 if o.mode == "max" else 1e30 for o in objectives]
+            state = TrialState.COMPLETE
+        else:
+            values, state = None, TrialState.PRUNED if kind == "pruned" else TrialState.FAIL
+        if values is not None and len(values) == 1:
+            values = values[0]
+        self._ot_study.tell(ot_trial, values, state=state)
+        self._completed_trials.add(trial_id)

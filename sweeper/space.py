@@ -1,0 +1,334 @@
+"""Search-space YAML: schema, safe loading with file/line/field errors, and trial assembly."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.config import ConfigError, TrialConfig, check_static, load_config
+
+SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
+KEY_SEPARATOR = "."
+
+
+class SpaceError(ValueError):
+    """A space a user can fix: names the file, line (when known) and field."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ):
+        where = file or "<space>"
+        if line is not None:
+            where += f":{line}"
+        super().__init__(f"{where}: {field + ': ' if field else ''}{message}")
+        self.file, self.line, self.field, self.message = file, line, field, message
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Knob(_Strict):
+    """One searchable trial-config key: categorical `values`, or an int/float range."""
+
+    values: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    type: Literal["categorical", "int", "float"] | None = None
+    when: dict[str, Any] = Field(
+        default_factory=dict, description="active only when these knobs have these values"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Knob:
+        if self.values is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either values or low/high, not both")
+            if not self.values:
+                raise ValueError("values must not be empty")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("give values (categorical) or both low and high (range)")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError("log ranges need low > 0")
+        if self.log and self.step is not None:
+            raise ValueError("step and log cannot be combined")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.values is not None:
+            return "categorical"
+        if self.type:
+            return self.type
+        ints = all(float(v).is_integer() for v in (self.low, self.high, self.step or 1))
+        return "int" if ints else "float"
+
+    def candidates(self) -> list[Any] | None:
+        """Every value when the knob is discrete; None when continuous."""
+        if self.values is not None:
+            return list(self.values)
+        if self.kind == "int":
+            step = int(self.step or 1)
+            if self.log:
+                return None
+            return list(range(int(self.low), int(self.high) + 1, step))  # bounds inclusive (Optuna)
+        if self.step is not None:
+            n = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+            return [self.low + i * self.step for i in range(n)]
+        return None
+
+
+class Objective(_Strict):
+    metric: str = "tokens_per_sec_per_chip"
+    mode: Literal["max", "min"] = "max"
+
+
+class Objectives(_Strict):
+    primary: Objective = Objective()
+    secondary: Objective | None = None
+
+    @property
+    def metrics(self) -> list[str]:
+        return [o.metric for o in self.all]
+
+    @property
+    def modes(self) -> list[str]:
+        return [o.mode for o in self.all]
+
+    @property
+    def all(self) -> list[Objective]:
+        return [self.primary] + ([self.secondary] if self.secondary else [])
+
+
+class Constraints(_Strict):
+    convergence: bool = True
+    tolerance: float = Field(default=0.05, gt=0)
+    max_memory_per_device_gib: float | None = Field(default=None, gt=0)
+
+
+class Search(_Strict):
+    sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "nsga2"] = "tpe"
+    trials: int = Field(default=8, gt=0)
+    concurrency: int = Field(default=1, gt=0)
+    seed: int = 0
+    startup_trials: int | None = Field(default=None, ge=0)
+    time_budget_s: float | None = Field(default=None, gt=0)
+    trial_timeout_s: float = Field(default=900, gt=0)
+    early_stopping: bool = False
+    warm_start: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Space(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    target: str = "local"
+    devices: int = Field(default=8, gt=0, description="simulated local devices (target local)")
+    fidelity: Literal["auto", "estimate", "compile", "run"] = "auto"
+    model: dict[str, Any]
+    proxy_model: dict[str, Any] | None = None
+    trial: dict[str, Any] = Field(default_factory=dict)
+    objective: Objectives = Objectives()
+    constraints: Constraints = Constraints()
+    search: Search = Search()
+    knobs: dict[str, Knob] = Field(default_factory=dict)
+
+    def base_trial(self) -> dict[str, Any]:
+        """The trial configuration every sampled point is layered over."""
+        base = copy.deepcopy(self.trial)
+        base["model"] = copy.deepcopy(self.model)
+        convergence = base.setdefault("convergence", {})
+        convergence.setdefault("enabled", self.constraints.convergence)
+        convergence.setdefault("tolerance", self.constraints.tolerance)
+        if self.constraints.max_memory_per_device_gib is not None:
+            base.setdefault("limits", {})["device_memory_gib"] = (
+                self.constraints.max_memory_per_device_gib
+            )
+        return base
+
+
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(KEY_SEPARATOR)
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpaceError(
+                f"{'.'.join(parts)} crosses a non-mapping value", field=f"knobs.{dotted}"
+            )
+    node[parts[-1]] = value
+
+
+def assemble(space: Space, point: dict[str, Any]) -> dict[str, Any]:
+    """Trial configuration dict for a sampled point (knob path -> value)."""
+    trial = space.base_trial()
+    for key, value in point.items():
+        set_path(trial, key, value)
+    return trial
+
+
+def active(knob: Knob, point: dict[str, Any]) -> bool:
+    return all(point.get(k) == v for k, v in knob.when.items())
+
+
+# ---------------------------------------------------------------- loading
+
+
+def resolve_path(spec: str | Path) -> Path:
+    """A path, or a built-in space by name (`moe_short`, `spaces/moe_short.yaml`)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    builtin = SPACES_DIR / (path.stem + ".yaml")
+    if builtin.exists():
+        return builtin
+    known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    raise SpaceError(
+        f"no such file, and no built-in space named {path.stem!r} (built-in: {known})",
+        file=str(spec),
+    )
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                key = next((k for k, _ in node.value if k.value == str(part)), None)
+                return (key.start_mark.line + 1) if key else line
+            node = match
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> Space:
+    """Load, validate and check a space; every error names file, line and field."""
+    if isinstance(spec, dict):
+        data, root, file = copy.deepcopy(spec), None, "<dict>"
+    else:
+        path = resolve_path(spec)
+        file = str(path)
+        text = path.read_text()
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise SpaceError(
+                f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                file=file,
+                line=mark.line + 1 if mark else None,
+            ) from None
+        if not isinstance(data, dict):
+            raise SpaceError("the top level must be a mapping", file=file, line=1)
+    for key, value in (overrides or {}).items():
+        set_path(data, key, value)
+    try:
+        space = Space.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        message = (
+            "unknown key (remove it or check its spelling)"
+            if err["type"] == "extra_forbidden"
+            else err["msg"].removeprefix("Value error, ")
+        )
+        raise SpaceError(
+            message, file=file, line=_line_of(root, loc), field=".".join(map(str, loc))
+        ) from None
+    _check_knobs(space, root, file)
+    return space
+
+
+def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
+    """Each knob value, with its conditions met, must make a valid trial configuration."""
+    try:
+        load_config(space.base_trial())
+    except ConfigError as exc:
+        raise SpaceError(
+            exc.message,
+            file=file,
+            line=_line_of(root, ("trial",)),
+            field=f"trial/model -> {exc.field}",
+        ) from None
+    order = list(space.knobs)
+    for key, knob in space.knobs.items():
+        for parent in knob.when:
+            if parent not in space.knobs or order.index(parent) > order.index(key):
+                raise SpaceError(
+                    f"condition on {parent!r}, which is not a knob listed before this one",
+                    file=file,
+                    line=_line_of(root, ("knobs", key, "when")),
+                    field=f"knobs.{key}.when",
+                )
+        values = knob.candidates() or [knob.low, knob.high]
+        for value in values:
+            point = dict(knob.when)
+            point[key] = int(value) if knob.kind == "int" else value
+            try:
+                load_config(assemble(space, point))
+            except ConfigError as exc:
+                raise SpaceError(
+                    f"value {value!r} makes an invalid trial: {exc}",
+                    file=file,
+                    line=_line_of(root, ("knobs", key)),
+                    field=f"knobs.{key}",
+                ) from None
+    for i, point in enumerate(space.search.warm_start):
+        unknown = sorted(set(point) - set(space.knobs))
+        if unknown:
+            raise SpaceError(
+                f"keys {unknown} are not knobs of this space",
+                file=file,
+                line=_line_of(root, ("search", "warm_start", i)),
+                field=f"search.warm_start.{i}",
+            )
+
+
+def static_check(space: Space, point: dict[str, Any]) -> TrialConfig:
+    """The trial config of a point, with every JAX-free check; raises ConfigError."""
+    config = load_config(assemble(space, point))
+    check_static(config, space.devices)
+    return config
+
+
+def count_points(space: Space) -> int | None:
+    """Distinct points (conditional knobs counted only where active); None if continuous."""
+    keys = list(space.knobs)
+
+    def walk(i: int, point: dict[str, Any]) -> int:
+        if i == len(keys):
+            return 1
+        knob = space.knobs[keys[i]]
+        if not active(knob, point):
+            return walk(i + 1, point)
+        values = knob.candidates()
+        if values is None:
+            raise OverflowError
+        return sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
+
+    try:
+        return walk(0, {})
+    except OverflowError:
+        return None
