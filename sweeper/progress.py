@@ -41,9 +41,9 @@ class ProgressCallback(tune.Callback):
         status = result.get("trial_status")
         if status == "ok":
             value = result.get(self.metric)
-            if value is not None and math.isfinite(value):
-                if self.best is None or (value > self.best if self.maximize else value < self.best):
-                    self.best = value
+            better = self.best is None or (value > self.best if self.maximize else value < self.best)
+            if value is not None and math.isfinite(value) and better:
+                self.best = value
             self._line(
                 f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity run)"
             )

@@ -88,7 +88,7 @@ class Knob(_Strict):
                 return None
             return list(range(int(self.low), int(self.high) + 1, step))  # bounds inclusive (Optuna)
         if self.step is not None:
-            n = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+            n = math.floor((self.high - self.low) / self.step + 1e-9) + 1
             return [self.low + i * self.step for i in range(n)]
         return None
 

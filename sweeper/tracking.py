@@ -146,7 +146,6 @@ class Tracker:
 
     def finish_trial(self, run_id: str, final: dict[str, Any]) -> None:
         status = final.get("trial_status", "failed")
-        ok = status == "ok"
         metrics = {name: _number(final.get(name)) for name in FINAL_METRICS}
         if "convergence_passed" in final:
             metrics["convergence_passed"] = float(bool(final["convergence_passed"]))
