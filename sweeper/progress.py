@@ -31,6 +31,9 @@ class ProgressCallback(tune.Callback):
             f"best {self.metric} {best}][/dim] {text}"
         )
 
+    def _better(self, value: float) -> bool:
+        return self.best is None or (value > self.best if self.maximize else value < self.best)
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started += 1
         self._line(f"started {trial.trial_id}")
@@ -41,8 +44,7 @@ class ProgressCallback(tune.Callback):
         status = result.get("trial_status")
         if status == "ok":
             value = result.get(self.metric)
-            better = self.best is None or (value > self.best if self.maximize else value < self.best)
-            if value is not None and math.isfinite(value) and better:
+            if value is not None and math.isfinite(value) and self._better(value):
                 self.best = value
             self._line(
                 f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity run)"
