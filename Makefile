@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/sweeper run $(SPACE)
+	$(BIN)/sweeper run spaces/$(SPACE).yaml
 
 test: setup
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from sweeper.inert import pin_inert
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_sampler, make_sampler
 from sweeper.space import Space, SpaceError, assemble, load_space
@@ -37,6 +38,7 @@ class SweepContext:
     tracking: TrackingCallback
     study_name: str
     optuna_storage: str
+    inert_notes: list[str] = field(default_factory=list)
     result: SweepResult | None = None
 
     @property
@@ -92,6 +94,7 @@ def prepare(
     sweep_id: str | None = None,
 ) -> SweepContext:
     check_fidelity(space)
+    space, inert_notes = pin_inert(space)
     try:
         check_sampler(space)
     except ValueError as exc:
@@ -106,7 +109,12 @@ def prepare(
     tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts")
     tracker.start_sweep(
         yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
-        {"target": space.target, "fidelity": "run", "sampler": space.search.sampler},
+        {
+            "target": space.target,
+            "fidelity": "run",
+            "sampler": space.search.sampler,
+            "inert": "; ".join(inert_notes) or "none",
+        },
     )
     return SweepContext(
         space=space,
@@ -117,6 +125,7 @@ def prepare(
         tracking=TrackingCallback(tracker, sweep_dir / "mlflow_runs.json"),
         study_name=f"{space.name}-{sweep_id}",
         optuna_storage=f"sqlite:///{results_dir / 'optuna.db'}",
+        inert_notes=inert_notes,
     )
 
 
@@ -142,6 +151,7 @@ def build_tuner(
             "overrides apply when the space is loaded: pass a path or name, or edit the Space"
         )
     ctx = context or prepare(space, results_dir=results_dir, tracking_uri=tracking_uri)
+    space = ctx.space  # inert values pinned
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     runtime = TrialRuntime(env=local_cpu_env(space.devices), timeout_s=space.search.trial_timeout_s)

@@ -266,11 +266,14 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
     try:
         load_config(space.base_trial())
     except ConfigError as exc:
+        # Name the key where it sits in the space: model.* under `model`, the rest under `trial`.
+        loc = (
+            tuple(exc.field.split("."))
+            if exc.field.startswith("model")
+            else ("trial", *exc.field.split("."))
+        )
         raise SpaceError(
-            exc.message,
-            file=file,
-            line=_line_of(root, ("trial",)),
-            field=f"trial/model -> {exc.field}",
+            exc.message, file=file, line=_line_of(root, loc), field=".".join(loc)
         ) from None
     order = list(space.knobs)
     for key, knob in space.knobs.items():

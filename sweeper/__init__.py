@@ -1,0 +1,30 @@
+"""sweeper: performance sweeps for JAX training on TPU7x.
+
+Public API (imported lazily so `sweeper validate` stays fast):
+`run_sweep`, `build_tuner`, `load_space`, `Space`, `SweepResult`, `run_trial` (the Tune
+trainable), `SweepSearch` (the Optuna searcher), `DefineByRun` (the search space).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "run_sweep": "sweeper.engine",
+    "build_tuner": "sweeper.engine",
+    "SweepResult": "sweeper.engine",
+    "load_space": "sweeper.space",
+    "Space": "sweeper.space",
+    "SpaceError": "sweeper.space",
+    "run_trial": "sweeper.trainable",
+    "SweepSearch": "sweeper.search",
+    "DefineByRun": "sweeper.search",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sweeper' has no attribute {name!r}")

@@ -1,0 +1,194 @@
+"""`sweeper run SPACE` and `sweeper validate SPACE`: parse, call the library, print."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.space import SpaceError, count_points, load_space
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
+)
+console = Console()
+err = Console(stderr=True)
+
+TrialsOpt = Annotated[int | None, typer.Option("--trials", help="number of trials (search.trials)")]
+ConcurrencyOpt = Annotated[
+    int | None, typer.Option("--concurrency", help="trials at once (search.concurrency)")
+]
+FidelityOpt = Annotated[
+    str | None, typer.Option("--fidelity", help="auto | estimate | compile | run")
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="local, or a TPU topology such as tpu7x:2x2x2")
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="override any space key: --set trial.steps=10")
+]
+
+
+def _overrides(trials, concurrency, fidelity, target, sets) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpaceError(
+                f"--set {item!r}: expected key=value, e.g. --set trial.steps=10", field="--set"
+            )
+        out[key.strip()] = yaml.safe_load(value)
+    for key, value in (
+        ("search.trials", trials),
+        ("search.concurrency", concurrency),
+        ("fidelity", fidelity),
+        ("target", target),
+    ):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def validate(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
+    ],
+    trials: TrialsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    fidelity: FidelityOpt = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Check a space (schema, knob values, sampler, fidelity) and count its points."""
+    from sweeper.engine import check_fidelity
+    from sweeper.inert import pin_inert
+    from sweeper.search import check_sampler
+
+    try:
+        loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
+        check_fidelity(loaded)
+        check_sampler(loaded)
+    except (SpaceError, ValueError) as exc:
+        _fail(str(exc))
+    pinned, notes = pin_inert(loaded)
+    points = count_points(pinned)
+    table = Table(title=f"space {pinned.name}: {pinned.description}")
+    for col in ("knob", "kind", "values", "when"):
+        table.add_column(col)
+    for key, knob in pinned.knobs.items():
+        values = (
+            knob.values
+            if knob.values is not None
+            else f"[{knob.low}, {knob.high}]{' log' if knob.log else ''}"
+        )
+        table.add_row(key, knob.kind, str(values), str(knob.when or ""))
+    console.print(table)
+    for note in notes:
+        console.print(f"[yellow]inert[/yellow] {note}")
+    console.print(
+        f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
+        f"{pinned.search.trials} trials with {pinned.search.sampler}; target {pinned.target}, fidelity {pinned.fidelity}"
+    )
+
+
+@app.command()
+def run(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
+    ],
+    trials: TrialsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    fidelity: FidelityOpt = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            envvar="MLFLOW_TRACKING_URI",
+            help="MLflow server; default sqlite under results/",
+        ),
+    ] = None,
+    results_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--results-dir", help="where sweeps write (default: the repository's results/)"
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="an existing Ray cluster (default: start Ray locally)"),
+    ] = None,
+) -> None:
+    """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
+    from sweeper.engine import run_sweep
+
+    try:
+        loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
+        if address:
+            import ray
+
+            ray.init(address=address, log_to_driver=False)
+        result = run_sweep(
+            loaded, results_dir=results_dir, tracking_uri=tracking_uri, progress=True
+        )
+    except (SpaceError, ConnectionError) as exc:
+        _fail(str(exc))
+    _print_result(result, loaded)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _print_result(result, space) -> None:
+    metric = space.objective.primary.metric
+    frame = result.trials
+    hardware = ", ".join(sorted({h for h in frame.get("hardware", []) if h})) or "-"
+    table = Table(title=f"sweep {result.sweep_id}: {result.counts}; fidelity run on {hardware}")
+    knob_cols = [c for c in frame.columns if c.startswith("knob:")]
+    for col in ("trial", "status", metric, "mfu", "convergence", *[c[5:] for c in knob_cols]):
+        table.add_column(col)
+    if not frame.empty:
+        ordered = frame.sort_values(
+            metric, ascending=space.objective.primary.mode == "min", na_position="last"
+        )
+        for _, row in ordered.head(10).iterrows():
+            value = row.get(metric)
+            status = (
+                row["status"]
+                if row["status"] == "ok"
+                else f"{row['status']}: {row['failure_class']}"
+            )
+            table.add_row(
+                str(row["trial_id"]),
+                status,
+                "-" if _missing(value) else f"{value:,.1f}",
+                "-" if _missing(row.get("mfu")) else f"{row['mfu']:.3f}",
+                {True: "passed", False: "failed"}.get(row.get("convergence_passed"), "-"),
+                *["-" if _missing(row[c]) else str(row[c]) for c in knob_cols],
+            )
+    Console(width=max(console.width, 200)).print(table)  # wide: one row per trial, even in a pipe
+    console.print(f"results: {result.sweep_dir}")
+    db = result.tracking_uri
+    console.print(
+        f"compare in MLflow: mlflow ui --backend-store-uri {db}  (experiment {space.name!r})"
+    )
+    console.print(
+        f"Optuna study {result.study_name!r} in {result.optuna_storage} (optuna-dashboard {result.optuna_storage})"
+    )
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,226 @@
+"""The engine end to end: real Ray Tune, Optuna, MLflow and trainer child processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+from ray import tune
+
+from sweeper.engine import build_tuner, finish, run_sweep
+from sweeper.space import load_space
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def _children(client: MlflowClient, result):
+    return client.search_runs(
+        [result.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
+    )
+
+
+def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
+    result = run_sweep("smoke", results_dir=tmp_path, trials=3, set={"trial.steps": STEPS})
+    assert result.counts == {"total": 3, "ok": 3}
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.data.tags["sweeper.kind"] == "sweep" and parent.info.status == "FINISHED"
+    assert parent.data.metrics["trials_ok"] == 3
+    children = _children(client, result)
+    assert len(children) == 3
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.params["remat.policy"] in ("full", "minimal", "save_qkv_proj")
+        assert run.data.params["model.preset"] == "tiny-dense"
+        assert run.data.metrics["mesh.tensor"] in (1.0, 2.0)  # numeric knob also a metric
+        assert run.data.metrics["tokens_per_sec_per_chip"] > 0
+        assert run.data.tags["fidelity"] == "run" and run.data.tags["backend"] == "cpu"
+        assert run.data.tags["convergence"] == "passed"
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert sorted(m.step for m in history) == list(range(STEPS))
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trial.json", "knob_effects.json"} <= artifacts
+    # Outputs on disk, and the best is the fastest feasible trial.
+    frame = result.trials
+    assert (result.sweep_dir / "summary.csv").exists()
+    best = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
+    assert best["tokens_per_sec_per_chip"] == pytest.approx(frame["tokens_per_sec_per_chip"].max())
+    study = result.study()
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert all(max(t.constraints.values()) <= 0 for t in study.trials)
+
+
+FAULTS = {
+    "name": "faults",
+    "target": "local",
+    "devices": 8,
+    "fidelity": "run",
+    "model": {"preset": "tiny-dense"},
+    "trial": {"seq_len": 64, "steps": STEPS, "backend": "cpu"},
+    "constraints": {"convergence": False},
+    "search": {
+        "sampler": "random",
+        "trials": 4,
+        "concurrency": 2,
+        "warm_start": [
+            {"mesh.tensor": 1, "limits.device_memory_gib": None, "fault.nan_at_step": None},
+            {"mesh.tensor": 8, "limits.device_memory_gib": None, "fault.nan_at_step": None},
+            {"mesh.tensor": 1, "limits.device_memory_gib": 1e-4, "fault.nan_at_step": None},
+            {"mesh.tensor": 1, "limits.device_memory_gib": None, "fault.nan_at_step": 2},
+        ],
+    },
+    "knobs": {
+        "mesh.fsdp": {"values": [-1]},
+        "mesh.tensor": {"values": [1, 8]},  # tensor=8 cannot shard 2 kv heads
+        "limits.device_memory_gib": {"values": [None, 1e-4]},
+        "fault.nan_at_step": {"values": [None, 2]},
+    },
+}
+
+
+def test_failures_are_classified_recorded_and_taught_to_optuna(tmp_path):
+    result = run_sweep(load_space(FAULTS), results_dir=tmp_path)
+    frame = result.trials.set_index("optuna_trial")
+    assert len(frame) == 4  # the sweep finished every trial
+    assert list(frame.loc[[0, 1, 2, 3], "failure_class"]) == [
+        "",
+        "invalid_config",
+        "oom_hbm",
+        "diverged",
+    ]
+    client = MlflowClient(result.tracking_uri)
+    by_number = {int(r.data.tags["sweeper.optuna_trial"]): r for r in _children(client, result)}
+    assert by_number[1].data.tags["failure_class"] == "invalid_config"
+    assert (
+        by_number[2].data.tags["failure_class"] == "oom_hbm"
+        and by_number[2].info.status == "FAILED"
+    )
+    assert by_number[3].data.tags["failure_class"] == "diverged"
+    tail = client.download_artifacts(
+        by_number[1].info.run_id, "trainer_log_tail.txt", str(tmp_path)
+    )
+    with open(tail) as handle:
+        assert "not divisible by mesh axes" in handle.read()
+
+    trials = {t.number: t for t in result.study().trials}
+    assert trials[0].state == TrialState.COMPLETE and max(trials[0].constraints.values()) <= 0
+    for number, violated in ((1, "validity"), (2, "memory"), (3, "convergence")):
+        assert trials[number].state == TrialState.COMPLETE  # infeasible points are data, not errors
+        assert trials[number].constraints[violated] > 0, (number, trials[number].constraints)
+        assert trials[number].user_attrs["outcome"] == "infeasible"
+
+
+class CountingCallback(tune.Callback):
+    def __init__(self):
+        self.completed = []
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.completed.append(trial.last_result["trial_status"])
+
+
+def test_build_tuner_serves_another_pipeline(tmp_path):
+    counter = CountingCallback()
+    tuner = build_tuner(
+        "smoke", results_dir=tmp_path, callbacks=[counter], trials=2, set={"trial.steps": 4}
+    )
+    grid = tuner.fit()
+    assert len(grid) == 2 and not grid.errors
+    assert counter.completed == ["ok", "ok"]
+    ctx = tuner.sweep_context
+    result = ctx.result or finish(ctx)
+    assert len(_children(MlflowClient(result.tracking_uri), result)) == 2
+    assert json.loads((result.sweep_dir / "mlflow_runs.json").read_text()).keys() == {
+        r.trial_id for r in grid._experiment_analysis.trials
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--default-artifact-root",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)
+            break
+        except Exception:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not start in 60 s")
+    yield uri
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_sweep_against_a_real_mlflow_server(tmp_path, mlflow_server):
+    result = run_sweep(
+        "smoke", results_dir=tmp_path, tracking_uri=mlflow_server, trials=2, set={"trial.steps": 4}
+    )
+    client = MlflowClient(mlflow_server)
+    runs = _children(client, result)
+    assert len(runs) == 2 and all(r.data.metrics["tokens_per_sec_per_chip"] > 0 for r in runs)
+    assert client.get_run(result.parent_run_id).data.tags["sweeper.sweep_id"] == result.sweep_id
+
+
+def test_unreachable_tracking_server_is_a_clear_exit_2(tmp_path):
+    port = _free_port()  # nothing listens here
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "run",
+            "smoke",
+            "--results-dir",
+            str(tmp_path),
+            "--tracking-uri",
+            f"http://127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "cannot reach the MLflow tracking store" in proc.stderr.replace("\n", " ")

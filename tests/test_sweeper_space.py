@@ -1,0 +1,166 @@
+"""Space schema, YAML errors, the Optuna converter, conditional knobs, inert pinning (no Ray)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+
+from sweeper.inert import pin_inert
+from sweeper.search import (
+    DefineByRun,
+    constraint_vector,
+    from_distribution,
+    outcome,
+    to_distribution,
+)
+from sweeper.space import Knob, SpaceError, assemble, count_points, load_space, resolve_path
+
+GOOD = """\
+name: t
+model: {preset: tiny-dense}
+trial: {seq_len: 64, steps: 4, backend: cpu}
+knobs:
+  mesh.tensor: {values: [1, 2]}
+  remat.policy: {values: [full, custom]}
+  remat.custom.context: {values: [device, remat], when: {remat.policy: custom}}
+  per_device_batch: {low: 1, high: 3}
+"""
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "space.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_builtin_spaces_resolve_by_name_and_by_spaces_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # any directory
+    assert resolve_path("moe_short") == resolve_path("spaces/moe_short.yaml")
+    assert load_space("spaces/moe_short.yaml").name == "moe_short"
+    assert load_space("smoke").name == "smoke"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        (GOOD.replace("name: t", "name: t\nsampler: tpe"), 2, "sampler", "unknown key"),
+        (
+            GOOD.replace("[full, custom]", "[full, sideways]"),
+            6,
+            "knobs.remat.policy",
+            "invalid trial",
+        ),
+        (
+            GOOD.replace("trial: {seq_len: 64", "trial: {seq_len: 1"),
+            3,
+            "trial.seq_len",
+            "greater than or equal",
+        ),
+        (
+            GOOD.replace("{preset: tiny-dense}", "{preset: tiny-dense, num_heads: 3}"),
+            2,
+            "model",
+            "num_kv_heads",
+        ),
+        (GOOD + "search: {trials: 0}\n", 9, "search.trials", "greater than 0"),
+        (
+            GOOD.replace("when: {remat.policy: custom}", "when: {remat.polcy: custom}"),
+            7,
+            "knobs.remat.custom.context.when",
+            "not a knob",
+        ),
+        ("name: t\nmodel: {preset: tiny-dense\n", 3, None, "not valid YAML"),
+    ],
+)
+def test_bad_yaml_names_file_line_and_field(tmp_path, text, line, field, fragment):
+    path = _write(tmp_path, text)
+    with pytest.raises(SpaceError) as err:
+        load_space(path)
+    assert err.value.file == str(path)
+    assert err.value.line == line
+    assert err.value.field == field
+    assert fragment in str(err.value)
+
+
+def test_cli_validate_exits_2_with_location(tmp_path):
+    path = _write(tmp_path, GOOD.replace("[full, custom]", "[full, sideways]"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "validate", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert f"{path}:6" in proc.stderr.replace("\n", "") and "knobs.remat.policy" in proc.stderr
+
+
+def test_count_points_respects_conditions_and_inclusive_int_bounds(tmp_path):
+    space = load_space(_write(tmp_path, GOOD))
+    # tensor(2) x [full + custom x context(2)] x batch(1..3 inclusive = 3)
+    assert count_points(space) == 2 * (1 + 2) * 3
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [
+        Knob(values=["a", 1, None]),
+        Knob(low=1, high=4),
+        Knob(low=2, high=64, log=True, type="int"),
+        Knob(low=0, high=12, step=4),
+        Knob(low=1e-4, high=1e-2, log=True),
+        Knob(low=0.0, high=1.0, step=0.25),
+    ],
+)
+def test_knob_distribution_round_trip(knob):
+    dist = to_distribution(knob)
+    back = from_distribution(dist)
+    assert to_distribution(back) == dist
+    assert back.candidates() == knob.candidates()
+
+
+def test_int_upper_bound_is_sampled():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = {study.ask({"x": IntDistribution(1, 4)}).params["x"] for _ in range(200)}
+    assert seen == {1, 2, 3, 4} == set(Knob(low=1, high=4).candidates())
+
+
+def test_conditional_knobs_only_asked_when_active(tmp_path):
+    space = load_space(_write(tmp_path, GOOD))
+    define = DefineByRun(space)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(40):
+        trial = study.ask()
+        define(trial)
+        params = trial.params
+        assert ("remat.custom.context" in params) == (params["remat.policy"] == "custom")
+        config = assemble(space, params)
+        assert config["mesh"]["tensor"] == params["mesh.tensor"]
+        study.tell(trial, 1.0)
+
+
+def test_offload_values_pinned_on_cpu():
+    space = load_space("moe_short")
+    pinned, notes = pin_inert(space)
+    assert "minimal_offloaded" in space.knobs["remat.policy"].values
+    assert "minimal_offloaded" not in pinned.knobs["remat.policy"].values
+    assert pinned.knobs["remat.custom.context"].values == ["device", "remat"]
+    assert len(notes) == 2 and all("inert on cpu" in n for n in notes)
+
+
+def test_trial_outcomes_map_to_search_semantics():
+    assert outcome({"trial_status": "ok"}, False) == "ok"
+    for cls in ("invalid_config", "oom_hbm", "oom_vmem", "diverged"):
+        assert outcome({"trial_status": "failed", "failure_class": cls}, False) == "infeasible"
+    for cls in ("crashed", "timeout", "compile_error"):
+        assert outcome({"trial_status": "failed", "failure_class": cls}, False) == "failed"
+    assert outcome({"trial_status": "running"}, False) == "pruned"  # stopped by the scheduler
+    assert outcome(None, True) == "failed"
+    assert constraint_vector(
+        {"failure_class": "oom_hbm", "needed_gib": 3.0, "budget_gib": 2.0}
+    ) == [0.0, 0.5, 0.0]
+    feasible = constraint_vector(
+        {"convergence_relative_delta": 0.01, "convergence_tolerance": 0.05}
+    )
+    assert feasible[2] == pytest.approx(-0.04) and max(feasible) <= 0
