@@ -140,7 +140,6 @@ class Space(_Strict):
     devices: int = Field(default=8, gt=0, description="simulated local devices (target local)")
     fidelity: Literal["auto", "estimate", "compile", "run"] = "auto"
     model: dict[str, Any]
-    proxy_model: dict[str, Any] | None = None
     trial: dict[str, Any] = Field(default_factory=dict)
     objective: Objectives = Objectives()
     constraints: Constraints = Constraints()

@@ -36,6 +36,7 @@ FINAL_METRICS = (
     "convergence_delta",
     "convergence_relative_delta",
     "trial_wall_s",
+    "trainer_wall_s",
     "train_s",
 )
 # MLflow's per-call limits for log_batch.

@@ -181,6 +181,7 @@ class TrialRun:
         config_path = self.trial_dir / "trial.json"
         config_path.write_text(config.to_json())
         env = {**os.environ, **self.runtime.env}
+        spawned = time.time()
         with (self.trial_dir / "trainer.log").open("w") as log:
             proc = subprocess.Popen(
                 [self.runtime.python, "-m", "trainer", "--config", str(config_path)],
@@ -204,7 +205,7 @@ class TrialRun:
             finally:
                 timer.cancel()
                 _kill_group(proc)
-        return self.final(returncode)
+        return {**self.final(returncode), "trainer_wall_s": time.time() - spawned}
 
     def _on_timeout(self, proc: subprocess.Popen) -> None:
         self.timed_out = True

@@ -224,3 +224,41 @@ def test_unreachable_tracking_server_is_a_clear_exit_2(tmp_path):
     )
     assert proc.returncode == 2
     assert "cannot reach the MLflow tracking store" in proc.stderr.replace("\n", " ")
+
+
+def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path):
+    import psutil
+
+    result = run_sweep(
+        "smoke",
+        results_dir=tmp_path,
+        trials=1,
+        set={"trial.steps": 100000, "search.trial_timeout_s": 12},
+    )
+    row = result.trials.iloc[0]
+    assert (row["status"], row["failure_class"]) == ("failed", "timeout")
+    (trial,) = result.study().trials
+    assert trial.state == TrialState.FAIL  # says nothing certain about the point: not learned from
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
+
+
+def test_two_objectives_make_a_multi_objective_study(tmp_path):
+    result = run_sweep(
+        "smoke",
+        results_dir=tmp_path,
+        trials=2,
+        sampler="nsga2",
+        set={
+            "trial.steps": 4,
+            "objective.secondary": {"metric": "hbm_per_device_gib", "mode": "min"},
+        },
+    )
+    study = result.study()
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    for t in study.trials:
+        assert t.state == TrialState.COMPLETE and len(t.values) == 2 and t.values[1] > 0

@@ -101,3 +101,13 @@ def test_unparseable_config_is_invalid(tmp_path, capsys):
     path.write_text("{not json")
     assert main(["--config", str(path)]) == EXIT_CODES["invalid_config"]
     assert '"field": "config"' in capsys.readouterr().out
+
+
+def test_time_limit_is_timeout(tmp_path):
+    code, events, _ = run_trainer(trial(steps=50, limits={"time_limit_s": 0.001}), tmp_path)
+    failure = _failure(events)
+    assert (code, failure["failure_class"], failure["step"]) == (
+        EXIT_CODES["timeout"],
+        "timeout",
+        0,
+    )
