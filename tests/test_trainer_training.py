@@ -96,12 +96,8 @@ def test_synthetic_tokens_train_without_learning_structure():
     assert min(losses) > math.log(256) - 0.3
 
 
-def test_fused_qkv_trains_and_shards():
-    losses = _losses(
-        trial(
-            model={"preset": "tiny-dense", "fused_qkv": True},
-            mesh={"fsdp": 4, "tensor": 2},
-            steps=3,
-        )
-    )
-    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] + 0.5
+def test_fused_qkv_sharded_matches_unsharded():
+    fused = {"model": {"preset": "tiny-dense", "fused_qkv": True}}
+    sharded = _losses(trial(mesh={"fsdp": 4, "tensor": 2}) | fused)
+    single = _losses(trial(mesh={"fsdp": 1}, num_devices=1, per_device_batch=8) | fused)
+    np.testing.assert_allclose(sharded, single, rtol=2e-3)
