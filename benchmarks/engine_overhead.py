@@ -67,15 +67,17 @@ def main() -> None:
     train = float(frame["train_s"].sum())
     trainer_wall = float(frame["trainer_wall_s"].sum())
     table = Table(title="engine overhead (fidelity run, local CPU; concurrency 1)")
-    for col in (
+    columns = (
         "trials",
         "steps/trial",
         "sweep wall s",
-        "sum train_s",
-        "sum trial wall s",
-        "overhead vs train",
+        "sum train loops s",
+        "sum trainer processes s",
+        "sweep / train loops",
+        "sweep / trainer processes",
         "launch -> first step s",
-    ):
+    )
+    for col in columns:
         table.add_column(col, justify="right")
     table.add_row(
         str(len(frame)),
@@ -87,7 +89,7 @@ def main() -> None:
         f"+{wall / trainer_wall - 1:.1%}",
         f"{first.first_step_at - launched:.1f}" if first.first_step_at else "-",
     )
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":
