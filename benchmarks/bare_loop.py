@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import optax
 
 from trainer.config import ModelConfig
-from trainer.model import apply_rope, causal_attention
+from trainer.kernels import reference_attention as causal_attention
+from trainer.model import apply_rope
 
 BF16 = jnp.bfloat16
 

@@ -192,6 +192,80 @@ class RematConfig(_Frozen):
         return self
 
 
+STOCHASTIC_ROUNDING_REFUSAL = (
+    "stochastic rounding of float8 gradients is not available: qwix ignores "
+    "bwd_stochastic_rounding for float8 types (bit-identical results), so it would be a "
+    "no-op recorded as a knob; use nearest_even"
+)
+
+
+class PrecisionConfig(_Frozen):
+    """FP8 training through qwix; every sub-knob is read only when mode is fp8."""
+
+    mode: Literal["bf16", "fp8"] = "bf16"
+    granularity: Literal["per_tensor", "per_axis", "subchannel"] = "per_tensor"
+    tile_size: int | None = Field(
+        default=None, gt=0, description="subchannel tile along the contraction axis"
+    )
+    scaling: Literal["dynamic", "static", "fixed"] = "dynamic"
+    fixed_bound: float = Field(
+        default=224.0, gt=0, description="fixed scaling range is [-bound, bound]"
+    )
+    forward_format: Literal["e4m3", "e5m2"] = "e4m3"
+    backward_format: Literal["e4m3", "e5m2"] = "e5m2"
+    targets: Literal["dense", "dense+moe"] = "dense+moe"
+    rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
+
+    @model_validator(mode="after")
+    def _check(self) -> PrecisionConfig:
+        if self.mode == "bf16":
+            changed = [
+                k
+                for k, v in self.model_dump(exclude={"mode"}).items()
+                if v != PrecisionConfig.model_fields[k].default
+            ]
+            if changed:
+                raise ValueError(f"{changed} are only read when mode is 'fp8'")
+            return self
+        if self.rounding == "stochastic":
+            raise ValueError(STOCHASTIC_ROUNDING_REFUSAL)
+        if (self.granularity == "subchannel") != (self.tile_size is not None):
+            raise ValueError(
+                "tile_size is required with granularity 'subchannel' and only read there"
+            )
+        return self
+
+
+class KernelsConfig(_Frozen):
+    """Attention and MoE grouped-matmul implementations, their tiles, and the max-logit estimate."""
+
+    attention: Literal["auto", "xla", "splash"] = "xla"
+    block_q: int = 512
+    block_kv: int = 512
+    block_kv_compute: int = 512
+    block_q_dkv: int = 512
+    block_kv_dkv: int = 512
+    block_kv_dkv_compute: int = 512
+    max_logit_const: float | None = None
+    moe_gmm: Literal["ragged_dot", "megablox"] = "ragged_dot"
+    gmm_tm: int = Field(default=512, gt=0)
+    gmm_tk: int = Field(default=1024, gt=0)
+    gmm_tn: int = Field(default=1024, gt=0)
+
+    def blocks(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in SPLASH_BLOCKS}
+
+
+SPLASH_BLOCKS = (
+    "block_q",
+    "block_kv",
+    "block_kv_compute",
+    "block_q_dkv",
+    "block_kv_dkv",
+    "block_kv_dkv_compute",
+)
+
+
 class DataConfig(_Frozen):
     source: Literal["stdlib", "synthetic"] = "stdlib"
     max_corpus_mib: float = Field(default=16.0, gt=0)
@@ -232,6 +306,8 @@ class TrialConfig(_Frozen):
     model: ModelConfig
     mesh: MeshConfig = MeshConfig()
     remat: RematConfig = RematConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    kernels: KernelsConfig = KernelsConfig()
     data: DataConfig = DataConfig()
     seq_len: int = Field(default=128, ge=2)
     per_device_batch: float = Field(default=1.0, gt=0)
@@ -314,10 +390,54 @@ def check_batch_and_sequence(
         raise ConfigError("seq_len", f"{config.seq_len} is not divisible by {what} = {chunks}")
 
 
+def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int) -> None:
+    """Kernel tiles the kernels would reject, caught before anything compiles."""
+    kernels = config.kernels
+    if kernels.attention != "xla":
+        for name, block in kernels.blocks().items():
+            if block % 128:
+                raise ConfigError(f"kernels.{name}", f"{block} must be a multiple of 128")
+            if config.seq_len % block:
+                raise ConfigError(
+                    f"kernels.{name}", f"{block} must divide seq_len ({config.seq_len})"
+                )
+        for compute, block in (
+            ("block_kv_compute", "block_kv"),
+            ("block_kv_dkv_compute", "block_kv_dkv"),
+        ):
+            if getattr(kernels, block) % getattr(kernels, compute):
+                raise ConfigError(
+                    f"kernels.{compute}",
+                    f"{getattr(kernels, compute)} must divide {block} ({getattr(kernels, block)})",
+                )
+        if degrees["context"] > 1:
+            raise ConfigError(
+                "kernels.attention",
+                "splash with context parallelism is not implemented yet (needs a sharded mask under shard_map); "
+                "use attention xla with context > 1",
+            )
+    if config.model.is_moe and kernels.moe_gmm == "megablox":
+        if config.precision.mode == "fp8" and config.precision.targets == "dense+moe":
+            raise ConfigError(
+                "kernels.moe_gmm",
+                "fp8 of the MoE grouped matmul is wired through ragged_dot only; with megablox the experts "
+                "would silently stay bf16. Use moe_gmm ragged_dot, or precision.targets dense",
+            )
+        rows = (
+            global_batch_size(config, num_devices) * config.seq_len * config.model.experts_per_token
+        )
+        if rows % kernels.gmm_tm:
+            raise ConfigError(
+                "kernels.gmm_tm",
+                f"{kernels.gmm_tm} must divide the routed token count (batch x seq x experts_per_token = {rows})",
+            )
+
+
 def check_static(config: TrialConfig, num_devices: int) -> dict[str, int]:
-    """Every check that needs no JAX: resolved mesh, whole batch, divisible batch and sequence."""
+    """Every check that needs no JAX: mesh, batch, sequence and kernel tiles."""
     degrees = config.mesh.resolve(num_devices)
     check_batch_and_sequence(config, degrees, num_devices)
+    check_kernels(config, degrees, num_devices)
     return degrees
 
 

@@ -25,4 +25,38 @@ def knob_effects(config: TrialConfig, platform: str) -> dict[str, dict[str, str]
                 "status": "active",
                 "reason": "offloaded to pinned host memory",
             }
+    if config.precision.mode == "fp8":
+        effects["precision"] = (
+            {
+                "status": "emulated",
+                "reason": "XLA on CPU upcasts fp8 to f32: numerics are real, speed is not a TPU finding",
+            }
+            if platform == "cpu"
+            else {"status": "active", "reason": "fp8 dot operands via qwix"}
+        )
+    attention = config.kernels.attention
+    if attention == "auto":
+        attention = "splash" if platform == "tpu" else "xla"
+        effects["kernels.attention"] = {
+            "status": "active",
+            "reason": f"auto resolved to {attention} on {platform}",
+        }
+    if attention == "splash":
+        effects["kernels.splash_blocks"] = _kernel_effect(platform, "Splash attention")
+    if config.model.is_moe and config.kernels.moe_gmm == "megablox":
+        effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
+    if config.kernels.max_logit_const is not None:
+        effects["kernels.max_logit_const"] = {
+            "status": "active",
+            "reason": "numerics: softmax uses exp(s - c)",
+        }
     return effects
+
+
+def _kernel_effect(platform: str, name: str) -> dict[str, str]:
+    if platform == "tpu":
+        return {"status": "active", "reason": f"{name} Pallas kernel with these tiles"}
+    return {
+        "status": "interpreted",
+        "reason": f"{name} runs with interpret=True on {platform}: correctness only, tiles have no speed meaning",
+    }

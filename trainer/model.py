@@ -10,11 +10,18 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from trainer.config import ModelConfig
+from trainer.config import KernelsConfig, ModelConfig
+from trainer.kernels import reference_attention, splash_attention
 from trainer.moe import MoeBlock
 
 Dtype = Any
 ACT_BxSxE = ("activation_batch", "activation_length", None)
+
+
+def dense(x, w, contract: int = 1):
+    """x's last `contract` axes times w's first ones, as lax.dot_general: the op qwix's fp8 rule targets."""
+    dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
+    return jax.lax.dot_general(x, w, dims)
 
 
 def weight(
@@ -51,22 +58,11 @@ def apply_rope(x_BxSxHxD, positions_BxS, theta: float):
     return out.astype(x_BxSxHxD.dtype)
 
 
-def causal_attention(q_BxSxHxD, k_BxTxKxD, v_BxTxKxD, q_pos_BxS, k_pos_BxT):
-    """Grouped-query attention; the mask comes from positions, so a permuted sequence works."""
-    b, s, h, d = q_BxSxHxD.shape
-    kv = k_BxTxKxD.shape[2]
-    q_BxSxKxGxD = q_BxSxHxD.reshape(b, s, kv, h // kv, d) * (d**-0.5)
-    scores = jnp.einsum("bskgd,btkd->bkgst", q_BxSxKxGxD, k_BxTxKxD).astype(jnp.float32)
-    mask = q_pos_BxS[:, None, None, :, None] >= k_pos_BxT[:, None, None, None, :]
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxD.dtype)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs, v_BxTxKxD)
-    return out.reshape(b, s, h, d)
-
-
 class Attention(nn.Module):
     cfg: ModelConfig
     dtype: Dtype
+    kernels: KernelsConfig
+    interpret: bool
 
     @nn.compact
     def __call__(self, x_BxSxE, positions_BxS):
@@ -74,15 +70,15 @@ class Attention(nn.Module):
         e, h, kv, d = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         if cfg.fused_qkv:
             w = weight(self, "qkv", (e, h + 2 * kv, d), ("embed", "heads", None), e)
-            qkv = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, w.astype(dt)), "qkv_proj")
+            qkv = checkpoint_name(dense(x_BxSxE, w.astype(dt)), "qkv_proj")
             q, k, v = jnp.split(qkv, [h, h + kv], axis=2)
         else:
             wq = weight(self, "query", (e, h, d), ("embed", "heads", None), e)
             wk = weight(self, "key", (e, kv, d), ("embed", "kv_heads", None), e)
             wv = weight(self, "value", (e, kv, d), ("embed", "kv_heads", None), e)
-            q = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wq.astype(dt)), "query_proj")
-            k = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wk.astype(dt)), "key_proj")
-            v = checkpoint_name(jnp.einsum("bse,ehd->bshd", x_BxSxE, wv.astype(dt)), "value_proj")
+            q = checkpoint_name(dense(x_BxSxE, wq.astype(dt)), "query_proj")
+            k = checkpoint_name(dense(x_BxSxE, wk.astype(dt)), "key_proj")
+            v = checkpoint_name(dense(x_BxSxE, wv.astype(dt)), "value_proj")
         q = apply_rope(q, positions_BxS, cfg.rope_theta)
         k = apply_rope(k, positions_BxS, cfg.rope_theta)
         q = nn.with_logical_constraint(
@@ -92,9 +88,13 @@ class Attention(nn.Module):
         k = nn.with_logical_constraint(k, ("activation_batch", None, "activation_kv_heads", None))
         v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
         k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
-        ctx = checkpoint_name(causal_attention(q, k, v, positions_BxS, k_pos), "context")
+        if self.kernels.attention == "splash":
+            ctx = splash_attention(q, k, v, self.kernels, self.interpret)
+        else:
+            ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
+        ctx = checkpoint_name(ctx, "context")
         wo = weight(self, "out", (h, d, e), ("heads", None, "embed"), h * d)
-        return checkpoint_name(jnp.einsum("bshd,hde->bse", ctx, wo.astype(dt)), "out_proj")
+        return checkpoint_name(dense(ctx, wo.astype(dt), contract=2), "out_proj")
 
 
 class Mlp(nn.Module):
@@ -107,17 +107,19 @@ class Mlp(nn.Module):
         wi_0 = weight(self, "wi_0", (e, f), ("embed", "mlp"), e)
         wi_1 = weight(self, "wi_1", (e, f), ("embed", "mlp"), e)
         wo = weight(self, "wo", (f, e), ("mlp", "embed"), f)
-        gate = checkpoint_name(jnp.einsum("bse,ef->bsf", x_BxSxE, wi_0.astype(dt)), "mlpwi_0")
-        up = checkpoint_name(jnp.einsum("bse,ef->bsf", x_BxSxE, wi_1.astype(dt)), "mlpwi_1")
+        gate = checkpoint_name(dense(x_BxSxE, wi_0.astype(dt)), "mlpwi_0")
+        up = checkpoint_name(dense(x_BxSxE, wi_1.astype(dt)), "mlpwi_1")
         hidden = nn.with_logical_constraint(
             jax.nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp")
         )
-        return checkpoint_name(jnp.einsum("bsf,fe->bse", hidden, wo.astype(dt)), "mlpwo")
+        return checkpoint_name(dense(hidden, wo.astype(dt)), "mlpwo")
 
 
 class DecoderLayer(nn.Module):
     cfg: ModelConfig
     dtype: Dtype
+    kernels: KernelsConfig
+    interpret: bool
 
     @nn.compact
     def __call__(self, x_BxSxE, positions_BxS):
@@ -125,10 +127,12 @@ class DecoderLayer(nn.Module):
         x = nn.with_logical_constraint(x_BxSxE, ACT_BxSxE)
         x = checkpoint_name(x, "decoder_layer_input")
         h = RMSNorm(cfg.norm_eps, self.dtype, name="attn_norm")(x)
-        x = x + Attention(cfg, self.dtype, name="attention")(h, positions_BxS)
+        x = x + Attention(cfg, self.dtype, self.kernels, self.interpret, name="attention")(
+            h, positions_BxS
+        )
         h = RMSNorm(cfg.norm_eps, self.dtype, name="mlp_norm")(x)
         if cfg.is_moe:
-            y, aux_loss = MoeBlock(cfg, self.dtype, name="moe")(h)
+            y, aux_loss = MoeBlock(cfg, self.dtype, self.kernels, self.interpret, name="moe")(h)
         else:
             y, aux_loss = Mlp(cfg, self.dtype, name="mlp")(h), jnp.zeros((), jnp.float32)
         x = nn.with_logical_constraint(x + y, ACT_BxSxE)
@@ -141,6 +145,8 @@ class Transformer(nn.Module):
     cfg: ModelConfig
     remat_policy: Callable[..., Any] | None = None
     dtype: Dtype = jnp.bfloat16
+    kernels: KernelsConfig = KernelsConfig()
+    interpret: bool = True  # Pallas kernels interpreted unless running on TPU
 
     @nn.compact
     def __call__(self, tokens_BxS, positions_BxS):
@@ -150,18 +156,20 @@ class Transformer(nn.Module):
         layer = nn.remat(DecoderLayer, policy=self.remat_policy, prevent_cse=False)
         stack = nn.scan(
             layer,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, "quant_stats": 0},  # static fp8 scales per layer
             split_rngs={"params": True},
             in_axes=(nn.broadcast,),
             length=cfg.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, aux_per_layer = stack(cfg, self.dtype, name="layers")(x, positions_BxS)
+        x, aux_per_layer = stack(cfg, self.dtype, self.kernels, self.interpret, name="layers")(
+            x, positions_BxS
+        )
         x = RMSNorm(cfg.norm_eps, self.dtype, name="final_norm")(x)
         unembed = weight(
             self, "unembed", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model
         )
-        logits = jnp.einsum("bse,ev->bsv", x, unembed.astype(self.dtype)).astype(jnp.float32)
+        logits = dense(x, unembed.astype(self.dtype)).astype(jnp.float32)
         logits = nn.with_logical_constraint(
             logits, ("activation_batch", "activation_length", "activation_vocab")
         )

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from trainer.config import ModelConfig
+from trainer.config import KernelsConfig, ModelConfig
 
 
 def _tag(x, name: str):
@@ -20,6 +20,8 @@ def _tag(x, name: str):
 class MoeBlock(nn.Module):
     cfg: ModelConfig
     dtype: Any
+    kernels: KernelsConfig
+    interpret: bool
 
     @nn.compact
     def __call__(self, x_BxSxE):

@@ -18,6 +18,7 @@ from trainer.data import BatchSource
 from trainer.effects import knob_effects
 from trainer.events import Emitter, TrialFailure
 from trainer.model import Transformer
+from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
 from trainer.sharding import (
     LOGICAL_RULES,
@@ -33,6 +34,13 @@ from trainer.step import make_init_fn, make_optimizer, make_train_step
 class RunResult:
     losses: list[float] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_attention(config: TrialConfig, platform: str) -> str:
+    """`auto` is the Splash kernel where it is a real kernel (TPU), the XLA reference elsewhere."""
+    if config.kernels.attention != "auto":
+        return config.kernels.attention
+    return "splash" if platform == "tpu" else "xla"
 
 
 def select_devices(config: TrialConfig) -> list[jax.Device]:
@@ -67,13 +75,19 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     degrees = check_static(config, n)
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
-    model = Transformer(config.model, checkpoint_policy(config.remat))
+    platform = devices[0].platform
+    kernels = config.kernels.model_copy(update={"attention": resolve_attention(config, platform)})
+    model = Transformer(
+        config.model, checkpoint_policy(config.remat), kernels=kernels, interpret=platform != "tpu"
+    )
+    model, provider = quantize(model, config.precision)
     tx = make_optimizer(config)
     batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
     init_boxed = make_init_fn(model, tx, config, (batch_shards, config.seq_len))
     with mesh, nn.logical_axis_rules(LOGICAL_RULES):
         abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
         shardings = state_shardings(abstract_boxed, mesh)
+    check_rules_used(provider)
     abstract = nn.meta.unbox(abstract_boxed)
     check_divisible(abstract, shardings, mesh)
     data_sharding = batch_sharding(mesh)

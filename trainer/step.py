@@ -18,6 +18,7 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
+    model_state: Any  # collections other than params, e.g. qwix's quant_stats (static fp8 scales)
 
 
 def make_optimizer(config: TrialConfig) -> optax.GradientTransformation:
@@ -42,8 +43,14 @@ def make_init_fn(
 
     def init_boxed(rng):
         tokens = jnp.zeros(batch_shape, jnp.int32)
-        params = model.init(rng, tokens, tokens)["params"]
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        variables = dict(model.init(rng, tokens, tokens))
+        params = variables.pop("params")
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            model_state=variables,
+        )
 
     return init_boxed
 
@@ -54,18 +61,29 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, config: 
 
     def train_step(state: TrainState, inputs, targets, positions):
         def loss_fn(params):
-            logits, aux_loss = model.apply({"params": params}, inputs, positions)
+            variables = {"params": params, **state.model_state}
+            if state.model_state:
+                (logits, aux_loss), model_state = model.apply(
+                    variables, inputs, positions, mutable=list(state.model_state)
+                )
+            else:
+                (logits, aux_loss), model_state = model.apply(variables, inputs, positions), {}
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
             if nan_at_step is not None:
                 ce = ce * jnp.where(state.step == nan_at_step, jnp.nan, 1.0)
-            return ce + aux_loss, (ce, aux_loss)
+            return ce + aux_loss, (ce, aux_loss, model_state)
 
-        (_, (ce, aux_loss)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (_, (ce, aux_loss, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params
+        )
         if grad_scale != 1.0:
             grads = jax.tree.map(lambda g: g * grad_scale, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": ce, "aux_loss": aux_loss, "grad_norm": optax.global_norm(grads)}
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        new_state = TrainState(
+            step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state
+        )
+        return new_state, metrics
 
     return train_step
