@@ -12,6 +12,15 @@ from sweeper.space import Knob, Space
 OFFLOAD_TWINS = {"qkv_proj_offloaded": "save_qkv_proj", "minimal_offloaded": "minimal"}
 
 
+# Values whose throughput on a CPU says nothing about the target: measuring them would rank
+# an emulation. Their numerics are checked by the trainer's tests, not by a CPU sweep.
+THROUGHPUT_MEANINGLESS_ON_CPU = {
+    "precision.mode": ("bf16", "XLA on CPU upcasts fp8 to f32: fp8 speed there is emulation"),
+    "kernels.attention": ("xla", "Pallas Splash runs interpreted on cpu"),
+    "kernels.moe_gmm": ("ragged_dot", "Pallas Megablox runs interpreted on cpu"),
+}
+
+
 def target_backend(space: Space) -> str:
     return "cpu" if space.target == "local" else space.target.split(":")[0]
 
@@ -43,4 +52,16 @@ def pin_inert(space: Space) -> tuple[Space, list[str]]:
         if key.startswith("remat.custom.") and knob.values and "offload" in knob.values:
             knobs[key] = _drop(knob, {"offload"}, {"offload": "remat"})
             notes.append(f"{key}: 'offload' is inert on cpu (same program as 'remat'); not sampled")
+        elif key in THROUGHPUT_MEANINGLESS_ON_CPU and knob.values:
+            keep, reason = THROUGHPUT_MEANINGLESS_ON_CPU[key]
+            dropped = [v for v in knob.values if v != keep]
+            if dropped:
+                knobs[key] = knob.model_copy(update={"values": [keep]})
+                notes.append(f"{key}: {dropped} pinned to {keep!r} on cpu ({reason})")
+        elif key.startswith("kernels.block_") or key.startswith("kernels.gmm_t"):
+            first = knob.values[0] if knob.values else knob.low
+            knobs[key] = Knob(values=[first], when=knob.when)
+            notes.append(
+                f"{key}: pinned to {first} on cpu (kernels are interpreted there: tiles have no speed meaning)"
+            )
     return space.model_copy(update={"knobs": knobs}), notes

@@ -164,3 +164,18 @@ def test_trial_outcomes_map_to_search_semantics():
         {"convergence_relative_delta": 0.01, "convergence_tolerance": 0.05}
     )
     assert feasible[2] == pytest.approx(-0.04) and max(feasible) <= 0
+
+
+def test_kernel_and_fp8_knobs_pinned_on_cpu(tmp_path):
+    extra = (
+        "  precision.mode: {values: [bf16, fp8]}\n"
+        "  kernels.attention: {values: [xla, splash]}\n"
+        "  kernels.block_q: {values: [128, 256]}\n"
+    )
+    space = load_space(_write(tmp_path, GOOD + extra))
+    pinned, notes = pin_inert(space)
+    assert space.knobs["precision.mode"].values == ["bf16", "fp8"]
+    assert pinned.knobs["precision.mode"].values == ["bf16"]
+    assert pinned.knobs["kernels.attention"].values == ["xla"]
+    assert pinned.knobs["kernels.block_q"].values == [128]
+    assert len(notes) == 3 and "emulation" in notes[0]

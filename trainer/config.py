@@ -347,17 +347,21 @@ class TrialConfig(_Frozen):
         }
 
     def baseline(self) -> TrialConfig:
-        """The same recipe with baseline numerics and no faults: the convergence reference."""
+        """The same recipe with baseline numerics (bf16, XLA attention without a max-logit
+        estimate, ragged_dot) and no faults: the convergence reference."""
         return self.model_copy(
             update={
                 "fault": FaultConfig(),
+                "precision": PrecisionConfig(),
+                "kernels": KernelsConfig(),
                 "convergence": self.convergence.model_copy(update={"enabled": False}),
             }
         )
 
     @property
     def is_baseline_numerics(self) -> bool:
-        return self.fault == FaultConfig()
+        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig())
+        return (self.fault, self.precision, self.kernels) == baseline
 
 
 def global_batch_size(config: TrialConfig, num_devices: int) -> int:
@@ -433,11 +437,26 @@ def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int
             )
 
 
+def check_precision(config: TrialConfig) -> None:
+    """A subchannel tile must divide the innermost contraction axis of every quantized matmul."""
+    precision, model = config.precision, config.model
+    if precision.mode != "fp8" or precision.granularity != "subchannel":
+        return
+    axes = {"d_model": model.d_model, "head_dim": model.head_dim, "mlp_dim": model.mlp_dim}
+    bad = {name: size for name, size in axes.items() if size % precision.tile_size}
+    if bad:
+        raise ConfigError(
+            "precision.tile_size",
+            f"{precision.tile_size} must divide the contraction axes of the quantized matmuls; it does not divide {bad}",
+        )
+
+
 def check_static(config: TrialConfig, num_devices: int) -> dict[str, int]:
     """Every check that needs no JAX: mesh, batch, sequence and kernel tiles."""
     degrees = config.mesh.resolve(num_devices)
     check_batch_and_sequence(config, degrees, num_devices)
     check_kernels(config, degrees, num_devices)
+    check_precision(config)
     return degrees
 
 

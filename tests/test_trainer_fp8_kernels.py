@@ -1,0 +1,334 @@
+"""FP8 through qwix, Splash and Megablox (interpreted on CPU), and the max-logit estimate."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers import run_trainer, trial
+from trainer.config import ConfigError, KernelsConfig, check_static, load_config
+from trainer.events import EXIT_CODES, Emitter
+from trainer.kernels import grouped_matmul, reference_attention, splash_attention
+from trainer.run import build_program, check_convergence, train
+
+ONE_DEVICE = {
+    "num_devices": 1,
+    "per_device_batch": 8,
+    "mesh": {"fsdp": 1},
+    "steps": 20,
+    "learning_rate": 1e-2,
+}
+
+
+def _converges(cache_dir, model: str = "tiny-dense", **changes) -> dict:
+    config = load_config(
+        trial(
+            model,
+            **ONE_DEVICE,
+            convergence={"enabled": True, "cache_dir": str(cache_dir), "tolerance": 0.05},
+        )
+        | changes
+    )
+    return train(config, Emitter(quiet=True)).summary["convergence"]
+
+
+FP8_VARIANTS = {
+    "per_tensor": {},
+    "per_axis": {"granularity": "per_axis"},
+    "subchannel": {"granularity": "subchannel", "tile_size": 8},
+    "static": {"scaling": "static"},
+    "fixed_224": {"scaling": "fixed", "fixed_bound": 224.0},
+    "e4m3_everywhere": {"backward_format": "e4m3"},
+    "e5m2_everywhere": {"forward_format": "e5m2"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(FP8_VARIANTS))
+def test_fp8_dense_loss_within_tolerance_of_bf16(name, cache_dir):
+    verdict = _converges(cache_dir, precision={"mode": "fp8", **FP8_VARIANTS[name]})
+    assert verdict["passed"], verdict
+    assert verdict["reference_source"] in ("computed", "cache")  # judged against the bf16 run
+
+
+def test_fp8_moe_with_grouped_matmul_quantized(cache_dir):
+    verdict = _converges(cache_dir, "tiny-moe", precision={"mode": "fp8", "targets": "dense+moe"})
+    assert verdict["passed"], verdict
+
+
+def _lowered_text(**changes) -> str:
+    config = load_config(
+        trial("tiny-moe", num_devices=1, mesh={"fsdp": 1}, per_device_batch=2) | changes
+    )
+    program = build_program(config, jax.devices()[:1])
+    batch = jax.ShapeDtypeStruct(
+        (program.global_batch, config.seq_len), np.int32, sharding=program.batch_sharding
+    )
+    return program.step_fn.lower(program.abstract_state, batch, batch, batch).as_text()
+
+
+def _fp8_dots(text: str) -> int:
+    return sum(
+        1 for line in text.splitlines() if "stablehlo.dot_general" in line and "xf8E4M3FN>" in line
+    )
+
+
+def test_fp8_is_really_in_the_program():
+    bf16 = _lowered_text()
+    fp8 = _lowered_text(precision={"mode": "fp8", "targets": "dense+moe"})
+    dense_only = _lowered_text(precision={"mode": "fp8", "targets": "dense"})
+    assert "f8E4M3FN" not in bf16 and "f8E5M2" not in bf16
+    assert "f8E5M2" in fp8  # e5m2 gradients in the backward pass
+    # Weight matmuls get e4m3 dot operands; targeting the MoE grouped matmul quantizes more of them.
+    assert _fp8_dots(fp8) > _fp8_dots(dense_only) > 0
+
+
+def test_per_tensor_and_per_axis_scales_differ():
+    per_tensor = _lowered_text(precision={"mode": "fp8"})
+    per_axis = _lowered_text(precision={"mode": "fp8", "granularity": "per_axis"})
+    assert per_tensor != per_axis
+    config = trial(**{**ONE_DEVICE, "steps": 3})
+    a = train(load_config(config | {"precision": {"mode": "fp8"}}), Emitter(quiet=True)).losses
+    b = train(
+        load_config(config | {"precision": {"mode": "fp8", "granularity": "per_axis"}}),
+        Emitter(quiet=True),
+    ).losses
+    assert a[0] != b[0]  # different scales, different rounding, different loss
+
+
+BLOCKS = {
+    "all_128": dict.fromkeys(
+        (
+            "block_q",
+            "block_kv",
+            "block_kv_compute",
+            "block_q_dkv",
+            "block_kv_dkv",
+            "block_kv_dkv_compute",
+        ),
+        128,
+    ),
+    "q256_kv128": {
+        "block_q": 256,
+        "block_kv": 128,
+        "block_kv_compute": 128,
+        "block_q_dkv": 256,
+        "block_kv_dkv": 128,
+        "block_kv_dkv_compute": 128,
+    },
+    "kv256_compute128": {
+        "block_q": 128,
+        "block_kv": 256,
+        "block_kv_compute": 128,
+        "block_q_dkv": 128,
+        "block_kv_dkv": 256,
+        "block_kv_dkv_compute": 128,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    keys = jax.random.split(jax.random.key(0), 4)
+    b, s, h, kv, d = 2, 256, 4, 2, 32
+    q = jax.random.normal(keys[0], (b, s, h, d))
+    k = jax.random.normal(keys[1], (b, s, kv, d))
+    v = jax.random.normal(keys[2], (b, s, kv, d))
+    cotangent = jax.random.normal(keys[3], (b, s, h, d))
+    pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+    return q, k, v, cotangent, pos
+
+
+@pytest.mark.parametrize("blocks", sorted(BLOCKS))
+def test_splash_matches_reference_forward_and_gradients(blocks, qkv):
+    q, k, v, cot, pos = qkv
+    kernels = KernelsConfig(attention="splash", **BLOCKS[blocks])
+
+    def ref(q, k, v):
+        return jnp.sum(reference_attention(q, k, v, pos, pos) * cot)
+
+    def spl(q, k, v):
+        return jnp.sum(splash_attention(q, k, v, kernels, interpret=True) * cot)
+
+    np.testing.assert_allclose(
+        splash_attention(q, k, v, kernels, True), reference_attention(q, k, v, pos, pos), atol=2e-5
+    )
+    for g_spl, g_ref in zip(
+        jax.grad(spl, (0, 1, 2))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v), strict=True
+    ):
+        np.testing.assert_allclose(g_spl, g_ref, atol=2e-4)
+
+
+def test_splash_max_logit_constant_matches_when_safe(qkv):
+    q, k, v, _, pos = qkv
+    kernels = KernelsConfig(attention="splash", max_logit_const=8.0, **BLOCKS["all_128"])
+    np.testing.assert_allclose(
+        splash_attention(q, k, v, kernels, True), reference_attention(q, k, v, pos, pos), atol=1e-4
+    )
+    np.testing.assert_allclose(
+        reference_attention(q, k, v, pos, pos, max_logit_const=8.0),
+        reference_attention(q, k, v, pos, pos),
+        atol=1e-5,
+    )
+
+
+def test_max_logit_too_small_overflows_visibly(qkv):
+    q, k, v, _, pos = qkv
+    out = reference_attention(q * 30, k * 30, v, pos, pos, max_logit_const=-100.0)
+    assert not bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_megablox_matches_ragged_dot_forward_and_gradients():
+    keys = jax.random.split(jax.random.key(1), 3)
+    m, kdim, n, groups = 512, 256, 384, 4
+    x = jax.random.normal(keys[0], (m, kdim))
+    w = jax.random.normal(keys[1], (groups, kdim, n))
+    sizes = jnp.array([100, 0, 300, 112], jnp.int32)  # ragged, one empty group
+    xla, mega = (
+        KernelsConfig(),
+        KernelsConfig(moe_gmm="megablox", gmm_tm=128, gmm_tk=128, gmm_tn=128),
+    )
+    np.testing.assert_allclose(
+        grouped_matmul(x, w, sizes, mega, True),
+        grouped_matmul(x, w, sizes, xla, True),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+
+    def loss(kernels):
+        return jax.grad(
+            lambda x, w: jnp.sum(grouped_matmul(x, w, sizes, kernels, True) ** 2), (0, 1)
+        )(x, w)
+
+    for g_mega, g_xla in zip(loss(mega), loss(xla), strict=True):
+        np.testing.assert_allclose(g_mega, g_xla, rtol=1e-4, atol=1e-2)
+
+
+def test_kernels_in_the_trainer_match_the_reference_numerics(cache_dir):
+    splash_verdict = _converges(
+        cache_dir, kernels={"attention": "splash", **BLOCKS["all_128"]}, seq_len=128
+    )
+    assert splash_verdict["passed"] and abs(splash_verdict["relative_delta"]) < 0.01, splash_verdict
+    mega = _converges(
+        cache_dir,
+        "tiny-moe",
+        kernels={"moe_gmm": "megablox", "gmm_tm": 128, "gmm_tk": 128, "gmm_tn": 128},
+    )
+    assert mega["passed"] and abs(mega["relative_delta"]) < 0.01, mega
+
+
+def test_bad_max_logit_constant_is_diverged(tmp_path):
+    bad = trial(steps=4, kernels={"max_logit_const": -200.0}, learning_rate=1e-2)
+    code, events, _ = run_trainer(bad, tmp_path)
+    assert code == EXIT_CODES["diverged"]
+    assert events[-1]["failure_class"] == "diverged"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"),
+    [
+        (
+            {"kernels": {"attention": "splash", "block_q": 100}},
+            "kernels.block_q",
+            "multiple of 128",
+        ),
+        (
+            {"kernels": {"attention": "splash", "block_kv": 384}, "seq_len": 512},
+            "kernels.block_kv",
+            "must divide seq_len",
+        ),
+        (
+            {
+                "kernels": {
+                    "attention": "splash",
+                    **BLOCKS["all_128"],
+                    "block_kv": 256,
+                    "block_kv_compute": 384,
+                },
+                "seq_len": 768,
+            },
+            "kernels.block_kv_compute",
+            "must divide block_kv",
+        ),
+        (
+            {"model": {"preset": "tiny-moe"}, "kernels": {"moe_gmm": "megablox", "gmm_tm": 96}},
+            "kernels.gmm_tm",
+            "must divide the routed token count",
+        ),
+        ({"precision": {"mode": "fp8", "rounding": "stochastic"}}, "precision", "qwix ignores"),
+        (
+            {"precision": {"mode": "fp8", "granularity": "subchannel"}},
+            "precision",
+            "tile_size is required",
+        ),
+        (
+            {"precision": {"mode": "fp8", "granularity": "subchannel", "tile_size": 32}},
+            "precision.tile_size",
+            "{'head_dim': 16}",
+        ),
+        (
+            {
+                "model": {"preset": "tiny-moe"},
+                "precision": {"mode": "fp8"},
+                "kernels": {"moe_gmm": "megablox", "gmm_tm": 128},
+            },
+            "kernels.moe_gmm",
+            "silently stay bf16",
+        ),
+        (
+            {
+                "kernels": {"attention": "splash", **BLOCKS["all_128"]},
+                "mesh": {"fsdp": 4, "context": 2},
+                "seq_len": 256,
+            },
+            "kernels.attention",
+            "context parallelism",
+        ),
+    ],
+)
+def test_invalid_kernel_and_precision_configs_name_the_field(change, field, fragment):
+    with pytest.raises(ConfigError) as err:
+        check_static(load_config(trial() | change), 8)
+    assert err.value.field == field and fragment in err.value.message
+
+
+def test_effects_say_emulated_and_interpreted_on_cpu(tmp_path):
+    config = trial(
+        "tiny-moe",
+        steps=1,
+        seq_len=128,
+        precision={"mode": "fp8", "targets": "dense"},
+        kernels={"attention": "splash", **BLOCKS["all_128"], "moe_gmm": "megablox", "gmm_tm": 128},
+    )
+    code, events, err = run_trainer(config, tmp_path)
+    assert code == 0, err[-2000:]
+    effects = events[0]["effects"]
+    assert effects["precision"]["status"] == "emulated"
+    assert effects["kernels.splash_blocks"]["status"] == "interpreted"
+    assert effects["kernels.gmm_tiles"]["status"] == "interpreted"
+
+
+def test_convergence_reference_for_fp8_is_the_bf16_run(cache_dir):
+    config = load_config(
+        trial(
+            **ONE_DEVICE,
+            seed=11,
+            precision={"mode": "fp8"},
+            convergence={"enabled": True, "cache_dir": str(cache_dir / "fresh")},
+        )
+    )
+    first = check_convergence(
+        config,
+        train(
+            config.model_copy(
+                update={"convergence": config.convergence.model_copy(update={"enabled": False})}
+            ),
+            Emitter(quiet=True),
+        ).losses,
+    )
+    assert first["reference_source"] == "computed"
+    bf16 = train(config.baseline(), Emitter(quiet=True)).losses
+    assert first["reference_final_loss"] == pytest.approx(
+        np.mean(bf16[-first["window"] :]), rel=1e-6
+    )
