@@ -71,7 +71,7 @@ def validate(
     set_: SetOpt = None,
 ) -> None:
     """Check a space (schema, knob values, sampler, fidelity) and count its points."""
-    from sweeper.engine import check_fidelity
+    from sweeper.engine import check_fidelity, check_flags
     from sweeper.inert import pin_inert
     from sweeper.search import check_sampler
 
@@ -79,6 +79,7 @@ def validate(
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
         check_fidelity(loaded)
         check_sampler(loaded)
+        check_flags(loaded)
     except (SpaceError, ValueError) as exc:
         _fail(str(exc))
     pinned, notes = pin_inert(loaded)
@@ -156,7 +157,10 @@ def _print_result(result, space) -> None:
     metric = space.objective.primary.metric
     frame = result.trials
     hardware = ", ".join(sorted({h for h in frame.get("hardware", []) if h})) or "-"
-    table = Table(title=f"sweep {result.sweep_id}: {result.counts}; fidelity run on {hardware}")
+    fidelities = ", ".join(sorted({f for f in frame.get("fidelity", []) if f})) or "-"
+    table = Table(
+        title=f"sweep {result.sweep_id}: {result.counts}; fidelity {fidelities} on {hardware}"
+    )
     knob_cols = [c for c in frame.columns if c.startswith("knob:")]
     for col in ("trial", "status", metric, "mfu", "convergence", *[c[5:] for c in knob_cols]):
         table.add_column(col)

@@ -67,19 +67,34 @@ class SweepResult:
 
 
 def check_fidelity(space: Space) -> None:
-    """Only what is real is accepted: today that is running trials on local devices."""
-    if space.fidelity in ("estimate", "compile"):
+    """Only what is real is accepted: local runs, and compile/estimate trials for TPU targets."""
+    if space.effective_fidelity == "run" and space.target != "local":
         raise SpaceError(
-            f"fidelity {space.fidelity!r} is not available yet (compile-only and estimate trials are planned); "
-            "use fidelity: run (or auto) with target: local",
+            f"target {space.target!r} with fidelity run needs attached TPU hosts, which this engine does not "
+            "drive yet; use fidelity compile (or auto) to compile every trial for the target",
             field="fidelity",
         )
-    if space.target != "local":
-        raise SpaceError(
-            f"target {space.target!r}: running on attached TPU hosts and compiling for TPU topologies are not "
-            "available yet; use target: local (simulated CPU devices) for now",
-            field="target",
-        )
+
+
+def check_flags(space: Space) -> None:
+    """An unknown LIBTPU flag would abort every trial that carries it: refuse it before the sweep."""
+    if space.target == "local":
+        return
+    from trainer.config import load_config
+    from trainer.flags import unknown_flag
+
+    for key, knob in {"trial": None, **space.knobs}.items():
+        values = [None] if knob is None else (knob.values or [])
+        for value in values:
+            point = {} if knob is None else {key: value}
+            try:
+                flags = load_config(assemble(space, point)).xla.libtpu_init_args()
+            except Exception:
+                continue  # invalid points are reported by the knob checks
+            rejected = unknown_flag(tuple(flags))
+            if rejected:
+                field = "trial.xla" if knob is None else f"knobs.{key}"
+                raise SpaceError(f"{rejected}; libtpu would abort every trial with it", field=field)
 
 
 def new_sweep_id() -> str:
@@ -94,6 +109,7 @@ def prepare(
     sweep_id: str | None = None,
 ) -> SweepContext:
     check_fidelity(space)
+    check_flags(space)
     space, inert_notes = pin_inert(space)
     try:
         check_sampler(space)
@@ -111,7 +127,7 @@ def prepare(
         yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
         {
             "target": space.target,
-            "fidelity": "run",
+            "fidelity": space.effective_fidelity,
             "sampler": space.search.sampler,
             "inert": "; ".join(inert_notes) or "none",
         },
@@ -253,7 +269,7 @@ def finish(ctx: SweepContext) -> SweepResult:
                     ctx.space.objective.primary.metric: float(
                         best[ctx.space.objective.primary.metric]
                     ),
-                    "fidelity": "run",
+                    "fidelity": best.get("fidelity"),
                     "hardware": best.get("hardware"),
                 },
                 sort_keys=False,

@@ -58,6 +58,12 @@ def pin_inert(space: Space) -> tuple[Space, list[str]]:
             if dropped:
                 knobs[key] = knob.model_copy(update={"values": [keep]})
                 notes.append(f"{key}: {dropped} pinned to {keep!r} on cpu ({reason})")
+        elif key.startswith("xla."):
+            first = knob.values[0] if knob.values else knob.low
+            knobs[key] = Knob(values=[first], when=knob.when)
+            notes.append(
+                f"{key}: pinned to {first!r} on cpu (LIBTPU flags do not reach the cpu backend)"
+            )
         elif key.startswith("kernels.block_") or key.startswith("kernels.gmm_t"):
             first = knob.values[0] if knob.values else knob.low
             knobs[key] = Knob(values=[first], when=knob.when)

@@ -47,7 +47,7 @@ class ProgressCallback(tune.Callback):
             if value is not None and math.isfinite(value) and self._better(value):
                 self.best = value
             self._line(
-                f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity run)"
+                f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity {result.get('fidelity', '?')})"
             )
         elif status == "failed":
             self.failed += 1

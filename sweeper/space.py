@@ -93,6 +93,17 @@ class Knob(_Strict):
         return None
 
 
+MEASURED_METRICS = (
+    "tokens_per_sec",
+    "tokens_per_sec_per_chip",
+    "tokens_per_sec_per_device",
+    "tflops_per_sec_per_chip",
+    "mfu",
+    "step_time_median_s",
+    "step_time_p90_s",
+)
+
+
 class Objective(_Strict):
     metric: str = "tokens_per_sec_per_chip"
     mode: Literal["max", "min"] = "max"
@@ -146,10 +157,65 @@ class Space(_Strict):
     search: Search = Search()
     knobs: dict[str, Knob] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_by_fidelity(cls, data: Any) -> Any:
+        # Compile and estimate trials measure nothing: their default objective is the estimate.
+        if not isinstance(data, dict) or "objective" in data:
+            return data
+        fidelity, target = data.get("fidelity", "auto"), data.get("target", "local")
+        if fidelity in ("compile", "estimate") or (fidelity == "auto" and target != "local"):
+            data = {
+                **data,
+                "objective": {"primary": {"metric": "est_tokens_per_sec_per_chip", "mode": "max"}},
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _check_fidelity(self) -> Space:
+        if self.target != "local":
+            from trainer.hardware import accelerator_for, chips_in
+
+            try:
+                accelerator_for(self.target)
+                chips_in(self.target)
+            except ValueError as exc:
+                raise ValueError(f"target: {exc}") from None
+        if self.effective_fidelity in ("compile", "estimate"):
+            if self.target == "local":
+                raise ValueError(
+                    f"fidelity: {self.fidelity} needs a TPU target such as tpu7x:2x2x1, not local"
+                )
+            measured = [m for m in self.objective.metrics if m in MEASURED_METRICS]
+            if measured:
+                raise ValueError(
+                    f"objective: {measured} are measurements, which {self.effective_fidelity} trials do not make; "
+                    "use est_tokens_per_sec_per_chip (an estimate, labelled as such)"
+                )
+        return self
+
+    @property
+    def effective_fidelity(self) -> str:
+        """auto: run where the target is attached (local), compile for a TPU target otherwise."""
+        if self.fidelity != "auto":
+            return self.fidelity
+        return "run" if self.target == "local" else "compile"
+
+    @property
+    def num_devices(self) -> int:
+        if self.target == "local":
+            return self.devices
+        from trainer.hardware import accelerator_for, chips_in
+
+        return chips_in(self.target) * accelerator_for(self.target).devices_per_chip
+
     def base_trial(self) -> dict[str, Any]:
         """The trial configuration every sampled point is layered over."""
         base = copy.deepcopy(self.trial)
         base["model"] = copy.deepcopy(self.model)
+        if self.effective_fidelity in ("compile", "estimate"):
+            base["compile_target"] = self.target
+            base.setdefault("convergence", {})["enabled"] = False  # nothing trains
         convergence = base.setdefault("convergence", {})
         convergence.setdefault("enabled", self.constraints.convergence)
         convergence.setdefault("tolerance", self.constraints.tolerance)
@@ -311,7 +377,7 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
 def static_check(space: Space, point: dict[str, Any]) -> TrialConfig:
     """The trial config of a point, with every JAX-free check; raises ConfigError."""
     config = load_config(assemble(space, point))
-    check_static(config, space.devices)
+    check_static(config, space.num_devices)
     return config
 
 

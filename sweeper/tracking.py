@@ -37,6 +37,13 @@ FINAL_METRICS = (
     "convergence_relative_delta",
     "trial_wall_s",
     "trainer_wall_s",
+    "est_step_time_s",
+    "est_tokens_per_sec_per_chip",
+    "est_mfu",
+    "est_compute_s",
+    "est_hbm_s",
+    "est_ici_s",
+    "arithmetic_intensity_ici",
     "train_s",
 )
 # MLflow's per-call limits for log_batch.
@@ -153,7 +160,8 @@ class Tracker:
         tags = {
             "status": status,
             "failure_class": final.get("failure_class") or "",
-            "fidelity": "run",
+            "fidelity": final.get("fidelity") or self.space.effective_fidelity,
+            "bound": final.get("bound", ""),
             "backend": final.get("backend", ""),
             "hardware": final.get("hardware", ""),
             "target": self.space.target,
@@ -276,6 +284,7 @@ class TrackingCallback(tune.Callback):
             **{k: final.get(k) for k in FINAL_METRICS},
             "convergence_passed": final.get("convergence_passed"),
             "hardware": final.get("hardware", ""),
+            "fidelity": final.get("fidelity", ""),
             **{f"knob:{k}": v for k, v in self._point(trial).items()},
         }
         self.rows.append(row)

@@ -124,6 +124,8 @@ class TrialRun:
             "effects": json.dumps(self.accepted.get("effects", {})),
             "hardware": self.accepted.get("hardware", ""),
             "backend": self.accepted.get("backend", ""),
+            "fidelity": (self.summary or {}).get("fidelity") or self.space.effective_fidelity,
+            "bound": (self.summary or {}).get("bound", ""),
             "compile_s": self.compiled.get("compile_s"),
         }
         summary = self.summary or {}
@@ -173,6 +175,9 @@ class TrialRun:
             }
         return {**common, **numbers, "trial_status": "ok", "failure_class": ""}
 
+    def extra_args(self) -> list[str]:
+        return ["--estimate-only"] if self.space.effective_fidelity == "estimate" else []
+
     def run(self, report) -> dict[str, Any]:
         try:
             config = static_check(self.space, self.point)
@@ -184,7 +189,14 @@ class TrialRun:
         spawned = time.time()
         with (self.trial_dir / "trainer.log").open("w") as log:
             proc = subprocess.Popen(
-                [self.runtime.python, "-m", "trainer", "--config", str(config_path)],
+                [
+                    self.runtime.python,
+                    "-m",
+                    "trainer",
+                    "--config",
+                    str(config_path),
+                    *self.extra_args(),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

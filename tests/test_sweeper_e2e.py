@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -177,6 +179,7 @@ def mlflow_server(tmp_path):
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the server starts job consumers: stop them all with it
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -187,10 +190,10 @@ def mlflow_server(tmp_path):
         except Exception:
             time.sleep(0.5)
     else:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("mlflow server did not start in 60 s")
     yield uri
-    proc.terminate()
+    os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(10)
 
 
@@ -262,3 +265,62 @@ def test_two_objectives_make_a_multi_objective_study(tmp_path):
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     for t in study.trials:
         assert t.state == TrialState.COMPLETE and len(t.values) == 2 and t.values[1] > 0
+
+
+AOT = {
+    "name": "aot",
+    "target": "tpu7x:2x2x1",
+    "fidelity": "compile",
+    "model": {"preset": "tiny-dense"},
+    "trial": {"seq_len": 256},
+    "search": {
+        "sampler": "random",
+        "trials": 3,
+        "concurrency": 2,
+        "warm_start": [
+            {"remat.policy": "full", "xla.scoped_vmem_kib": 32768, "per_device_batch": 1},
+            {"remat.policy": "minimal", "xla.scoped_vmem_kib": 65536, "per_device_batch": 1},
+            {"remat.policy": "full", "xla.scoped_vmem_kib": 32768, "per_device_batch": 0.5},
+        ],
+    },
+    "knobs": {
+        "remat.policy": {"values": ["full", "minimal"]},
+        "xla.scoped_vmem_kib": {"values": [32768, 65536]},
+        "per_device_batch": {"values": [0.5, 1]},
+    },
+}
+
+
+@pytest.mark.tpu_compile
+def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
+    space = load_space(AOT)
+    assert space.objective.primary.metric == "est_tokens_per_sec_per_chip"  # nothing is measured
+    result = run_sweep(space, results_dir=tmp_path)
+    frame = result.trials.set_index("optuna_trial")
+    assert list(frame.loc[[0, 1, 2], "status"]) == ["ok", "ok", "failed"]
+    assert frame.loc[2, "failure_class"] == "invalid_config"  # global batch 4 over fsdp 8
+    client = MlflowClient(result.tracking_uri)
+    runs = {int(r.data.tags["sweeper.optuna_trial"]): r for r in _children(client, result)}
+    for number in (0, 1):
+        run = runs[number]
+        assert run.data.tags["fidelity"] == "compile" and run.data.tags["hardware"] == "TPU7x"
+        assert (
+            run.data.metrics["est_tokens_per_sec_per_chip"] > 0
+            and run.data.metrics["hbm_per_device_gib"] > 0
+        )
+        assert "tokens_per_sec_per_chip" not in run.data.metrics
+    assert runs[0].data.params["xla.scoped_vmem_kib"] == "32768"
+    trials = {t.number: t for t in result.study().trials}
+    assert trials[0].value == pytest.approx(frame.loc[0, "est_tokens_per_sec_per_chip"])
+    assert trials[2].constraints["validity"] > 0
+
+
+def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):
+    from sweeper.engine import prepare
+    from sweeper.space import SpaceError
+
+    bad = {**AOT, "knobs": {**AOT["knobs"], "xla.extra": {"values": [[], ["--xla_tpu_bogus=1"]]}}}
+    bad["search"] = {**AOT["search"], "warm_start": []}
+    with pytest.raises(SpaceError) as err:
+        prepare(load_space(bad), results_dir=tmp_path)
+    assert err.value.field == "knobs.xla.extra" and "xla_tpu_bogus" in str(err.value)

@@ -179,3 +179,16 @@ def test_kernel_and_fp8_knobs_pinned_on_cpu(tmp_path):
     assert pinned.knobs["kernels.attention"].values == ["xla"]
     assert pinned.knobs["kernels.block_q"].values == [128]
     assert len(notes) == 3 and "emulation" in notes[0]
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p.name for p in resolve_path("smoke").parent.glob("*.yaml"))
+)
+def test_every_shipped_space_validates(path):
+    from sweeper.engine import check_fidelity
+    from sweeper.search import check_sampler
+
+    space = load_space(path)
+    check_fidelity(space)
+    check_sampler(space)
+    assert count_points(space) and space.effective_fidelity in ("run", "compile")

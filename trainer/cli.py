@@ -23,9 +23,39 @@ def _read_config(path: str) -> TrialConfig:
 
 
 def _prepare_environment(config: TrialConfig) -> None:
-    # Must happen before JAX initializes: the platform is read once per process.
-    if config.backend == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Must happen before JAX/libtpu initialize: both read the environment once per process.
+    if config.backend == "cpu" or config.compile_target:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # AOT for TPU needs no TPU backend
+    if config.compile_target:
+        # AOT opens no TPU device, so concurrent compile trials may share libtpu; without this
+        # the second process fails on libtpu's single-process lockfile.
+        os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    flags = config.xla.libtpu_init_args()
+    if flags and config.compile_target:
+        from trainer.flags import unknown_flag
+
+        rejected = unknown_flag(tuple(flags))
+        if rejected:
+            raise ConfigError("xla", f"{rejected}; remove or fix the flag")
+    if flags:
+        os.environ["LIBTPU_INIT_ARGS"] = " ".join(
+            [os.environ.get("LIBTPU_INIT_ARGS", ""), *flags]
+        ).strip()
+    # libtpu probes for TPU hosts at import; on a host without them that is noise (TPU7X.md).
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
+def _estimate(config: TrialConfig) -> dict:
+    from trainer.estimate import estimate
+    from trainer.hardware import accelerator_for, chips_in
+
+    try:
+        accel = accelerator_for(config.compile_target)
+        devices = chips_in(config.compile_target) * accel.devices_per_chip
+    except ValueError as exc:
+        raise ConfigError("compile_target", str(exc)) from None
+    return estimate(config, accel, devices)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +63,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", required=True, help="trial configuration JSON file, or - for stdin"
     )
+    parser.add_argument("--compile-only", action="store_true", help="AOT-compile for --target")
+    parser.add_argument("--target", help="TPU topology, e.g. tpu7x:4x4x4 (sets compile_target)")
+    parser.add_argument(
+        "--estimate-only", action="store_true", help="analytic estimate for --target"
+    )
     args = parser.parse_args(argv)
     emitter = Emitter()
     phase = "configure"
     try:
         config = _read_config(args.config)
+        if args.target:
+            config = config.model_copy(update={"compile_target": args.target})
+        if (args.compile_only or args.estimate_only) and not config.compile_target:
+            raise ConfigError(
+                "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
+            )
         _prepare_environment(config)
+        if args.estimate_only:
+            emitter.emit("summary", **_estimate(config))
+            return 0
+        if config.compile_target:
+            from trainer.aot import (
+                compile_for_target,  # imports JAX and libtpu: after the environment
+            )
+
+            phase = "compile"
+            emitter.emit("summary", **compile_for_target(config, emitter))
+            return 0
         from trainer.run import train  # imports JAX: after the environment is set
 
         phase = "compile"

@@ -266,6 +266,55 @@ SPLASH_BLOCKS = (
 )
 
 
+SPARSECORE_OFFLOAD = (
+    "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_reduce_scatter=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=false",
+    "--xla_tpu_use_tc_device_shape_on_sc=true",
+    "--xla_sc_disable_megacore_partitioning=true",
+)
+ASYNC_FUSION = (
+    "--xla_tpu_enable_async_collective_fusion=true",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+    "--xla_tpu_overlap_compute_collective_tc=true",
+    "--xla_enable_async_all_gather=true",
+)
+
+
+class XlaFlagsConfig(_Frozen):
+    """LIBTPU_INIT_ARGS of the trial (TPU only; inert elsewhere)."""
+
+    scoped_vmem_kib: int | None = Field(default=None, gt=0)
+    collective_mode: Literal["default", "sparsecore_offload", "async_fusion"] = "default"
+    extra: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> XlaFlagsConfig:
+        for flag in self.extra:
+            if not flag.startswith("--") or " " in flag:
+                raise ValueError(f"extra: {flag!r} must look like --name=value")
+        return self
+
+    def libtpu_init_args(self) -> list[str]:
+        flags: list[str] = []
+        if self.scoped_vmem_kib is not None:
+            flags.append(f"--xla_tpu_scoped_vmem_limit_kib={self.scoped_vmem_kib}")
+        flags += {
+            "default": (),
+            "sparsecore_offload": SPARSECORE_OFFLOAD,
+            "async_fusion": ASYNC_FUSION,
+        }[self.collective_mode]
+        return flags + list(self.extra)
+
+    @property
+    def is_default(self) -> bool:
+        return not self.libtpu_init_args()
+
+
 class DataConfig(_Frozen):
     source: Literal["stdlib", "synthetic"] = "stdlib"
     max_corpus_mib: float = Field(default=16.0, gt=0)
@@ -308,6 +357,7 @@ class TrialConfig(_Frozen):
     remat: RematConfig = RematConfig()
     precision: PrecisionConfig = PrecisionConfig()
     kernels: KernelsConfig = KernelsConfig()
+    xla: XlaFlagsConfig = XlaFlagsConfig()
     data: DataConfig = DataConfig()
     seq_len: int = Field(default=128, ge=2)
     per_device_batch: float = Field(default=1.0, gt=0)
@@ -318,6 +368,10 @@ class TrialConfig(_Frozen):
     grad_clip: float = Field(default=1.0, gt=0)
     seed: int = 0
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    compile_target: str | None = Field(
+        default=None,
+        description="AOT-compile for this TPU topology (e.g. tpu7x:4x4x4) instead of running",
+    )
     num_devices: int | None = Field(default=None, gt=0)
     measure: MeasureConfig = MeasureConfig()
     convergence: ConvergenceConfig = ConvergenceConfig()

@@ -25,6 +25,15 @@ def knob_effects(config: TrialConfig, platform: str) -> dict[str, dict[str, str]
                 "status": "active",
                 "reason": "offloaded to pinned host memory",
             }
+    if not config.xla.is_default:
+        effects["xla"] = (
+            {
+                "status": "active",
+                "reason": "LIBTPU_INIT_ARGS: " + " ".join(config.xla.libtpu_init_args()),
+            }
+            if platform == "tpu"
+            else {"status": "inert", "reason": f"LIBTPU flags do not reach the {platform} backend"}
+        )
     if config.precision.mode == "fp8":
         effects["precision"] = (
             {

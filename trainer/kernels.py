@@ -6,6 +6,8 @@ proves wiring, tile validation and numerics, and says nothing about speed.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +65,28 @@ def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, in
     per_head = jax.vmap(jax.vmap(kernel))  # over batch, then kv heads
     out_BxKxGxSxD = per_head(q_BxKxGxSxD, k_BxKxSxD, v_BxKxSxD)
     return out_BxKxGxSxD.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d)
+
+
+def sharded_splash_attention(
+    q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool
+):
+    """Splash under shard_map: a Pallas kernel is a custom call the SPMD partitioner cannot split.
+
+    Batch is split over (data, fsdp, expert) and heads over tensor; each device runs the
+    kernel on its whole sequence (context parallelism is refused before this point).
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from trainer.config import BATCH_AXES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels, interpret)
+    spec = P(BATCH_AXES, None, "tensor", None)
+    body = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+    )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
 
 def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool):

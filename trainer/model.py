@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from trainer.config import KernelsConfig, ModelConfig
-from trainer.kernels import reference_attention, splash_attention
+from trainer.kernels import reference_attention, sharded_splash_attention
 from trainer.moe import MoeBlock
 
 Dtype = Any
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
         k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
         if self.kernels.attention == "splash":
-            ctx = splash_attention(q, k, v, self.kernels, self.interpret)
+            ctx = sharded_splash_attention(q, k, v, self.kernels, self.interpret)
         else:
             ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
         ctx = checkpoint_name(ctx, "context")

@@ -84,8 +84,11 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     tx = make_optimizer(config)
     batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
     init_boxed = make_init_fn(model, tx, config, (batch_shards, config.seq_len))
-    with mesh, nn.logical_axis_rules(LOGICAL_RULES):
-        abstract_boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+    # Abstract key: a concrete one would be placed on the mesh's devices, which for an AOT
+    # target do not exist on this host.
+    abstract_key = jax.eval_shape(lambda: jax.random.key(0))
+    with mesh, jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        abstract_boxed = jax.eval_shape(init_boxed, abstract_key)
         shardings = state_shardings(abstract_boxed, mesh)
     check_rules_used(provider)
     abstract = nn.meta.unbox(abstract_boxed)
@@ -121,7 +124,7 @@ def compile_step(program: Program):
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
     )
-    with program.mesh, nn.logical_axis_rules(LOGICAL_RULES):
+    with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
         start = time.perf_counter()
         lowered = program.step_fn.lower(program.abstract_state, batch, batch, batch)
         compiled = lowered.compile()

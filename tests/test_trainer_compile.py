@@ -1,0 +1,172 @@
+"""Compile fidelity: real TPU7x compiles on this CPU host through libtpu (no TPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import run_trainer
+from trainer.config import ASYNC_FUSION, SPARSECORE_OFFLOAD, load_config
+from trainer.estimate import estimate, memory_per_device
+from trainer.events import EXIT_CODES
+from trainer.flags import unknown_flag
+from trainer.hardware import ACCELERATORS
+
+pytestmark = pytest.mark.tpu_compile
+TARGET = "tpu7x:2x2x1"  # 4 chips, 8 devices: the smallest default TPU7x topology
+
+
+def _compile(tmp_path, config: dict, target: str = TARGET):
+    base = {"seq_len": 256, "per_device_batch": 1, "convergence": {"enabled": False}}
+    code, events, err = run_trainer(
+        {**base, **config, "compile_target": target}, tmp_path, timeout=600
+    )
+    by_kind = {e["event"]: e for e in events}
+    return code, by_kind, err
+
+
+# head_dim 128 as in real models: smaller head dims are padded to 128 lanes on TPU.
+SMALL = {
+    "preset": "tiny-dense",
+    "d_model": 256,
+    "mlp_dim": 1024,
+    "num_heads": 2,
+    "num_kv_heads": 2,
+    "head_dim": 128,
+}
+
+
+@pytest.fixture(scope="module")
+def remat_pair(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("remat")
+    return {
+        policy: _compile(
+            tmp,
+            {"model": SMALL, "seq_len": 1024, "per_device_batch": 2, "remat": {"policy": policy}},
+        )
+        for policy in ("full", "minimal")
+    }
+
+
+def test_full_remat_uses_less_tpu_memory_than_minimal(remat_pair):
+    (code_full, full, err), (code_min, minimal, _) = remat_pair["full"], remat_pair["minimal"]
+    assert code_full == 0 and code_min == 0, err[-2000:]
+    assert full["accepted"]["device_kind"] == "TPU7x" and full["summary"]["fidelity"] == "compile"
+    temp = lambda run: run["compiled"]["memory_per_device"]["temp_size_in_bytes"]  # noqa: E731
+    assert temp(full) < temp(minimal)
+
+
+def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pair):
+    collectives = remat_pair["full"][1]["compiled"]["collectives"]
+    assert collectives["all-gather"] > 0 and collectives["reduce-scatter"] > 0
+
+
+def test_summary_labels_every_figure(remat_pair):
+    summary = remat_pair["full"][1]["summary"]
+    assert summary["hardware"] == "TPU7x" and summary["chips"] == 4
+    assert "hbm_per_device_gib" in summary["figure_fidelity"]["compile"]
+    assert "est_tokens_per_sec_per_chip" in summary["figure_fidelity"]["estimate"]
+    assert "tokens_per_sec_per_chip" not in summary  # nothing was measured
+    assert summary["bound"] in ("compute", "hbm", "ici") and summary["fits"] is True
+
+
+def test_analytic_state_memory_matches_the_compiler(remat_pair):
+    """Parameters + optimizer state per device: analytic versus the compiler's argument bytes."""
+    compiled = remat_pair["full"][1]["compiled"]["memory_per_device"]["argument_size_in_bytes"]
+    config = load_config({"model": SMALL, "seq_len": 1024, "per_device_batch": 2})
+    analytic = memory_per_device(config, config.mesh.resolve(8), global_batch=16)
+    state = analytic["params_f32"] + analytic["optimizer_f32"]
+    # Stated tolerance: 10% (TPU pads small arrays to (8, 128) tiles; batch arrays are arguments too).
+    assert state == pytest.approx(compiled, rel=0.10)
+
+
+def test_attention_too_big_for_hbm_is_oom_hbm(tmp_path):
+    big = {
+        "preset": "tiny-dense",
+        "d_model": 4096,
+        "num_layers": 2,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "mlp_dim": 14336,
+    }
+    code, events, _ = _compile(
+        tmp_path,
+        {"model": big, "seq_len": 8192, "per_device_batch": 8, "remat": {"policy": "minimal"}},
+    )
+    assert code == EXIT_CODES["oom_hbm"], events
+    assert events["failure"]["failure_class"] == "oom_hbm"
+    assert "compiled" not in events
+
+
+SPLASH_2048 = {
+    "model": {
+        "preset": "tiny-dense",
+        "d_model": 256,
+        "num_layers": 1,
+        "num_heads": 8,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+    },
+    "seq_len": 4096,
+    "kernels": {
+        "attention": "splash",
+        **dict.fromkeys(
+            (
+                "block_q",
+                "block_kv",
+                "block_kv_compute",
+                "block_q_dkv",
+                "block_kv_dkv",
+                "block_kv_dkv_compute",
+            ),
+            2048,
+        ),
+    },
+}
+
+
+def test_splash_blocks_2048_need_more_scoped_vmem(tmp_path):
+    code, events, _ = _compile(tmp_path, SPLASH_2048)
+    assert (
+        code == EXIT_CODES["oom_vmem"]
+        and "CompileTimeScopedVmemOom" in events["failure"]["message"]
+    )
+    code, events, err = _compile(tmp_path, {**SPLASH_2048, "xla": {"scoped_vmem_kib": 49152}})
+    assert code == 0, err[-2000:]
+    assert events["accepted"]["libtpu_init_args"] == ["--xla_tpu_scoped_vmem_limit_kib=49152"]
+    assert events["accepted"]["effects"]["kernels.splash_blocks"]["status"] == "active"
+
+
+def test_unknown_libtpu_flag_is_invalid_config(tmp_path):
+    code, events, _ = _compile(
+        tmp_path,
+        {"model": {"preset": "tiny-dense"}, "xla": {"extra": ["--xla_tpu_bogus_flag=true"]}},
+    )
+    assert code == EXIT_CODES["invalid_config"]
+    failure = events["failure"]
+    assert failure["field"] == "xla" and "xla_tpu_bogus_flag" in failure["message"]
+
+
+def test_collective_bundles_are_flags_libtpu_knows():
+    assert unknown_flag(SPARSECORE_OFFLOAD) is None
+    assert unknown_flag(ASYNC_FUSION) is None
+    assert "xla_tpu_nonsense" in unknown_flag(("--xla_tpu_nonsense=1",))
+
+
+def test_estimator_reproduces_the_guides_intensity_figure():
+    tpu7x = ACCELERATORS["tpu7x"]
+    assert tpu7x.intensity_flops_per_ici_byte() == pytest.approx(11_500, rel=0.01)
+    assert tpu7x.peak_tflops["fp8"] == 2 * tpu7x.peak_tflops["bf16"]
+
+
+def test_estimate_ranks_tensor_parallelism_as_communication_bound():
+    """The guide: high-degree TP rarely pays on Ironwood. The estimate must say why (ICI time)."""
+    model = {"preset": "llama3-8b"}
+    fsdp = load_config({"model": model, "seq_len": 8192, "mesh": {"fsdp": -1}})
+    tp = load_config({"model": model, "seq_len": 8192, "mesh": {"fsdp": -1, "tensor": 8}})
+    est_fsdp, est_tp = (
+        estimate(fsdp, ACCELERATORS["tpu7x"], 128),
+        estimate(tp, ACCELERATORS["tpu7x"], 128),
+    )
+    assert est_tp["est_ici_s"] > est_fsdp["est_ici_s"]
+    assert est_fsdp["est_tokens_per_sec_per_chip"] > est_tp["est_tokens_per_sec_per_chip"]

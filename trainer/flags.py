@@ -1,0 +1,40 @@
+"""LIBTPU_INIT_ARGS validation: an unknown flag aborts libtpu's whole process, so probe in a child."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+
+_PROBE = (
+    "from jax.experimental import topologies\n"
+    "topologies.get_topology_desc(platform='tpu', topology_name='tpu7x:2x2x1')\n"
+    "print('LIBTPU_FLAGS_OK')\n"
+)
+_UNKNOWN = re.compile(r"Unknown command line flag '([^']+)'[^\n]*")
+
+
+@functools.cache
+def unknown_flag(flags: tuple[str, ...]) -> str | None:
+    """The first flag libtpu rejects, with its message, or None when libtpu accepts them all."""
+    if not flags:
+        return None
+    env = {
+        **os.environ,
+        "LIBTPU_INIT_ARGS": " ".join(flags),
+        "JAX_PLATFORMS": "cpu",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # the probe opens no device; trials may be compiling
+        "TPU_ACCELERATOR_TYPE": "tpu7x-8",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=300
+    )
+    if "LIBTPU_FLAGS_OK" in proc.stdout:
+        return None
+    match = _UNKNOWN.search(proc.stderr + proc.stdout)
+    if match:
+        return match.group(0)
+    return f"libtpu did not start with these flags (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-500:]}"

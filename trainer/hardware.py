@@ -1,0 +1,97 @@
+"""Accelerator datasheet figures for estimates and compile targets (never measurements)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Per-chip figures. `ici_link_bytes_per_s` is one link, one direction."""
+
+    name: str
+    topology_prefix: str
+    devices_per_chip: int
+    peak_tflops: dict[str, float]
+    hbm_bytes_per_chip: float
+    hbm_bytes_per_s: float
+    ici_link_bytes_per_s: float
+    ici_links: int
+    usable_hbm_per_device: float  # what one device offers a program (compiler limit)
+    source: str
+
+    @property
+    def hbm_bytes_per_device(self) -> float:
+        return self.hbm_bytes_per_chip / self.devices_per_chip
+
+    def intensity_flops_per_ici_byte(self, precision: str = "bf16") -> float:
+        """Peak FLOPs per byte over one ICI link: the guide's 'about 11.5k' for TPU7x."""
+        return self.peak_tflops[precision] * 1e12 / self.ici_link_bytes_per_s
+
+    def intensity_flops_per_hbm_byte(self, precision: str = "bf16") -> float:
+        return self.peak_tflops[precision] * 1e12 / self.hbm_bytes_per_s
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    "tpu7x": Accelerator(
+        name="TPU7x",
+        topology_prefix="tpu7x",
+        devices_per_chip=2,
+        peak_tflops={"bf16": 2307.0, "fp8": 4614.0},
+        hbm_bytes_per_chip=192 * GIB,
+        hbm_bytes_per_s=7.37e12,
+        ici_link_bytes_per_s=200e9,  # 1.2 TB/s per chip over 6 links
+        ici_links=6,
+        usable_hbm_per_device=94.75e9,  # libtpu: "exceeds available HBM (94.75G)" (TPU7X.md)
+        source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
+    ),
+    "v5p": Accelerator(
+        name="TPU v5p",
+        topology_prefix="v5p",
+        devices_per_chip=1,
+        peak_tflops={"bf16": 459.0, "fp8": 459.0},
+        hbm_bytes_per_chip=95 * GIB,
+        hbm_bytes_per_s=2.765e12,
+        ici_link_bytes_per_s=100e9,
+        ici_links=6,
+        usable_hbm_per_device=95 * GIB,
+        source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak)",
+    ),
+    "v6e": Accelerator(
+        name="TPU v6e",
+        topology_prefix="v6e",
+        devices_per_chip=1,
+        peak_tflops={"bf16": 918.0, "fp8": 918.0},
+        hbm_bytes_per_chip=32 * GIB,
+        hbm_bytes_per_s=1.64e12,
+        ici_link_bytes_per_s=112e9,
+        ici_links=4,
+        usable_hbm_per_device=31.25 * GIB,
+        source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights)",
+    ),
+}
+
+
+def accelerator_for(target: str) -> Accelerator:
+    """`tpu7x:4x4x4` -> TPU7x figures; raises ValueError naming the known prefixes."""
+    prefix = target.split(":", 1)[0]
+    if prefix not in ACCELERATORS:
+        raise ValueError(
+            f"unknown accelerator {prefix!r} in target {target!r}; known: {', '.join(ACCELERATORS)}"
+        )
+    return ACCELERATORS[prefix]
+
+
+def chips_in(target: str) -> int:
+    """Chips in a topology string like `tpu7x:2x2x2` (8) or `v6e:2x2` (4)."""
+    _, _, shape = target.partition(":")
+    if not shape:
+        raise ValueError(f"target {target!r} has no topology (e.g. tpu7x:2x2x1)")
+    chips = 1
+    for part in shape.split("x"):
+        if not part.isdigit() or int(part) == 0:
+            raise ValueError(f"target {target!r}: topology {shape!r} must be like 2x2x1")
+        chips *= int(part)
+    return chips
