@@ -149,6 +149,31 @@ def run(
     _print_result(result, loaded)
 
 
+@app.command()
+def plan(
+    model: Annotated[
+        str, typer.Option("--model", help="a model preset, e.g. llama3-8b, mixtral-8x7b")
+    ],
+    seq: Annotated[int, typer.Option("--seq", help="sequence length")] = 8192,
+    target: Annotated[
+        str, typer.Option("--target", help="TPU topology, e.g. tpu7x:4x4x4")
+    ] = "tpu7x:4x4x4",
+) -> None:
+    """The guide's decision table: primary/secondary strategy with the estimates behind it."""
+    from sweeper.plan import recommend
+
+    try:
+        rec = recommend({"preset": model}, seq, target)
+    except ValueError as exc:
+        _fail(str(exc))
+    console.print(
+        f"[bold]{rec.workload}[/bold] on {target}: primary {rec.primary}; secondary {rec.secondary}"
+    )
+    console.print(f"start from mesh {rec.mesh}, remat {rec.remat}  (fidelity: estimate)")
+    for reason in rec.reasons:
+        console.print(f"  - {reason}")
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
