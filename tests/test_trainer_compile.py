@@ -170,3 +170,16 @@ def test_estimate_ranks_tensor_parallelism_as_communication_bound():
     )
     assert est_tp["est_ici_s"] > est_fsdp["est_ici_s"]
     assert est_fsdp["est_tokens_per_sec_per_chip"] > est_tp["est_tokens_per_sec_per_chip"]
+
+
+def test_estimate_only_needs_no_compiler_and_says_so(tmp_path):
+    config = {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "convergence": {"enabled": False}}
+    code, events, err = run_trainer(config, tmp_path, args=("--estimate-only", "--target", "tpu7x:4x4x4"))
+    assert code == 0, err[-2000:]
+    (summary,) = events
+    assert summary["fidelity"] == "estimate" and summary["hardware"] == "TPU7x" and summary["chips"] == 64
+    # 70B of f32 state over 128 devices: about 8.75 GiB of parameters+optimizer+gradients each.
+    state = sum(summary["est_memory_per_device"][k] for k in ("params_f32", "optimizer_f32", "gradients_f32"))
+    assert state / 2**30 == pytest.approx(70.6e9 * 16 / 128 / 2**30, rel=0.05)
+    code, events, _ = run_trainer(config, tmp_path, args=("--estimate-only", "--target", "tpu9:2x2"))
+    assert code == EXIT_CODES["invalid_config"] and events[-1]["field"] == "compile_target"
