@@ -29,7 +29,9 @@ def trial(model: str = "tiny-dense", **overrides: Any) -> dict[str, Any]:
     return base
 
 
-def run_trainer(config: dict[str, Any], tmp_path: Path, devices: int = 8, timeout: float = 300, args=()):
+def run_trainer(
+    config: dict[str, Any], tmp_path: Path, devices: int = 8, timeout: float = 300, args=()
+):
     """Run `python -m trainer` as the engine does; return (exit code, events, stderr)."""
     path = tmp_path / "trial.json"
     path.write_text(json.dumps(config))

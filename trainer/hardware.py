@@ -44,7 +44,8 @@ ACCELERATORS: dict[str, Accelerator] = {
         hbm_bytes_per_s=7.37e12,
         ici_link_bytes_per_s=200e9,  # 1.2 TB/s per chip over 6 links
         ici_links=6,
-        usable_hbm_per_device=94.75e9,  # libtpu: "exceeds available HBM (94.75G)" (TPU7X.md)
+        usable_hbm_per_device=94.75
+        * GIB,  # libtpu: "exceeds available HBM (94.75G)"; XLA's G is GiB
         source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
     ),
     "v5p": Accelerator(
