@@ -224,11 +224,14 @@ def test_collective_counting_reads_sync_and_async_forms():
   %agd = bf16[8,128]{1,0} all-gather-done((bf16[1,128]{1,0}, bf16[8,128]{1,0}) %ags)
   %rs = f32[1,128]{1,0} reduce-scatter(f32[8,128]{1,0} %g), dimensions={0}
   %a2a = (bf16[4,8]{1,0}, bf16[4,8]{1,0}) all-to-all(bf16[4,8]{1,0} %x, bf16[4,8]{1,0} %y)
+  %prepare_start_all-reduce.92.cloned.1.call-start = s32[] custom-call(), custom_call_target="PrepareAsync"
+  %all-reduce.92.cloned.1.call-start = ((bf16[1,512]{1,0}), bf16[1,512]{1,0}) call-start(bf16[1,512]{1,0} %z)
+  %all-reduce.92.cloned.1.call-done = bf16[1,512]{1,0} call-done(%all-reduce.92.cloned.1.call-start)
 """
     assert count_collectives(hlo) == {
         "all-gather": 2,
         "reduce-scatter": 1,
-        "all-reduce": 0,
+        "all-reduce": 1,
         "all-to-all": 1,
         "collective-permute": 0,
     }

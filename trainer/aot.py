@@ -32,10 +32,26 @@ def topology_devices(target: str) -> list[jax.Device]:
         ) from None
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.-]+) = (.*)$")
+
+
 def count_collectives(hlo_text: str) -> dict[str, int]:
-    """Collective ops in a compiled HLO module (async pairs counted once, by their start)."""
-    # Result types may be tuples with spaces (async starts), so match the op name itself.
-    return {op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text)) for op in COLLECTIVES}
+    """Collectives in a compiled HLO module, each counted once in whichever form TPU emits it:
+    a sync op (`all-gather(`), an async start (`all-gather-start(`), or an async call named
+    after the collective (`%all-reduce.92.cloned.1.call-start = ... call-start(`)."""
+    counts = dict.fromkeys(COLLECTIVES, 0)
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, rest = match.groups()
+        for op in COLLECTIVES:
+            as_op = re.search(rf"\s{op}(?:-start)?\(", " " + rest)
+            as_call = name.startswith(op) and " call-start(" in rest
+            if as_op or as_call:
+                counts[op] += 1
+                break
+    return counts
 
 
 def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
