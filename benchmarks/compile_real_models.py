@@ -80,8 +80,7 @@ def main() -> None:
         "est step s",
         "est tok/s/chip",
         "bound",
-        "all-gather",
-        "all-to-all",
+        "AG / RS / AR / A2A / CP",
     ):
         table.add_column(col, justify="right")
     for name, (target, config) in CASES.items():
@@ -124,8 +123,16 @@ def main() -> None:
             f"{s.get('est_step_time_s', 0):.3f}",
             f"{s.get('est_tokens_per_sec_per_chip', 0):,.0f}",
             s.get("bound", "-"),
-            str(col.get("all-gather", "-")),
-            str(col.get("all-to-all", "-")),
+            " / ".join(
+                str(col.get(op, "-"))
+                for op in (
+                    "all-gather",
+                    "reduce-scatter",
+                    "all-reduce",
+                    "all-to-all",
+                    "collective-permute",
+                )
+            ),
         )
         if f:
             Console(stderr=True).print(
