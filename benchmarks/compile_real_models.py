@@ -21,17 +21,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from trainer.config import SPLASH_BLOCKS
+
 KERNELS = {
     "attention": "splash",
     **dict.fromkeys(
-        (
-            "block_q",
-            "block_kv",
-            "block_kv_compute",
-            "block_q_dkv",
-            "block_kv_dkv",
-            "block_kv_dkv_compute",
-        ),
+        SPLASH_BLOCKS,
         1024,
     ),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import run_trainer
-from trainer.config import ASYNC_FUSION, SPARSECORE_OFFLOAD, load_config
+from trainer.config import ASYNC_FUSION, SPARSECORE_OFFLOAD, SPLASH_BLOCKS, load_config
 from trainer.estimate import estimate, memory_per_device
 from trainer.events import EXIT_CODES
 from trainer.flags import unknown_flag
@@ -126,14 +126,7 @@ SPLASH_2048 = {
     "kernels": {
         "attention": "splash",
         **dict.fromkeys(
-            (
-                "block_q",
-                "block_kv",
-                "block_kv_compute",
-                "block_q_dkv",
-                "block_kv_dkv",
-                "block_kv_dkv_compute",
-            ),
+            SPLASH_BLOCKS,
             2048,
         ),
     },

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_trainer, trial
-from trainer.config import ConfigError, KernelsConfig, check_static, load_config
+from trainer.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, check_static, load_config
 from trainer.events import EXIT_CODES, Emitter
 from trainer.kernels import grouped_matmul, reference_attention, splash_attention
 from trainer.run import build_program, check_convergence, train
@@ -99,14 +99,7 @@ def test_per_tensor_and_per_axis_scales_differ():
 
 BLOCKS = {
     "all_128": dict.fromkeys(
-        (
-            "block_q",
-            "block_kv",
-            "block_kv_compute",
-            "block_q_dkv",
-            "block_kv_dkv",
-            "block_kv_dkv_compute",
-        ),
+        SPLASH_BLOCKS,
         128,
     ),
     "q256_kv128": {
