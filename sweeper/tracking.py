@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray import tune
@@ -320,13 +319,3 @@ def check_tracking_server(uri: str) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-__all__ = [
-    "Tracker",
-    "TrackingCallback",
-    "check_tracking_server",
-    "default_tracking_uri",
-    "flatten",
-    "mlflow",
-]

@@ -10,7 +10,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
@@ -98,10 +97,3 @@ def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interp
     return megablox.gmm(
         x_MxK, w_GxKxN, group_sizes_G, x_MxK.dtype, tiling, None, None, False, interpret
     )
-
-
-def splash_applicable(platform: str) -> bool:
-    return platform == "tpu"
-
-
-__all__ = ["grouped_matmul", "np", "reference_attention", "splash_applicable", "splash_attention"]
