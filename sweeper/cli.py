@@ -187,7 +187,9 @@ def _print_result(result, space) -> None:
         title=f"sweep {result.sweep_id}: {result.counts}; fidelity {fidelities} on {hardware}"
     )
     knob_cols = [c for c in frame.columns if c.startswith("knob:")]
-    for col in ("trial", "status", metric, "mfu", "convergence", *[c[5:] for c in knob_cols]):
+    # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
+    mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
+    for col in ("trial", "status", metric, mfu, "convergence", *[c[5:] for c in knob_cols]):
         table.add_column(col)
     if not frame.empty:
         ordered = frame.sort_values(
@@ -204,7 +206,7 @@ def _print_result(result, space) -> None:
                 str(row["trial_id"]),
                 status,
                 "-" if _missing(value) else f"{value:,.1f}",
-                "-" if _missing(row.get("mfu")) else f"{row['mfu']:.3f}",
+                "-" if _missing(row.get(mfu)) else f"{row[mfu]:.3f}",
                 {True: "passed", False: "failed"}.get(row.get("convergence_passed"), "-"),
                 *["-" if _missing(row[c]) else str(row[c]) for c in knob_cols],
             )
