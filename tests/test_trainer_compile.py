@@ -228,3 +228,18 @@ def test_collective_counting_reads_sync_and_async_forms():
         "all-to-all": 1,
         "collective-permute": 0,
     }
+
+
+def test_splash_with_context_parallelism_compiles_for_tpu7x(tmp_path):
+    config = {
+        "model": SMALL,
+        "seq_len": 2048,
+        "mesh": {"fsdp": 4, "context": 2},
+        "kernels": {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 512)},
+    }
+    code, events, err = _compile(tmp_path, config)
+    assert code == 0, err[-2000:]
+    assert events["accepted"]["mesh"]["context"] == 2
+    assert (
+        events["compiled"]["collectives"]["all-gather"] > 0
+    )  # keys and values gathered over context

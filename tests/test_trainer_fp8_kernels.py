@@ -273,10 +273,10 @@ def test_bad_max_logit_constant_is_diverged(tmp_path):
             {
                 "kernels": {"attention": "splash", **BLOCKS["all_128"]},
                 "mesh": {"fsdp": 4, "context": 2},
-                "seq_len": 256,
+                "seq_len": 128,
             },
-            "kernels.attention",
-            "context parallelism",
+            "kernels.block_q",
+            "per-device query length",
         ),
     ],
 )
@@ -325,3 +325,16 @@ def test_convergence_reference_for_fp8_is_the_bf16_run(cache_dir):
     assert first["reference_final_loss"] == pytest.approx(
         np.mean(bf16[-first["window"] :]), rel=1e-6
     )
+
+
+@pytest.mark.parametrize("load_balance", [True, False])
+def test_splash_with_context_parallelism_matches_reference(load_balance):
+    """Query chunks per device, keys/values all-gathered, mask rows sharded by query."""
+    mesh = {"fsdp": 4, "context": 2, "context_load_balance": load_balance}
+    base = trial(mesh=mesh, seq_len=512, steps=3)
+    reference = train(load_config(base), Emitter(quiet=True)).losses
+    splash = train(
+        load_config(base | {"kernels": {"attention": "splash", **BLOCKS["all_128"]}}),
+        Emitter(quiet=True),
+    ).losses
+    np.testing.assert_allclose(splash, reference, rtol=2e-3)

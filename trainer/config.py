@@ -468,12 +468,14 @@ def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int
                     f"kernels.{compute}",
                     f"{getattr(kernels, compute)} must divide {block} ({getattr(kernels, block)})",
                 )
-        if degrees["context"] > 1:
-            raise ConfigError(
-                "kernels.attention",
-                "splash with context parallelism is not implemented yet (needs a sharded mask under shard_map); "
-                "use attention xla with context > 1",
-            )
+        local = config.seq_len // degrees["context"]
+        for name in ("block_q", "block_q_dkv"):  # queries are split over the context axis
+            if local % getattr(kernels, name):
+                raise ConfigError(
+                    f"kernels.{name}",
+                    f"{getattr(kernels, name)} must divide the per-device query length "
+                    f"(seq_len / context = {local})",
+                )
     if config.model.is_moe and kernels.moe_gmm == "megablox":
         if config.precision.mode == "fp8" and config.precision.targets == "dense+moe":
             raise ConfigError(

@@ -10,11 +10,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from trainer.config import KernelsConfig
+from trainer.data import load_balance_order
 
 
 def reference_attention(
@@ -41,39 +43,50 @@ def reference_attention(
     return out.reshape(b, s, h, d)
 
 
-def _splash_kernel(
-    seq_len: int, blocks: tuple[tuple[str, int], ...], max_logit_const, interpret: bool
-):
-    config = splash.SplashConfig(
-        **dict(blocks), max_logit_const=max_logit_const, interpret=interpret
-    )
-    return splash.make_splash_mqa_single_device(
-        mask=splash_mask.CausalMask((seq_len, seq_len)), config=config
+def _splash_config(kernels: KernelsConfig, interpret: bool) -> splash.SplashConfig:
+    return splash.SplashConfig(
+        **kernels.blocks(), max_logit_const=kernels.max_logit_const, interpret=interpret
     )
 
 
-def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool):
-    """Splash attention (tokamax's Pallas TPU kernel), one MQA kernel per kv head: exact GQA."""
+def _run_kernel(kernel, q_BxSxHxD, k_BxTxKxD, v_BxTxKxD):
+    """One MQA kernel per kv head (exact GQA), vmapped over batch and kv heads."""
     b, s, h, d = q_BxSxHxD.shape
-    kv = k_BxSxKxD.shape[2]
-    kernel = _splash_kernel(s, tuple(kernels.blocks().items()), kernels.max_logit_const, interpret)
+    kv = k_BxTxKxD.shape[2]
     # The kernel does not scale q.
     q_BxKxGxSxD = (q_BxSxHxD * (d**-0.5)).reshape(b, s, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
-    k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
-    v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
-    per_head = jax.vmap(jax.vmap(kernel))  # over batch, then kv heads
-    out_BxKxGxSxD = per_head(q_BxKxGxSxD, k_BxKxSxD, v_BxKxSxD)
+    k_BxKxTxD = k_BxTxKxD.transpose(0, 2, 1, 3)
+    v_BxKxTxD = v_BxTxKxD.transpose(0, 2, 1, 3)
+    out_BxKxGxSxD = jax.vmap(jax.vmap(kernel))(q_BxKxGxSxD, k_BxKxTxD, v_BxKxTxD)
     return out_BxKxGxSxD.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d)
 
 
+def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool):
+    """Splash attention (tokamax's Pallas TPU kernel) over a whole causal sequence."""
+    s = q_BxSxHxD.shape[1]
+    # Built per trace, not cached: the kernel holds arrays made inside the current trace.
+    kernel = splash.make_splash_mqa_single_device(
+        mask=splash_mask.CausalMask((s, s)), config=_splash_config(kernels, interpret)
+    )
+    return _run_kernel(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+
+
 def sharded_splash_attention(
-    q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool
+    q_BxSxHxD,
+    k_BxSxKxD,
+    v_BxSxKxD,
+    kernels: KernelsConfig,
+    interpret: bool,
+    load_balanced: bool = False,
 ):
     """Splash under shard_map: a Pallas kernel is a custom call the SPMD partitioner cannot split.
 
-    Batch is split over (data, fsdp, expert) and heads over tensor; each device runs the
-    kernel on its whole sequence (context parallelism is refused before this point).
+    Batch is split over (data, fsdp, expert), heads over tensor and, with context
+    parallelism, the query sequence over context: each device keeps its query chunk,
+    all-gathers keys and values, and reads its rows of the (load-balanced) causal mask,
+    which the kernel holds sharded by query (q_seq_shards).
     """
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from trainer.config import BATCH_AXES
@@ -81,11 +94,31 @@ def sharded_splash_attention(
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels, interpret)
-    spec = P(BATCH_AXES, None, "tensor", None)
-    body = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
+    context = mesh.shape["context"]
+    if context == 1:
+        spec = P(BATCH_AXES, None, "tensor", None)
+        body = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+        )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+    s = q_BxSxHxD.shape[1]
+    # The sequence arrives in the data pipeline's order (trainer.data.load_balance_order).
+    order = load_balance_order(s, context) if load_balanced else np.arange(s)
+    mask = splash_mask.NumpyMask(order[:, None] >= order[None, :])  # causal in original positions
+    kernel = splash.make_splash_mqa(
+        mask=mask, config=_splash_config(kernels, interpret), q_seq_shards=context
+    )
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("context")))
+    spec = P(BATCH_AXES, "context", "tensor", None)
+
+    def body(kernel, q, k, v):
+        k = jax.lax.all_gather(k, "context", axis=1, tiled=True)
+        v = jax.lax.all_gather(v, "context", axis=1, tiled=True)
+        return _run_kernel(kernel, q, k, v)
+
     return jax.shard_map(
-        body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
-    )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+        body, mesh=mesh, in_specs=(kernel_spec, spec, spec, spec), out_specs=spec, check_vma=False
+    )(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
 
 def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool):

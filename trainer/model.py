@@ -63,6 +63,7 @@ class Attention(nn.Module):
     dtype: Dtype
     kernels: KernelsConfig
     interpret: bool
+    load_balanced: bool = False
 
     @nn.compact
     def __call__(self, x_BxSxE, positions_BxS):
@@ -89,7 +90,9 @@ class Attention(nn.Module):
         v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
         k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
         if self.kernels.attention == "splash":
-            ctx = sharded_splash_attention(q, k, v, self.kernels, self.interpret)
+            ctx = sharded_splash_attention(
+                q, k, v, self.kernels, self.interpret, self.load_balanced
+            )
         else:
             ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
         ctx = checkpoint_name(ctx, "context")
@@ -120,6 +123,7 @@ class DecoderLayer(nn.Module):
     dtype: Dtype
     kernels: KernelsConfig
     interpret: bool
+    load_balanced: bool = False
 
     @nn.compact
     def __call__(self, x_BxSxE, positions_BxS):
@@ -127,9 +131,10 @@ class DecoderLayer(nn.Module):
         x = nn.with_logical_constraint(x_BxSxE, ACT_BxSxE)
         x = checkpoint_name(x, "decoder_layer_input")
         h = RMSNorm(cfg.norm_eps, self.dtype, name="attn_norm")(x)
-        x = x + Attention(cfg, self.dtype, self.kernels, self.interpret, name="attention")(
-            h, positions_BxS
+        attention = Attention(
+            cfg, self.dtype, self.kernels, self.interpret, self.load_balanced, name="attention"
         )
+        x = x + attention(h, positions_BxS)
         h = RMSNorm(cfg.norm_eps, self.dtype, name="mlp_norm")(x)
         if cfg.is_moe:
             y, aux_loss = MoeBlock(cfg, self.dtype, self.kernels, self.interpret, name="moe")(h)
@@ -147,6 +152,7 @@ class Transformer(nn.Module):
     dtype: Dtype = jnp.bfloat16
     kernels: KernelsConfig = KernelsConfig()
     interpret: bool = True  # Pallas kernels interpreted unless running on TPU
+    load_balanced: bool = False  # the sequence arrives in causal load-balanced order (context > 1)
 
     @nn.compact
     def __call__(self, tokens_BxS, positions_BxS):
@@ -162,9 +168,10 @@ class Transformer(nn.Module):
             length=cfg.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, aux_per_layer = stack(cfg, self.dtype, self.kernels, self.interpret, name="layers")(
-            x, positions_BxS
+        layers = stack(
+            cfg, self.dtype, self.kernels, self.interpret, self.load_balanced, name="layers"
         )
+        x, aux_per_layer = layers(x, positions_BxS)
         x = RMSNorm(cfg.norm_eps, self.dtype, name="final_norm")(x)
         unembed = weight(
             self, "unembed", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model

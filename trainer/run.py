@@ -78,7 +78,11 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     platform = devices[0].platform
     kernels = config.kernels.model_copy(update={"attention": resolve_attention(config, platform)})
     model = Transformer(
-        config.model, checkpoint_policy(config.remat), kernels=kernels, interpret=platform != "tpu"
+        config.model,
+        checkpoint_policy(config.remat),
+        kernels=kernels,
+        interpret=platform != "tpu",
+        load_balanced=degrees["context"] > 1 and config.mesh.context_load_balance,
     )
     model, provider = quantize(model, config.precision)
     tx = make_optimizer(config)
