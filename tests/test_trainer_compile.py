@@ -243,3 +243,22 @@ def test_splash_with_context_parallelism_compiles_for_tpu7x(tmp_path):
     assert (
         events["compiled"]["collectives"]["all-gather"] > 0
     )  # keys and values gathered over context
+
+
+def test_fp8_is_in_the_compiled_tpu7x_program():
+    """The compiled TPU program (not only the lowered one) holds fp8 operands: fp8 is really on."""
+    import os
+
+    from trainer.aot import topology_devices
+    from trainer.run import build_program, compile_step
+
+    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # other test processes may hold libtpu
+    texts = {}
+    for mode in ("bf16", "fp8"):
+        config = load_config(
+            {"model": SMALL, "seq_len": 1024, "per_device_batch": 2, "precision": {"mode": mode}}
+        )
+        compiled, _ = compile_step(build_program(config, topology_devices(TARGET)))
+        texts[mode] = compiled.as_text().lower()
+    assert "f8e4m3fn" not in texts["bf16"] and "f8e5m2" not in texts["bf16"]
+    assert "f8e4m3fn" in texts["fp8"] and "f8e5m2" in texts["fp8"]
