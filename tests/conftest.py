@@ -11,6 +11,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 # libtpu's start-up chatter on hosts without TPUs (TPU7X.md): quiet, not an error.
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+# Tests compile for TPU topologies in several processes at once; none opens a TPU device.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pytest
 

@@ -247,12 +247,9 @@ def test_splash_with_context_parallelism_compiles_for_tpu7x(tmp_path):
 
 def test_fp8_is_in_the_compiled_tpu7x_program():
     """The compiled TPU program (not only the lowered one) holds fp8 operands: fp8 is really on."""
-    import os
-
     from trainer.aot import topology_devices
     from trainer.run import build_program, compile_step
 
-    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # other test processes may hold libtpu
     texts = {}
     for mode in ("bf16", "fp8"):
         config = load_config(
@@ -262,3 +259,25 @@ def test_fp8_is_in_the_compiled_tpu7x_program():
         texts[mode] = compiled.as_text().lower()
     assert "f8e4m3fn" not in texts["bf16"] and "f8e5m2" not in texts["bf16"]
     assert "f8e4m3fn" in texts["fp8"] and "f8e5m2" in texts["fp8"]
+
+
+MIXTRAL_LAYER = {"preset": "mixtral-8x7b", "num_layers": 1, "vocab_size": 256}
+
+
+@pytest.mark.parametrize(
+    ("tiles", "code"), [((512, 1024, 1024), 0), ((1024, 2048, 2048), EXIT_CODES["oom_vmem"])]
+)
+def test_megablox_tiles_meet_tpu7x_vmem(tmp_path, tiles, code):
+    """TPU7X.md: GMM tiles (512,1024,1024) compile; (1024,2048,2048) overflow the default scoped VMEM."""
+    tm, tk, tn = tiles
+    config = {
+        "model": MIXTRAL_LAYER,
+        "seq_len": 4096,
+        "per_device_batch": 1,
+        "mesh": {"fsdp": 8},
+        "kernels": {"moe_gmm": "megablox", "gmm_tm": tm, "gmm_tk": tk, "gmm_tn": tn},
+    }
+    got, events, err = _compile(tmp_path, config)
+    assert got == code, (events.get("failure"), err[-1500:])
+    if code:
+        assert "vmem" in events["failure"]["message"].lower()

@@ -338,3 +338,26 @@ def test_splash_with_context_parallelism_matches_reference(load_balance):
         Emitter(quiet=True),
     ).losses
     np.testing.assert_allclose(splash, reference, rtol=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("model", "kernels"),
+    [
+        ("tiny-dense", {"attention": "splash", **BLOCKS["all_128"]}),
+        ("tiny-moe", {"moe_gmm": "megablox", "gmm_tm": 128, "gmm_tk": 128, "gmm_tn": 128}),
+    ],
+)
+def test_selected_pallas_kernel_is_really_in_the_step(model, kernels):
+    """A kernel knob must change the program: the step's jaxpr holds a pallas_call only when chosen."""
+    base = trial(model, num_devices=1, mesh={"fsdp": 1}, per_device_batch=2, seq_len=128)
+
+    def jaxpr(config: dict) -> str:
+        program = build_program(load_config(config), jax.devices()[:1])
+        batch = jax.ShapeDtypeStruct(
+            (program.global_batch, 128), np.int32, sharding=program.batch_sharding
+        )
+        with program.mesh:
+            return str(jax.make_jaxpr(program.step_fn)(program.abstract_state, batch, batch, batch))
+
+    assert "pallas_call" not in jaxpr(base)
+    assert "pallas_call" in jaxpr(base | {"kernels": kernels})

@@ -483,13 +483,20 @@ def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int
                 "fp8 of the MoE grouped matmul is wired through ragged_dot only; with megablox the experts "
                 "would silently stay bf16. Use moe_gmm ragged_dot, or precision.targets dense",
             )
+        # On TPU each device runs the kernel on its own tokens (shard_map), so the tile must
+        # divide the per-device routed rows (which also divide the global count used off TPU).
+        shards = math.prod(degrees[a] for a in BATCH_AXES) * degrees["context"]
         rows = (
-            global_batch_size(config, num_devices) * config.seq_len * config.model.experts_per_token
+            global_batch_size(config, num_devices)
+            * config.seq_len
+            * config.model.experts_per_token
+            // shards
         )
         if rows % kernels.gmm_tm:
             raise ConfigError(
                 "kernels.gmm_tm",
-                f"{kernels.gmm_tm} must divide the routed token count (batch x seq x experts_per_token = {rows})",
+                f"{kernels.gmm_tm} must divide the routed token count per device "
+                f"(batch x seq x experts_per_token / batch and context shards = {rows})",
             )
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec as P
 
-from trainer.config import KernelsConfig, ModelConfig
+from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig
+from trainer.kernels import grouped_matmul
 
 
 def _tag(x, name: str):
@@ -51,25 +54,53 @@ class MoeBlock(nn.Module):
         top_w_BxSxK, top_i_BxSxK = jax.lax.top_k(probs_BxSxN, k)
         top_w_BxSxK = top_w_BxSxK / jnp.sum(top_w_BxSxK, axis=-1, keepdims=True)
 
-        # Dropless routing: sort the (token, choice) pairs by expert into ragged groups.
-        tokens = b * s
-        x_TxE = x_BxSxE.reshape(tokens, e)
-        expert_of_slot = top_i_BxSxK.reshape(tokens * k)
-        order = jnp.argsort(expert_of_slot, stable=True)
-        x_sorted = jnp.take(x_TxE, order // k, axis=0)
-        group_sizes = jnp.bincount(expert_of_slot, length=n).astype(jnp.int32)
-
-        gate = _tag(jax.lax.ragged_dot(x_sorted, wi_0.astype(dt), group_sizes), "mlpwi_0")
-        up = _tag(jax.lax.ragged_dot(x_sorted, wi_1.astype(dt), group_sizes), "mlpwi_1")
-        out_sorted = _tag(
-            jax.lax.ragged_dot(jax.nn.silu(gate) * up, wo.astype(dt), group_sizes), "mlpwo"
-        )
-        out_TKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
-        out_TxKxE = out_TKxE.reshape(tokens, k, e)
-        y_TxE = jnp.einsum("tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(tokens, k).astype(dt))
+        weights = (wi_0.astype(dt), wi_1.astype(dt), wo.astype(dt))
+        experts = functools.partial(_experts, kernels=self.kernels, interpret=self.interpret)
+        mesh = jax.sharding.get_abstract_mesh()
+        if self.kernels.moe_gmm == "megablox" and not self.interpret and not mesh.empty:
+            # A Pallas kernel cannot be partitioned by GSPMD: each device routes its own
+            # tokens through all experts (weights gathered), which is the same maths.
+            tokens_spec = P(BATCH_AXES, "context", None)
+            experts = jax.shard_map(
+                experts,
+                mesh=mesh,
+                in_specs=(tokens_spec, tokens_spec, tokens_spec, P()),
+                out_specs=tokens_spec,
+                check_vma=False,
+            )
+        y_BxSxE = experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
 
         # Switch-style balance loss: num_experts * sum_e(fraction routed to e * mean prob of e).
+        tokens = b * s
+        group_sizes = jnp.bincount(top_i_BxSxK.reshape(tokens * k), length=n)
         fraction_N = group_sizes.astype(jnp.float32) / (tokens * k)
         mean_prob_N = jnp.mean(probs_BxSxN, axis=(0, 1))
         aux_loss = n * jnp.sum(fraction_N * mean_prob_N) * cfg.load_balance_loss_weight
-        return y_TxE.reshape(b, s, e), aux_loss
+        return y_BxSxE, aux_loss
+
+
+def _experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, kernels: KernelsConfig, interpret: bool):
+    """Dropless routing: sort (token, choice) pairs by expert into ragged groups, run the
+    grouped matmuls (ragged_dot or Megablox), unsort, and mix by router weight."""
+    b, s, e = x_BxSxE.shape
+    k = top_i_BxSxK.shape[-1]
+    wi_0, wi_1, wo = weights
+    tokens = b * s
+    x_TxE = x_BxSxE.reshape(tokens, e)
+    expert_of_slot = top_i_BxSxK.reshape(tokens * k)
+    order = jnp.argsort(expert_of_slot, stable=True)
+    x_sorted = jnp.take(x_TxE, order // k, axis=0)
+    group_sizes = jnp.bincount(expert_of_slot, length=wi_0.shape[0]).astype(jnp.int32)
+
+    def gmm(lhs, rhs):
+        return grouped_matmul(lhs, rhs, group_sizes, kernels, interpret)
+
+    gate = _tag(gmm(x_sorted, wi_0), "mlpwi_0")
+    up = _tag(gmm(x_sorted, wi_1), "mlpwi_1")
+    out_sorted = _tag(gmm(jax.nn.silu(gate) * up, wo), "mlpwo")
+    out_TKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
+    out_TxKxE = out_TKxE.reshape(tokens, k, e)
+    y_TxE = jnp.einsum(
+        "tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(tokens, k).astype(x_BxSxE.dtype)
+    )
+    return y_TxE.reshape(b, s, e)
