@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.space import SpaceError, count_points, load_space
+from sweeper.space import SpaceError, count_points, load_space, space_overrides
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
@@ -35,23 +35,24 @@ SetOpt = Annotated[
 
 
 def _overrides(trials, concurrency, fidelity, target, sets) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    parsed: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SpaceError(
                 f"--set {item!r}: expected key=value, e.g. --set trial.steps=10", field="--set"
             )
-        out[key.strip()] = yaml.safe_load(value)
-    for key, value in (
-        ("search.trials", trials),
-        ("search.concurrency", concurrency),
-        ("fidelity", fidelity),
-        ("target", target),
-    ):
-        if value is not None:
-            out[key] = value
-    return out
+        parsed[key.strip()] = yaml.safe_load(value)
+    # The same mapping the Python API uses; explicit flags win over --set.
+    return space_overrides(
+        {
+            "trials": trials,
+            "concurrency": concurrency,
+            "fidelity": fidelity,
+            "target": target,
+            "set": parsed,
+        }
+    )
 
 
 def _fail(message: str) -> None:

@@ -19,7 +19,7 @@ from ray.tune.schedulers import ASHAScheduler
 from sweeper.inert import pin_inert
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_sampler, make_sampler
-from sweeper.space import Space, SpaceError, assemble, load_space
+from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
 from sweeper.tracking import Tracker, TrackingCallback, check_tracking_server, default_tracking_uri
 from sweeper.trainable import TrialRuntime, local_cpu_env, run_trial
 
@@ -293,31 +293,6 @@ def finish(ctx: SweepContext) -> SweepResult:
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-# Keyword overrides of run_sweep/build_tuner and the space keys they set.
-OVERRIDE_KEYS = {
-    "trials": "search.trials",
-    "concurrency": "search.concurrency",
-    "sampler": "search.sampler",
-    "seed": "search.seed",
-    "fidelity": "fidelity",
-    "target": "target",
-    "devices": "devices",
-}
-
-
-def space_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`trials=4, set={"trial.steps": 10}` -> {"search.trials": 4, "trial.steps": 10}."""
-    out = dict(kwargs.pop("set", None) or {})
-    for key, value in kwargs.items():
-        if key not in OVERRIDE_KEYS:
-            raise TypeError(
-                f"unknown override {key!r}; known: {', '.join(OVERRIDE_KEYS)} or set={{'dotted.key': value}}"
-            )
-        if value is not None:
-            out[OVERRIDE_KEYS[key]] = value
-    return out
 
 
 def run_sweep(

@@ -34,6 +34,12 @@ def _drop(knob: Knob, inert: set, twin_of: dict) -> Knob:
     return knob.model_copy(update={"values": kept})
 
 
+def _pin_first(knob: Knob) -> tuple[Knob, object]:
+    """The knob reduced to its first value (the low end of a range), and that value."""
+    first = knob.values[0] if knob.values else knob.low
+    return Knob(values=[first], when=knob.when), first
+
+
 def pin_inert(space: Space) -> tuple[Space, list[str]]:
     """The space with inert values removed on its target backend, and a note for each."""
     if target_backend(space) != "cpu":
@@ -59,14 +65,12 @@ def pin_inert(space: Space) -> tuple[Space, list[str]]:
                 knobs[key] = knob.model_copy(update={"values": [keep]})
                 notes.append(f"{key}: {dropped} pinned to {keep!r} on cpu ({reason})")
         elif key.startswith("xla."):
-            first = knob.values[0] if knob.values else knob.low
-            knobs[key] = Knob(values=[first], when=knob.when)
+            knobs[key], first = _pin_first(knob)
             notes.append(
                 f"{key}: pinned to {first!r} on cpu (LIBTPU flags do not reach the cpu backend)"
             )
         elif key.startswith("kernels.block_") or key.startswith("kernels.gmm_t"):
-            first = knob.values[0] if knob.values else knob.low
-            knobs[key] = Knob(values=[first], when=knob.when)
+            knobs[key], first = _pin_first(knob)
             notes.append(
                 f"{key}: pinned to {first} on cpu (kernels are interpreted there: tiles have no speed meaning)"
             )

@@ -400,3 +400,28 @@ def count_points(space: Space) -> int | None:
         return walk(0, {})
     except OverflowError:
         return None
+
+
+# Keyword overrides of run_sweep/build_tuner and the space keys they set.
+OVERRIDE_KEYS = {
+    "trials": "search.trials",
+    "concurrency": "search.concurrency",
+    "sampler": "search.sampler",
+    "seed": "search.seed",
+    "fidelity": "fidelity",
+    "target": "target",
+    "devices": "devices",
+}
+
+
+def space_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`trials=4, set={"trial.steps": 10}` -> {"search.trials": 4, "trial.steps": 10}."""
+    out = dict(kwargs.pop("set", None) or {})
+    for key, value in kwargs.items():
+        if key not in OVERRIDE_KEYS:
+            raise TypeError(
+                f"unknown override {key!r}; known: {', '.join(OVERRIDE_KEYS)} or set={{'dotted.key': value}}"
+            )
+        if value is not None:
+            out[OVERRIDE_KEYS[key]] = value
+    return out

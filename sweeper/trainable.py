@@ -82,13 +82,14 @@ class TrialRun:
         self.summary: dict[str, Any] | None = None
         self.failure: dict[str, Any] | None = None
         self.step_times: list[float] = []
+        self.config = None  # the validated TrialConfig, set when the trial starts
         self.timed_out = False
 
     def base_fields(self) -> dict[str, Any]:
         return {"trial_status": "running", **{m: 0.0 for m in self.objectives}}
 
     def running_throughput(self) -> float:
-        skip = self.space.trial.get("measure", {}).get("skip_steps", 2)
+        skip = self.config.measure.skip_steps
         timed = self.step_times[skip:] or self.step_times
         chips = self.accepted.get("chips") or 1
         return self.accepted.get("tokens_per_step", 0) / statistics.median(timed) / chips
@@ -180,7 +181,7 @@ class TrialRun:
 
     def run(self, report) -> dict[str, Any]:
         try:
-            config = static_check(self.space, self.point)
+            config = self.config = static_check(self.space, self.point)
         except ConfigError as exc:
             return failure_result("invalid_config", exc.message, field=exc.field)
         config_path = self.trial_dir / "trial.json"

@@ -255,6 +255,12 @@ class KernelsConfig(_Frozen):
     def blocks(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in SPLASH_BLOCKS}
 
+    def resolved_attention(self, platform: str) -> str:
+        """`auto` is the Splash kernel where it is a real kernel (TPU), the XLA reference elsewhere."""
+        if self.attention != "auto":
+            return self.attention
+        return "splash" if platform == "tpu" else "xla"
+
 
 SPLASH_BLOCKS = (
     "block_q",

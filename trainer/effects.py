@@ -43,9 +43,8 @@ def knob_effects(config: TrialConfig, platform: str) -> dict[str, dict[str, str]
             if platform == "cpu"
             else {"status": "active", "reason": "fp8 dot operands via qwix"}
         )
-    attention = config.kernels.attention
-    if attention == "auto":
-        attention = "splash" if platform == "tpu" else "xla"
+    attention = config.kernels.resolved_attention(platform)
+    if config.kernels.attention == "auto":
         effects["kernels.attention"] = {
             "status": "active",
             "reason": f"auto resolved to {attention} on {platform}",

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from trainer.config import ModelConfig
+from trainer.hardware import ACCELERATORS
 
 
 def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int) -> float:
@@ -46,11 +47,16 @@ class Chip:
     source: str
 
 
+def _tpu(key: str) -> Chip:
+    accel = ACCELERATORS[key]  # one datasheet table for estimates and measurements
+    return Chip(accel.name, dict(accel.peak_tflops), accel.devices_per_chip, "datasheet")
+
+
 # Vendor peaks (KNOBS.md, Measurement). Keys are jax Device.device_kind prefixes.
 CHIPS: dict[str, Chip] = {
-    "TPU7x": Chip("TPU7x", {"bf16": 2307.0, "fp8": 4614.0}, 2, "datasheet"),
-    "TPU v5p": Chip("TPU v5p", {"bf16": 459.0}, 1, "datasheet"),
-    "TPU v6": Chip("TPU v6e", {"bf16": 918.0}, 1, "datasheet"),
+    "TPU7x": _tpu("tpu7x"),
+    "TPU v5p": _tpu("v5p"),
+    "TPU v6": _tpu("v6e"),
     "NVIDIA H100": Chip("H100", {"bf16": 989.0}, 1, "datasheet"),
     "NVIDIA H200": Chip("H200", {"bf16": 989.0}, 1, "datasheet"),
 }

@@ -36,13 +36,6 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_attention(config: TrialConfig, platform: str) -> str:
-    """`auto` is the Splash kernel where it is a real kernel (TPU), the XLA reference elsewhere."""
-    if config.kernels.attention != "auto":
-        return config.kernels.attention
-    return "splash" if platform == "tpu" else "xla"
-
-
 def select_devices(config: TrialConfig) -> list[jax.Device]:
     devices = jax.devices() if config.backend == "auto" else jax.devices(config.backend)
     if config.num_devices is not None:
@@ -76,7 +69,9 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
     platform = devices[0].platform
-    kernels = config.kernels.model_copy(update={"attention": resolve_attention(config, platform)})
+    kernels = config.kernels.model_copy(
+        update={"attention": config.kernels.resolved_attention(platform)}
+    )
     model = Transformer(
         config.model,
         checkpoint_policy(config.remat),
