@@ -101,3 +101,19 @@ def test_fused_qkv_sharded_matches_unsharded():
     sharded = _losses(trial(mesh={"fsdp": 4, "tensor": 2}) | fused)
     single = _losses(trial(mesh={"fsdp": 1}, num_devices=1, per_device_batch=8) | fused)
     np.testing.assert_allclose(sharded, single, rtol=2e-3)
+
+
+def test_mfu_uses_the_peak_of_the_precision_used():
+    from trainer.metrics import CHIPS, peak_for
+
+    assert peak_for(CHIPS["TPU7x"], "fp8") == 2 * peak_for(CHIPS["TPU7x"], "bf16") == 4614.0
+    assert (
+        peak_for(CHIPS["NVIDIA H100"], "fp8") is None
+    )  # no fp8 peak in the table: MFU unknown, not bf16's
+    summary = train(
+        load_config(trial(precision={"mode": "fp8"}, steps=3)), Emitter(quiet=True)
+    ).summary
+    assert summary["peak_precision"] == "fp8"
+    assert summary["mfu"] == pytest.approx(
+        summary["tflops_per_sec_per_chip"] / summary["peak_tflops_per_chip"]
+    )

@@ -62,6 +62,11 @@ CHIPS: dict[str, Chip] = {
 }
 
 
+def peak_for(chip: Chip, precision: str) -> float | None:
+    """Peak TFLOP/s of the precision the step ran in (KNOBS.md: MFU uses that peak); None if unknown."""
+    return chip.peak_tflops.get(precision)
+
+
 def chip_for(
     device_kind: str, platform_name: str, num_devices: int, cache_dir: Path | None
 ) -> Chip:

@@ -216,7 +216,8 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     chips = len(devices) / chip.devices_per_chip
     flops = metrics.training_flops_per_step(config.model, program.global_batch, config.seq_len)
     tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
-    peak = chip.peak_tflops.get("bf16")
+    precision = "fp8" if config.precision.mode == "fp8" else "bf16"
+    peak = metrics.peak_for(chip, precision)
     result.summary = {
         "fidelity": "run",
         "hardware": chip.name,
@@ -230,6 +231,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         "flops_per_step": flops,
         "tflops_per_sec_per_chip": tflops_per_chip,
         "peak_tflops_per_chip": peak,
+        "peak_precision": precision,
         "peak_source": chip.source,
         "mfu": tflops_per_chip / peak if peak else None,
         **stats,
