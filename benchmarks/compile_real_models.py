@@ -75,7 +75,7 @@ def main() -> None:
         "est step s",
         "est tok/s/chip",
         "bound",
-        "AG / RS / AR / A2A / CP",
+        "AG / RS / AR / A2A / RA2A / CP",
     ):
         table.add_column(col, justify="right")
     for name, (target, config) in CASES.items():
@@ -125,6 +125,7 @@ def main() -> None:
                     "reduce-scatter",
                     "all-reduce",
                     "all-to-all",
+                    "ragged-all-to-all",
                     "collective-permute",
                 )
             ),

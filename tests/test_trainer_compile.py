@@ -60,6 +60,24 @@ def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pa
     assert collectives["all-gather"] > 0 and collectives["reduce-scatter"] > 0
 
 
+SMALL_MOE = {**SMALL, "num_experts": 4, "experts_per_token": 2, "mlp_dim": 512}
+
+
+def test_expert_parallel_program_dispatches_tokens_by_ragged_all_to_all(tmp_path):
+    """With an expert axis, tokens travel to their experts by ragged all-to-all (dispatch and
+    combine, forward and backward); without one there is no ragged exchange."""
+    counts = {}
+    for name, mesh in (("ep2", {"fsdp": 4, "expert": 2}), ("ep1", {"fsdp": 8})):
+        (tmp_path / name).mkdir()
+        code, events, err = _compile(tmp_path / name, {"model": SMALL_MOE, "mesh": mesh})
+        assert code == 0, err[-2000:]
+        counts[name] = events["compiled"]["collectives"]
+        if name == "ep2":
+            assert events["accepted"]["effects"]["mesh.expert"]["status"] == "active"
+    assert counts["ep2"]["ragged-all-to-all"] >= 4  # dispatch + combine, and their transposes
+    assert counts["ep1"]["ragged-all-to-all"] == 0
+
+
 def test_summary_labels_every_figure(remat_pair):
     summary = remat_pair["full"][1]["summary"]
     assert summary["hardware"] == "TPU7x" and summary["chips"] == 4
@@ -72,10 +90,7 @@ def test_summary_labels_every_figure(remat_pair):
 MEMORY_GRID = {
     "dense_fsdp8": {"model": SMALL},
     "dense_fsdp4_tp2": {"model": SMALL, "mesh": {"fsdp": 4, "tensor": 2}},
-    "moe_fsdp4_ep2": {
-        "model": {**SMALL, "num_experts": 4, "experts_per_token": 2, "mlp_dim": 512},
-        "mesh": {"fsdp": 4, "expert": 2},
-    },
+    "moe_fsdp4_ep2": {"model": SMALL_MOE, "mesh": {"fsdp": 4, "expert": 2}},
 }
 
 
@@ -217,6 +232,10 @@ def test_collective_counting_reads_sync_and_async_forms():
   %agd = bf16[8,128]{1,0} all-gather-done((bf16[1,128]{1,0}, bf16[8,128]{1,0}) %ags)
   %rs = f32[1,128]{1,0} reduce-scatter(f32[8,128]{1,0} %g), dimensions={0}
   %a2a = (bf16[4,8]{1,0}, bf16[4,8]{1,0}) all-to-all(bf16[4,8]{1,0} %x, bf16[4,8]{1,0} %y)
+  ROOT %ragged-all-to-all.6 = bf16[1024,2,128]{2,1,0} ragged-all-to-all(%p0, %p1, %p2, %p3, %p4, %p5)
+  %prepare_start_ragged-all-to-all.7.cloned.1.call-start = s32[] custom-call(), custom_call_target="PrepareAsyncCallStart"
+  %ragged-all-to-all.7.cloned.1.call-start = ((bf16[512,2,128]{2,1,0}), bf16[1024,2,128]{2,1,0}) call-start(%p0)
+  %ragged-all-to-all.7.cloned.1.call-done = bf16[1024,2,128]{2,1,0} call-done(%ragged-all-to-all.7.cloned.1.call-start)
   %prepare_start_all-reduce.92.cloned.1.call-start = s32[] custom-call(), custom_call_target="PrepareAsync"
   %all-reduce.92.cloned.1.call-start = ((bf16[1,512]{1,0}), bf16[1,512]{1,0}) call-start(bf16[1,512]{1,0} %z)
   %all-reduce.92.cloned.1.call-done = bf16[1,512]{1,0} call-done(%all-reduce.92.cloned.1.call-start)
@@ -226,6 +245,7 @@ def test_collective_counting_reads_sync_and_async_forms():
         "reduce-scatter": 1,
         "all-reduce": 1,
         "all-to-all": 1,
+        "ragged-all-to-all": 2,
         "collective-permute": 0,
     }
 

@@ -57,11 +57,10 @@ def test_fp8_moe_with_grouped_matmul_quantized(cache_dir):
     assert verdict["passed"], verdict
 
 
-def _lowered_text(**changes) -> str:
-    config = load_config(
-        trial("tiny-moe", num_devices=1, mesh={"fsdp": 1}, per_device_batch=2) | changes
-    )
-    program = build_program(config, jax.devices()[:1])
+def _lowered_text(devices: int = 1, **changes) -> str:
+    base = trial("tiny-moe", num_devices=devices, mesh={"fsdp": devices}, per_device_batch=2)
+    config = load_config(base | changes)
+    program = build_program(config, jax.devices()[:devices])
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, config.seq_len), np.int32, sharding=program.batch_sharding
     )
@@ -81,6 +80,14 @@ def test_fp8_is_really_in_the_program():
     assert "f8E4M3FN" not in bf16 and "f8E5M2" not in bf16
     assert "f8E5M2" in fp8  # e5m2 gradients in the backward pass
     # Weight matmuls get e4m3 dot operands; targeting the MoE grouped matmul quantizes more of them.
+    assert _fp8_dots(fp8) > _fp8_dots(dense_only) > 0
+
+
+def test_fp8_reaches_the_experts_under_expert_parallelism():
+    """The grouped matmuls inside the expert-parallel shard_map are quantized too."""
+    ep = {"mesh": {"fsdp": 2, "expert": 4}}
+    fp8 = _lowered_text(8, precision={"mode": "fp8", "targets": "dense+moe"}, **ep)
+    dense_only = _lowered_text(8, precision={"mode": "fp8", "targets": "dense"}, **ep)
     assert _fp8_dots(fp8) > _fp8_dots(dense_only) > 0
 
 
@@ -293,6 +300,7 @@ def test_effects_say_emulated_and_interpreted_on_cpu(tmp_path):
         seq_len=128,
         precision={"mode": "fp8", "targets": "dense"},
         kernels={"attention": "splash", **BLOCKS["all_128"], "moe_gmm": "megablox", "gmm_tm": 128},
+        mesh={"fsdp": 2, "expert": 4},
     )
     code, events, err = run_trainer(config, tmp_path)
     assert code == 0, err[-2000:]
@@ -300,6 +308,7 @@ def test_effects_say_emulated_and_interpreted_on_cpu(tmp_path):
     assert effects["precision"]["status"] == "emulated"
     assert effects["kernels.splash_blocks"]["status"] == "interpreted"
     assert effects["kernels.gmm_tiles"]["status"] == "interpreted"
+    assert effects["mesh.expert"]["status"] == "emulated"  # no ragged all-to-all on XLA:CPU
 
 
 def test_convergence_reference_for_fp8_is_the_bf16_run(cache_dir):

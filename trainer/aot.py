@@ -16,7 +16,14 @@ from trainer.events import Emitter, TrialFailure, classify_exception
 from trainer.hardware import accelerator_for, chips_in
 from trainer.run import build_program, compile_step
 
-COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+COLLECTIVES = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "ragged-all-to-all",  # expert-parallel token dispatch
+    "collective-permute",
+)
 
 
 def topology_devices(target: str) -> list[jax.Device]:
@@ -73,7 +80,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         mesh=program.degrees,
         global_batch=program.global_batch,
         libtpu_init_args=config.xla.libtpu_init_args(),
-        effects=knob_effects(config, "tpu"),
+        effects=knob_effects(config, "tpu", program.degrees),
     )
     try:
         compiled, compile_s = compile_step(program)

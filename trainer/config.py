@@ -446,6 +446,13 @@ def check_batch_and_sequence(
             f"global batch {global_batch} is not divisible by data x fsdp x expert = {batch_shards}; "
             "raise per_device_batch or move degree to context/tensor",
         )
+    experts = config.model.num_experts
+    if config.model.is_moe and experts % degrees["expert"]:
+        raise ConfigError(
+            "mesh",
+            f"num_experts {experts} is not divisible by mesh.expert = {degrees['expert']}: "
+            "each expert shard holds whole experts; use an expert degree dividing num_experts",
+        )
     chunks = degrees["context"] * (
         2 if config.mesh.context_load_balance and degrees["context"] > 1 else 1
     )

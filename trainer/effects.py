@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from trainer.config import TrialConfig
+from trainer.dispatch import NATIVE_RAGGED_A2A
 from trainer.remat import uses_offload
 
 
-def knob_effects(config: TrialConfig, platform: str) -> dict[str, dict[str, str]]:
+def knob_effects(
+    config: TrialConfig, platform: str, degrees: dict[str, int] | None = None
+) -> dict[str, dict[str, str]]:
     effects: dict[str, dict[str, str]] = {
         "mesh": {"status": "active", "reason": f"sharded over {platform} devices"},
         "remat.policy": {
@@ -14,6 +17,20 @@ def knob_effects(config: TrialConfig, platform: str) -> dict[str, dict[str, str]
             "reason": "changes saved tensors, memory and recompute",
         },
     }
+    expert = degrees["expert"] if degrees else config.mesh.expert
+    if config.model.is_moe and expert != 1:
+        effects["mesh.expert"] = (
+            {
+                "status": "active",
+                "reason": "tokens travel to their experts' devices by ragged all-to-all",
+            }
+            if platform in NATIVE_RAGGED_A2A
+            else {
+                "status": "emulated",
+                "reason": f"XLA on {platform} has no ragged all-to-all: the same exchange runs as an "
+                "all-gather (exact numerics, not TPU traffic or speed)",
+            }
+        )
     if uses_offload(config.remat):
         if platform == "cpu":
             effects["remat.offload"] = {

@@ -41,6 +41,12 @@ def parameter_count(config: TrialConfig) -> int:
     )
 
 
+def expert_parameter_count(config: TrialConfig) -> int:
+    """Parameters of the routed experts (sharded over `expert`, never gathered across it)."""
+    m = config.model
+    return m.num_layers * m.num_experts * 3 * m.d_model * m.mlp_dim if m.is_moe else 0
+
+
 def communication_bytes_per_device(
     config: TrialConfig, degrees: dict[str, int], global_batch: int
 ) -> dict[str, float]:
@@ -58,11 +64,17 @@ def communication_bytes_per_device(
         / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * degrees["context"])
     )
     tensor, expert, context = degrees["tensor"], degrees["expert"], degrees["context"]
+    experts = expert_parameter_count(config)
+    # What FSDP gathers and scatters per device: dense weights over every sharding axis;
+    # a device's own experts (1/expert of them) over fsdp x context only.
+    gathered = (params - experts) / tensor * ring(shard) + experts / (tensor * expert) * ring(
+        shard // expert
+    )
     weights_local = params / tensor
     comm = {
         # weights all-gathered in forward and again in backward; gradients reduce-scattered
-        "fsdp_all_gather": 2 * weights_local * BF16 * ring(shard),
-        "fsdp_reduce_scatter": weights_local * F32 * ring(shard),
+        "fsdp_all_gather": 2 * gathered * BF16,
+        "fsdp_reduce_scatter": gathered * F32,
         "data_all_reduce": 2 * weights_local / shard * F32 * ring(degrees["data"]),
         # two activation all-reduces per layer forward, two backward
         "tensor_all_reduce": 4 * m.num_layers * tokens_local * m.d_model * BF16 * 2 * ring(tensor),
@@ -107,7 +119,9 @@ def memory_per_device(
             / degrees["tensor"]
             * BF16
         )
-        mlp = tokens_local * m.mlp_dim * (m.experts_per_token or 1) * 2 / degrees["tensor"] * BF16
+        # Expert parallelism receives into a worst-case (dropless) buffer: expert x the slots.
+        rows = tokens_local * (m.experts_per_token or 1) * (degrees["expert"] if m.is_moe else 1)
+        mlp = rows * m.mlp_dim * 2 / degrees["tensor"] * BF16
         saved_per_layer += {
             "save_qkv_proj": qkv,
             "save_out_proj": tokens_local * m.d_model * BF16,

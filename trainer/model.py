@@ -122,7 +122,7 @@ class DecoderLayer(nn.Module):
     cfg: ModelConfig
     dtype: Dtype
     kernels: KernelsConfig
-    interpret: bool
+    platform: str
     load_balanced: bool = False
 
     @nn.compact
@@ -132,12 +132,17 @@ class DecoderLayer(nn.Module):
         x = checkpoint_name(x, "decoder_layer_input")
         h = RMSNorm(cfg.norm_eps, self.dtype, name="attn_norm")(x)
         attention = Attention(
-            cfg, self.dtype, self.kernels, self.interpret, self.load_balanced, name="attention"
+            cfg,
+            self.dtype,
+            self.kernels,
+            self.platform != "tpu",
+            self.load_balanced,
+            name="attention",
         )
         x = x + attention(h, positions_BxS)
         h = RMSNorm(cfg.norm_eps, self.dtype, name="mlp_norm")(x)
         if cfg.is_moe:
-            y, aux_loss = MoeBlock(cfg, self.dtype, self.kernels, self.interpret, name="moe")(h)
+            y, aux_loss = MoeBlock(cfg, self.dtype, self.kernels, self.platform, name="moe")(h)
         else:
             y, aux_loss = Mlp(cfg, self.dtype, name="mlp")(h), jnp.zeros((), jnp.float32)
         x = nn.with_logical_constraint(x + y, ACT_BxSxE)
@@ -151,7 +156,7 @@ class Transformer(nn.Module):
     remat_policy: Callable[..., Any] | None = None
     dtype: Dtype = jnp.bfloat16
     kernels: KernelsConfig = KernelsConfig()
-    interpret: bool = True  # Pallas kernels interpreted unless running on TPU
+    platform: str = "cpu"  # Pallas kernels run interpreted unless on tpu
     load_balanced: bool = False  # the sequence arrives in causal load-balanced order (context > 1)
 
     @nn.compact
@@ -169,7 +174,7 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         layers = stack(
-            cfg, self.dtype, self.kernels, self.interpret, self.load_balanced, name="layers"
+            cfg, self.dtype, self.kernels, self.platform, self.load_balanced, name="layers"
         )
         x, aux_per_layer = layers(x, positions_BxS)
         x = RMSNorm(cfg.norm_eps, self.dtype, name="final_norm")(x)

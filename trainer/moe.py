@@ -12,6 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig
+from trainer.dispatch import NATIVE_RAGGED_A2A, expert_parallel
 from trainer.kernels import grouped_matmul
 
 
@@ -24,7 +25,7 @@ class MoeBlock(nn.Module):
     cfg: ModelConfig
     dtype: Any
     kernels: KernelsConfig
-    interpret: bool
+    platform: str
 
     @nn.compact
     def __call__(self, x_BxSxE):
@@ -55,20 +56,7 @@ class MoeBlock(nn.Module):
         top_w_BxSxK = top_w_BxSxK / jnp.sum(top_w_BxSxK, axis=-1, keepdims=True)
 
         weights = (wi_0.astype(dt), wi_1.astype(dt), wo.astype(dt))
-        experts = functools.partial(_experts, kernels=self.kernels, interpret=self.interpret)
-        mesh = jax.sharding.get_abstract_mesh()
-        if self.kernels.moe_gmm == "megablox" and not self.interpret and not mesh.empty:
-            # A Pallas kernel cannot be partitioned by GSPMD: each device routes its own
-            # tokens through all experts (weights gathered), which is the same maths.
-            tokens_spec = P(BATCH_AXES, "context", None)
-            experts = jax.shard_map(
-                experts,
-                mesh=mesh,
-                in_specs=(tokens_spec, tokens_spec, tokens_spec, P()),
-                out_specs=tokens_spec,
-                check_vma=False,
-            )
-        y_BxSxE = experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
+        y_BxSxE = self._route(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
 
         # Switch-style balance loss: num_experts * sum_e(fraction routed to e * mean prob of e).
         tokens = b * s
@@ -78,9 +66,40 @@ class MoeBlock(nn.Module):
         aux_loss = n * jnp.sum(fraction_N * mean_prob_N) * cfg.load_balance_loss_weight
         return y_BxSxE, aux_loss
 
+    def _route(self, x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights):
+        interpret = self.platform != "tpu"
+        gmm = functools.partial(grouped_matmul, kernels=self.kernels, interpret=interpret)
+        mesh = jax.sharding.get_abstract_mesh()
+        tokens_spec = P(BATCH_AXES, "context", None)
+        if not mesh.empty and mesh.shape["expert"] > 1:
+            # Expert parallelism: tokens travel to their experts' devices (all-to-all).
+            body = functools.partial(
+                expert_parallel, gmm=gmm, native=self.platform in NATIVE_RAGGED_A2A, tag=_tag
+            )
+            w_in, w_out = P("expert", None, "tensor"), P("expert", "tensor", None)
+            return jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=(tokens_spec, tokens_spec, tokens_spec, (w_in, w_in, w_out)),
+                out_specs=tokens_spec,
+                check_vma=False,
+            )(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
+        experts = functools.partial(_experts, gmm=gmm)
+        if self.kernels.moe_gmm == "megablox" and not interpret and not mesh.empty:
+            # A Pallas kernel cannot be partitioned by GSPMD: each device routes its own
+            # tokens through all experts (weights gathered), which is the same maths.
+            experts = jax.shard_map(
+                experts,
+                mesh=mesh,
+                in_specs=(tokens_spec, tokens_spec, tokens_spec, P()),
+                out_specs=tokens_spec,
+                check_vma=False,
+            )
+        return experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
 
-def _experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, kernels: KernelsConfig, interpret: bool):
-    """Dropless routing: sort (token, choice) pairs by expert into ragged groups, run the
+
+def _experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, gmm):
+    """Dropless routing on one device: sort (token, choice) pairs by expert into ragged groups, run the
     grouped matmuls (ragged_dot or Megablox), unsort, and mix by router weight."""
     b, s, e = x_BxSxE.shape
     k = top_i_BxSxK.shape[-1]
@@ -91,13 +110,9 @@ def _experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, kernels: KernelsConfig,
     order = jnp.argsort(expert_of_slot, stable=True)
     x_sorted = jnp.take(x_TxE, order // k, axis=0)
     group_sizes = jnp.bincount(expert_of_slot, length=wi_0.shape[0]).astype(jnp.int32)
-
-    def gmm(lhs, rhs):
-        return grouped_matmul(lhs, rhs, group_sizes, kernels, interpret)
-
-    gate = _tag(gmm(x_sorted, wi_0), "mlpwi_0")
-    up = _tag(gmm(x_sorted, wi_1), "mlpwi_1")
-    out_sorted = _tag(gmm(jax.nn.silu(gate) * up, wo), "mlpwo")
+    gate = _tag(gmm(x_sorted, wi_0, group_sizes), "mlpwi_0")
+    up = _tag(gmm(x_sorted, wi_1, group_sizes), "mlpwi_1")
+    out_sorted = _tag(gmm(jax.nn.silu(gate) * up, wo, group_sizes), "mlpwo")
     out_TKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
     out_TxKxE = out_TKxE.reshape(tokens, k, e)
     y_TxE = jnp.einsum(

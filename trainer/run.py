@@ -76,7 +76,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
         config.model,
         checkpoint_policy(config.remat),
         kernels=kernels,
-        interpret=platform != "tpu",
+        platform=platform,
         load_balanced=degrees["context"] > 1 and config.mesh.context_load_balance,
     )
     model, provider = quantize(model, config.precision)
@@ -159,7 +159,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         tokens_per_step=program.global_batch * config.seq_len,
         mesh=program.degrees,
         global_batch=program.global_batch,
-        effects=knob_effects(config, platform),
+        effects=knob_effects(config, platform, program.degrees),
     )
 
     compiled, compile_s = compile_step(program)
