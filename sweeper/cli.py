@@ -212,6 +212,8 @@ def _print_result(result, space) -> None:
                 *["-" if _missing(row[c]) else str(row[c]) for c in knob_cols],
             )
     Console(width=max(console.width, 200)).print(table)  # wide: one row per trial, even in a pipe
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow] {note}")
     console.print(f"results: {result.sweep_dir}")
     db = result.tracking_uri
     console.print(

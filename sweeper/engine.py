@@ -16,7 +16,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from sweeper.inert import pin_inert
+from sweeper.inert import effect_caveats, pin_inert
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_sampler, make_sampler
 from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
@@ -61,6 +61,8 @@ class SweepResult:
     optuna_storage: str
     sweep_dir: Path
     counts: dict[str, int] = field(default_factory=dict)
+    # Values pinned before sampling, and knobs the trials reported inert/emulated/interpreted.
+    notes: list[str] = field(default_factory=list)
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
@@ -275,7 +277,11 @@ def finish(ctx: SweepContext) -> SweepResult:
                 sort_keys=False,
             )
         )
-    ctx.tracker.finish_sweep(best, counts)
+    notes = [
+        *(f"pinned: {n}" for n in ctx.inert_notes),
+        *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
+    ]
+    ctx.tracker.finish_sweep(best, counts, notes=notes)
     return SweepResult(
         space=ctx.space.name,
         sweep_id=ctx.sweep_id,
@@ -287,6 +293,7 @@ def finish(ctx: SweepContext) -> SweepResult:
         study_name=ctx.study_name,
         optuna_storage=ctx.optuna_storage,
         sweep_dir=ctx.sweep_dir,
+        notes=notes,
         counts=counts,
     )
 

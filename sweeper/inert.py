@@ -6,6 +6,8 @@ does not exist; so such values are dropped from the space, and the sweep says so
 
 from __future__ import annotations
 
+import json
+
 from sweeper.space import Knob, Space
 
 # Offload policies and their remat twins (what they compile to when host placement is dropped).
@@ -75,3 +77,22 @@ def pin_inert(space: Space) -> tuple[Space, list[str]]:
                 f"{key}: pinned to {first} on cpu (kernels are interpreted there: tiles have no speed meaning)"
             )
     return space.model_copy(update={"knobs": knobs}), notes
+
+
+def effect_caveats(effects_per_trial: list[str | None]) -> list[str]:
+    """What the trials themselves reported as not acting fully on their backend (the trainer's
+    `effects`: inert, emulated, interpreted), one line per knob and status with a trial count."""
+    seen: dict[tuple[str, str], tuple[str, int]] = {}
+    for raw in effects_per_trial:
+        if not raw or not isinstance(raw, str):
+            continue
+        for knob, effect in json.loads(raw).items():
+            if effect.get("status", "active") == "active":
+                continue
+            key = (knob, effect["status"])
+            reason, count = seen.get(key, (effect.get("reason", ""), 0))
+            seen[key] = (reason, count + 1)
+    return [
+        f"{knob} {status} in {count} trial{'s' if count > 1 else ''}: {reason}"
+        for (knob, status), (reason, count) in sorted(seen.items())
+    ]

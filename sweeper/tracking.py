@@ -187,7 +187,11 @@ class Tracker:
             self.client.log_artifact(run_id, str(path))
 
     def finish_sweep(
-        self, best: dict[str, Any] | None, counts: dict[str, int], status: str = "FINISHED"
+        self,
+        best: dict[str, Any] | None,
+        counts: dict[str, int],
+        status: str = "FINISHED",
+        notes: list[str] | None = None,
     ) -> None:
         metrics = {f"trials_{k}": float(v) for k, v in counts.items()}
         if best:
@@ -200,6 +204,8 @@ class Tracker:
             metrics=metrics,
             tags={"best_trial": str(best.get("trial_id")) if best else ""},
         )
+        if notes:
+            self.client.log_text(self.parent_run_id, "\n".join(notes) + "\n", "notes.txt")
         self.client.set_terminated(self.parent_run_id, status)
 
     def _batch(
@@ -284,6 +290,7 @@ class TrackingCallback(tune.Callback):
             "convergence_passed": final.get("convergence_passed"),
             "hardware": final.get("hardware", ""),
             "fidelity": final.get("fidelity", ""),
+            "effects": final.get("effects", ""),
             **{f"knob:{k}": v for k, v in self._point(trial).items()},
         }
         self.rows.append(row)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -251,8 +252,9 @@ def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path):
 
 
 def test_two_objectives_make_a_multi_objective_study(tmp_path):
+    # moe_short: its warm start (expert 4) runs first, and it has offload values to pin on CPU.
     result = run_sweep(
-        "smoke",
+        "moe_short",
         results_dir=tmp_path,
         trials=2,
         sampler="nsga2",
@@ -265,6 +267,13 @@ def test_two_objectives_make_a_multi_objective_study(tmp_path):
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     for t in study.trials:
         assert t.state == TrialState.COMPLETE and len(t.values) == 2 and t.values[1] > 0
+    # What did not act fully on the CPU is said with the result, and kept in MLflow.
+    assert any(n.startswith("pinned: remat.policy") for n in result.notes)
+    emulated = [n for n in result.notes if n.startswith("mesh.expert emulated in")]
+    assert emulated and "ragged all-to-all" in emulated[0]
+    client = MlflowClient(result.tracking_uri)
+    path = client.download_artifacts(result.parent_run_id, "notes.txt", str(tmp_path))
+    assert Path(path).read_text().splitlines() == result.notes
 
 
 AOT = {
