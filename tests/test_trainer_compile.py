@@ -66,15 +66,22 @@ SMALL_MOE = {**SMALL, "num_experts": 4, "experts_per_token": 2, "mlp_dim": 512}
 def test_expert_parallel_program_dispatches_tokens_by_ragged_all_to_all(tmp_path):
     """With an expert axis, tokens travel to their experts by ragged all-to-all (dispatch and
     combine, forward and backward); without one there is no ragged exchange."""
+    megablox = {"moe_gmm": "megablox", "gmm_tm": 128, "gmm_tk": 128, "gmm_tn": 128}
+    cases = {
+        "ep2": {"mesh": {"fsdp": 4, "expert": 2}},
+        "ep2_megablox": {"mesh": {"fsdp": 4, "expert": 2}, "kernels": megablox},
+        "ep1": {"mesh": {"fsdp": 8}},
+    }
     counts = {}
-    for name, mesh in (("ep2", {"fsdp": 4, "expert": 2}), ("ep1", {"fsdp": 8})):
+    for name, case in cases.items():
         (tmp_path / name).mkdir()
-        code, events, err = _compile(tmp_path / name, {"model": SMALL_MOE, "mesh": mesh})
+        code, events, err = _compile(tmp_path / name, {"model": SMALL_MOE, **case})
         assert code == 0, err[-2000:]
         counts[name] = events["compiled"]["collectives"]
-        if name == "ep2":
+        if name != "ep1":
             assert events["accepted"]["effects"]["mesh.expert"]["status"] == "active"
-    assert counts["ep2"]["ragged-all-to-all"] >= 4  # dispatch + combine, and their transposes
+    for name in ("ep2", "ep2_megablox"):  # dispatch + combine, and their transposes
+        assert counts[name]["ragged-all-to-all"] >= 4, (name, counts[name])
     assert counts["ep1"]["ragged-all-to-all"] == 0
 
 

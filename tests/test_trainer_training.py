@@ -47,6 +47,7 @@ MESHES = {
     "mixed": ("tiny-dense", {"data": 2, "fsdp": 2, "tensor": 2}),
     "expert": ("tiny-moe", {"fsdp": 2, "expert": 4}),
     "expert_tensor": ("tiny-moe", {"expert": 4, "tensor": 2}),
+    "expert_context": ("tiny-moe", {"expert": 4, "context": 2}),
 }
 
 
