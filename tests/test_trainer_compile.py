@@ -85,6 +85,27 @@ def test_expert_parallel_program_dispatches_tokens_by_ragged_all_to_all(tmp_path
     assert counts["ep1"]["ragged-all-to-all"] == 0
 
 
+def test_capacity_factor_shrinks_expert_parallel_memory(tmp_path):
+    """Dropless EP receives into expert x the device's slots; capacity 1.0 into about 1x."""
+    model = {**SMALL_MOE, "num_experts": 8}
+    temp = {}
+    for cap in (-1.0, 1.0):
+        (tmp_path / str(cap)).mkdir()
+        config = {
+            "model": {**model, "capacity_factor": cap},
+            "mesh": {"fsdp": 1, "expert": 8},
+            "seq_len": 1024,
+            "remat": {"policy": "minimal"},
+        }
+        code, events, err = _compile(tmp_path / str(cap), config)
+        assert code == 0, err[-2000:]
+        temp[cap] = events["compiled"]["memory_per_device"]["temp_size_in_bytes"]
+        estimated = events["summary"]["est_memory_per_device"]["activations"]
+        temp[f"est{cap}"] = estimated
+    assert temp[1.0] < 0.5 * temp[-1.0], temp  # measured: 48.6 MiB vs 290 MiB
+    assert temp["est1.0"] < temp["est-1.0"]  # the analytic model sees the buffer too
+
+
 def test_summary_labels_every_figure(remat_pair):
     summary = remat_pair["full"][1]["summary"]
     assert summary["hardware"] == "TPU7x" and summary["chips"] == 4

@@ -41,6 +41,11 @@ def test_preset_fills_fields_and_explicit_fields_win():
         ),
         ({"remat": {"policy": "custom", "custom": {"bogus": "device"}}}, "remat", "unknown tensor"),
         ({"seq_len": 1}, "seq_len", "greater than or equal"),
+        (
+            {"model": {"preset": "tiny-moe", "capacity_factor": 0}},
+            "model",
+            "capacity_factor (0.0) must be -1 (dropless) or > 0",
+        ),
     ],
 )
 def test_bad_config_names_the_field(change, field, fragment):
@@ -57,3 +62,12 @@ def test_mesh_fill_and_impossible_products():
         load_config(trial(mesh={"fsdp": -1, "tensor": 3})).mesh.resolve(8)
     with pytest.raises(ConfigError, match="product of degrees"):
         load_config(trial(mesh={"fsdp": 2, "tensor": 2})).mesh.resolve(8)
+
+
+def test_convergence_reference_of_a_capacity_trial_is_dropless():
+    """Dropping slots changes numerics: such a trial is judged against dropless routing."""
+    capped = load_config(trial() | {"model": {"preset": "tiny-moe", "capacity_factor": 1.25}})
+    assert not capped.is_baseline_numerics
+    reference = capped.baseline()
+    assert reference.model.capacity_factor == -1.0 and reference.is_baseline_numerics
+    assert reference.model.num_experts == capped.model.num_experts

@@ -12,9 +12,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import BATCH_AXES, KernelsConfig
-from trainer.dispatch import emulated_ragged_all_to_all, expert_parallel
+from trainer.dispatch import emulated_ragged_all_to_all, expert_parallel, local_experts
 from trainer.kernels import grouped_matmul
-from trainer.moe import _experts
 from trainer.sharding import build_mesh
 
 
@@ -90,16 +89,21 @@ def _moe_inputs(n_experts: int, k: int, routing: str):
 
 
 @pytest.mark.parametrize(
-    "routing,gmm_impl,degrees",
+    "routing,gmm_impl,degrees,capacity",
     [
-        ("random", "ragged_dot", {"expert": 4, "tensor": 2}),
-        ("one_expert", "ragged_dot", {"expert": 8}),
-        ("random", "megablox", {"expert": 2, "fsdp": 4}),
+        ("random", "ragged_dot", {"expert": 4, "tensor": 2}, -1.0),
+        ("one_expert", "ragged_dot", {"expert": 8}, -1.0),
+        ("random", "megablox", {"expert": 2, "fsdp": 4}, -1.0),
+        ("random", "ragged_dot", {"expert": 4, "tensor": 2}, 1.0),
+        ("one_expert", "ragged_dot", {"expert": 8}, 2.0),
     ],
 )
-def test_expert_parallel_dispatch_equals_single_device_routing(routing, gmm_impl, degrees):
-    """Outputs and gradients (tokens and expert weights) of the sharded dispatch equal the
-    single-device computation, including when every slot goes to one shard."""
+def test_expert_parallel_dispatch_equals_single_device_routing(
+    routing, gmm_impl, degrees, capacity
+):
+    """Outputs and gradients (tokens and expert weights) of the sharded dispatch equal each
+    device group routed on one device: dropless, with every slot sent to one shard, and with
+    a capacity that drops slots."""
     full = {"data": 1, "fsdp": 1, "context": 1, "expert": 1, "tensor": 1, **degrees}
     mesh = build_mesh(full, jax.devices()[:8])
     kernels = KernelsConfig(moe_gmm=gmm_impl, gmm_tm=32, gmm_tk=32, gmm_tn=32)
@@ -108,13 +112,20 @@ def test_expert_parallel_dispatch_equals_single_device_routing(routing, gmm_impl
     tokens = P(BATCH_AXES, "context", None)
     w_in, w_out = P("expert", None, "tensor"), P("expert", "tensor", None)
     sharded = jax.shard_map(
-        functools.partial(expert_parallel, gmm=gmm, native=False),
+        functools.partial(expert_parallel, gmm=gmm, native=False, capacity_factor=capacity),
         mesh=mesh,
         in_specs=(tokens, tokens, tokens, (w_in, w_in, w_out)),
         out_specs=tokens,
         check_vma=False,
     )
-    reference = functools.partial(_experts, gmm=gmm)
+    groups = full["data"] * full["fsdp"] * full["expert"]  # batch shards; context is 1 here
+
+    def reference(x, top_i, top_w, w):
+        # Capacity is per device token group: route each group on its own.
+        route = functools.partial(local_experts, gmm=gmm, capacity_factor=capacity)
+        parts = zip(*(jnp.split(a, groups) for a in (x, top_i, top_w)), strict=True)
+        return jnp.concatenate([route(*part, w) for part in parts])
+
     cot = jnp.asarray(np.random.default_rng(2).normal(size=x.shape).astype(np.float32))
 
     def loss(fn, x, w):
@@ -128,3 +139,17 @@ def test_expert_parallel_dispatch_equals_single_device_routing(routing, gmm_impl
     np.testing.assert_allclose(got, want, rtol=1e-4)
     for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_capacity_keeps_the_first_slots_of_an_overloaded_expert():
+    x, top_i, top_w, weights = _moe_inputs(8, 2, "one_expert")  # choice 0 -> expert 0
+    top_w = top_w.at[..., 1].set(0.0)  # look at expert 0's contribution only
+    gmm = functools.partial(grouped_matmul, kernels=KernelsConfig(), interpret=True)
+    tokens = x.shape[0] * x.shape[1]
+    dropless = local_experts(x, top_i, top_w, weights, gmm=gmm).reshape(tokens, -1)
+    capped = local_experts(x, top_i, top_w, weights, gmm=gmm, capacity_factor=1.0)
+    capped = capped.reshape(tokens, -1)
+    # ceil(1.0 x slots / experts) = tokens * 2 / 8 slots kept, the earliest tokens first.
+    kept = tokens * 2 // 8
+    np.testing.assert_allclose(capped[:kept], dropless[:kept], rtol=1e-5)
+    assert np.all(np.asarray(capped[kept:]) == 0) and np.all(np.abs(dropless[kept:]) > 0)

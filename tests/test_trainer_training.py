@@ -66,6 +66,18 @@ def test_sharded_losses_match_unsharded(name, unsharded_losses):
     np.testing.assert_allclose(losses, unsharded_losses[model], rtol=2e-3)
 
 
+def test_capacity_drops_slots_the_same_way_with_or_without_expert_parallelism():
+    """Capacity is per device token group; fsdp 8 and fsdp 2 x expert 4 group tokens the same
+    way (one batch row per device), so they drop the same slots and train identically, and
+    differently from dropless routing."""
+    capped = {"model": {"preset": "tiny-moe", "capacity_factor": 1.0}}
+    fsdp = _losses(trial(mesh={"fsdp": 8}) | capped)
+    expert = _losses(trial(mesh={"fsdp": 2, "expert": 4}) | capped)
+    dropless = _losses(trial("tiny-moe", mesh={"fsdp": 8}))
+    np.testing.assert_allclose(expert, fsdp, rtol=2e-3)
+    assert abs(fsdp[0] - dropless[0]) > 1e-4  # slots were dropped from the first step
+
+
 def test_load_balance_pairs_early_and_late_chunks():
     order = load_balance_order(16, context=2)  # 4 chunks of 4
     shard0, shard1 = order[:8], order[8:]

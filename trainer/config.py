@@ -112,10 +112,10 @@ class ModelConfig(_Frozen):
                 raise ValueError(
                     f"experts_per_token ({self.experts_per_token}) must be in 1..num_experts ({self.num_experts})"
                 )
-            if self.capacity_factor != -1.0:
+            if self.capacity_factor != -1.0 and self.capacity_factor <= 0:
                 raise ValueError(
-                    "capacity_factor: only dropless routing (-1) is implemented; "
-                    "set capacity_factor: -1"
+                    f"capacity_factor ({self.capacity_factor}) must be -1 (dropless) or > 0 "
+                    "(slots each expert accepts per device, as a multiple of the balanced share)"
                 )
         elif self.experts_per_token:
             raise ValueError("experts_per_token is set but num_experts is 0 (dense model)")
@@ -408,9 +408,10 @@ class TrialConfig(_Frozen):
 
     def baseline(self) -> TrialConfig:
         """The same recipe with baseline numerics (bf16, XLA attention without a max-logit
-        estimate, ragged_dot) and no faults: the convergence reference."""
+        estimate, ragged_dot, dropless routing) and no faults: the convergence reference."""
         return self.model_copy(
             update={
+                "model": self.model.model_copy(update={"capacity_factor": -1.0}),
                 "fault": FaultConfig(),
                 "precision": PrecisionConfig(),
                 "kernels": KernelsConfig(),
@@ -420,8 +421,8 @@ class TrialConfig(_Frozen):
 
     @property
     def is_baseline_numerics(self) -> bool:
-        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig())
-        return (self.fault, self.precision, self.kernels) == baseline
+        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig(), -1.0)
+        return (self.fault, self.precision, self.kernels, self.model.capacity_factor) == baseline
 
 
 def global_batch_size(config: TrialConfig, num_devices: int) -> int:

@@ -1,11 +1,17 @@
-"""Expert parallelism: send each token to the devices that hold its experts, and back.
+"""Routing (token, choice) slots through the experts: on one device, or across devices.
 
-Runs per device under shard_map over the whole mesh. Tokens are sharded over the batch
+`local_experts` routes a device's slots through all experts it holds. `expert_parallel`
+runs per device under shard_map over the whole mesh. Tokens are sharded over the batch
 axes (which include `expert`) and `context`; expert weights over `expert`, their mlp
 dimension over `tensor`. Each device sorts its (token, choice) slots by expert, sends every
 expert shard its slots with one ragged all-to-all, runs its local experts as one grouped
 matmul, and returns the results with a second ragged all-to-all. The receive buffer holds
-the worst case (every peer routes every slot to this shard), so no token is ever dropped.
+the worst case (every peer routes every slot to this shard), so no token is dropped.
+
+With `capacity_factor` > 0 each expert accepts at most ceil(factor x slots / experts)
+slots from one device's token group (MaxText's capacity semantics: earlier slots first);
+the rest are dropped (their expert output is zero, the residual carries the token), and
+the expert-parallel receive buffer shrinks to about factor x slots.
 
 XLA:CPU has no ragged-all-to-all; there the same exchange is emulated with an all-gather,
 following the documented semantics exactly, so CPU runs check the routing arithmetic.
@@ -13,6 +19,7 @@ following the documented semantics exactly, so CPU runs check the routing arithm
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -59,6 +66,66 @@ def emulated_ragged_all_to_all(
     return result
 
 
+def expert_capacity(slots: int, num_experts: int, factor: float) -> int | None:
+    """Slots each expert accepts from one token group of `slots`; None is dropless."""
+    if factor <= 0:
+        return None
+    return max(1, math.ceil(factor * slots / num_experts))
+
+
+def sort_slots(expert_of_slot, num_experts: int, capacity: int | None):
+    """Order putting kept slots first, grouped by expert (stable), dropped slots last; and the
+    kept count of each expert."""
+    counts = jnp.bincount(expert_of_slot, length=num_experts).astype(jnp.int32)
+    order = jnp.argsort(expert_of_slot, stable=True)
+    if capacity is None:
+        return order, counts
+    expert_sorted = expert_of_slot[order]
+    rank = jnp.arange(expert_of_slot.shape[0]) - (jnp.cumsum(counts) - counts)[expert_sorted]
+    key = jnp.where(rank < capacity, expert_sorted, num_experts)
+    return order[jnp.argsort(key, stable=True)], jnp.minimum(counts, capacity)
+
+
+def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Callable):
+    """SwiGLU experts as grouped matmuls over sorted rows. Rows past `rows_used` belong to no
+    group; they are kept exactly zero so that no kernel's unwritten rows reach a gradient."""
+    wi_0, wi_1, wo = weights
+    valid = (jnp.arange(h_MxE.shape[0]) < rows_used)[:, None]
+    gate = tag(gmm(h_MxE, wi_0, group_sizes), "mlpwi_0")
+    up = tag(gmm(h_MxE, wi_1, group_sizes), "mlpwi_1")
+    act = jnp.where(valid, jax.nn.silu(gate) * up, 0).astype(h_MxE.dtype)
+    return jnp.where(valid, tag(gmm(act, wo, group_sizes), "mlpwo"), 0).astype(h_MxE.dtype)
+
+
+def combine(out_sorted, order, top_w_BxSxK, dtype):
+    """Unsort slot outputs and mix each token's k expert outputs by router weight."""
+    b, s, k = top_w_BxSxK.shape
+    out_TxKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted).reshape(b * s, k, -1)
+    y_TxE = jnp.einsum("tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(b * s, k).astype(dtype))
+    return y_TxE.reshape(b, s, -1)
+
+
+def local_experts(
+    x_BxSxE,
+    top_i_BxSxK,
+    top_w_BxSxK,
+    weights,
+    *,
+    gmm: Callable,
+    capacity_factor: float = -1.0,
+    tag: Callable = lambda x, name: x,
+):
+    """Every slot of this token group through the experts held here (all of them)."""
+    b, s, e = x_BxSxE.shape
+    k = top_i_BxSxK.shape[-1]
+    n = weights[0].shape[0]
+    capacity = expert_capacity(b * s * k, n, capacity_factor)
+    order, counts = sort_slots(top_i_BxSxK.reshape(b * s * k), n, capacity)
+    x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
+    out_sorted = expert_mlp(x_sorted, weights, counts, jnp.sum(counts), gmm, tag)
+    return combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
+
+
 def expert_parallel(
     x_BxSxE,
     top_i_BxSxK,
@@ -67,30 +134,33 @@ def expert_parallel(
     *,
     gmm: Callable,
     native: bool,
+    capacity_factor: float = -1.0,
     tag: Callable = lambda x, name: x,
 ):
     """Per-device body: dispatch slots to expert shards, run local experts, combine."""
-    wi_0, wi_1, wo = weights  # local: (L, E, F/tp), (L, E, F/tp), (L, F/tp, E)
+    # weights here: wi_0, wi_1 (L, E, F/tp) and wo (L, F/tp, E) for the L local experts
     b, s, e = x_BxSxE.shape
     k = top_i_BxSxK.shape[-1]
-    local = wi_0.shape[0]
+    local = weights[0].shape[0]
     ep = jax.lax.axis_size(EXPERT)
     me = jax.lax.axis_index(EXPERT)
     slots = b * s * k
 
-    expert_of_slot = top_i_BxSxK.reshape(slots)
-    order = jnp.argsort(expert_of_slot, stable=True)
+    capacity = expert_capacity(slots, ep * local, capacity_factor)
+    order, counts = sort_slots(top_i_BxSxK.reshape(slots), ep * local, capacity)
     x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
-    # counts[d, l]: my slots for local expert l of shard d. all_counts[src, dst, l].
-    counts_DxL = jnp.bincount(expert_of_slot, length=ep * local).astype(jnp.int32)
-    counts_DxL = counts_DxL.reshape(ep, local)
+    # counts[d, l]: my kept slots for local expert l of shard d. all_counts[src, dst, l].
+    counts_DxL = counts.reshape(ep, local)
     all_counts = jax.lax.all_gather(counts_DxL, EXPERT)
     sizes_SxD = all_counts.sum(axis=2)
     send_offsets_SxD = jnp.cumsum(sizes_SxD, axis=1) - sizes_SxD  # in each source's sorted slots
     land_SxD = jnp.cumsum(sizes_SxD, axis=0) - sizes_SxD  # in each destination's buffer
     send_D, recv_S = sizes_SxD[me], sizes_SxD[:, me]
 
-    buffer_rows = ep * slots
+    # Worst case: every peer's kept slots for my experts, in whole multiples of `slots`
+    # (so a GMM row tile dividing the slots divides the buffer).
+    peers = ep if capacity is None else min(ep, math.ceil(ep * local * capacity / slots))
+    buffer_rows = peers * slots
     received = ragged_all_to_all(
         x_sorted,
         jnp.zeros((buffer_rows, e), x_sorted.dtype),
@@ -110,13 +180,7 @@ def expert_parallel(
     regroup = jnp.argsort(row_expert, stable=True)
     h = jnp.take(received, regroup, axis=0)
     groups_L = to_me_SxL.sum(axis=0)
-    # Rows past the received total belong to no group; keep them exactly zero so that no
-    # kernel's unwritten rows can reach a gradient.
-    valid = (jnp.arange(buffer_rows) < total)[:, None]
-    gate = tag(gmm(h, wi_0, groups_L), "mlpwi_0")
-    up = tag(gmm(h, wi_1, groups_L), "mlpwi_1")
-    act = jnp.where(valid, jax.nn.silu(gate) * up, 0).astype(h.dtype)
-    out = jnp.where(valid, tag(gmm(act, wo, groups_L), "mlpwo"), 0).astype(h.dtype)
+    out = expert_mlp(h, weights, groups_L, total, gmm, tag)
     out_received = jnp.zeros_like(out).at[regroup].set(out)
 
     out_sorted = ragged_all_to_all(
@@ -128,9 +192,8 @@ def expert_parallel(
         send_D,
         native=native,
     )
-    out_TxKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted).reshape(b * s, k, e)
-    y_TxE = jnp.einsum("tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(b * s, k).astype(x_BxSxE.dtype))
+    y_BxSxE = combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
     # The mlp dimension is split over `tensor`: each device holds a partial sum.
     if jax.lax.axis_size(TENSOR) > 1:
-        y_TxE = jax.lax.psum(y_TxE, TENSOR)
-    return y_TxE.reshape(b, s, e)
+        y_BxSxE = jax.lax.psum(y_BxSxE, TENSOR)
+    return y_BxSxE

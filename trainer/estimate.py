@@ -6,6 +6,7 @@ Compile trials reuse it with the compiler's real memory in place of the estimate
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainer.config import TrialConfig, check_static, global_batch_size
@@ -119,8 +120,12 @@ def memory_per_device(
             / degrees["tensor"]
             * BF16
         )
-        # Expert parallelism receives into a worst-case (dropless) buffer: expert x the slots.
-        rows = tokens_local * (m.experts_per_token or 1) * (degrees["expert"] if m.is_moe else 1)
+        # Expert parallelism receives into a buffer of whole multiples of the device's slots:
+        # expert x (dropless worst case), or about capacity_factor x with a capacity.
+        peers = degrees["expert"] if m.is_moe else 1
+        if m.is_moe and m.capacity_factor > 0:
+            peers = min(peers, math.ceil(m.capacity_factor))
+        rows = tokens_local * (m.experts_per_token or 1) * peers
         mlp = rows * m.mlp_dim * 2 / degrees["tensor"] * BF16
         saved_per_layer += {
             "save_qkv_proj": qkv,

@@ -12,7 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig
-from trainer.dispatch import NATIVE_RAGGED_A2A, expert_parallel
+from trainer.dispatch import NATIVE_RAGGED_A2A, expert_parallel, local_experts
 from trainer.kernels import grouped_matmul
 
 
@@ -69,12 +69,13 @@ class MoeBlock(nn.Module):
     def _route(self, x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights):
         interpret = self.platform != "tpu"
         gmm = functools.partial(grouped_matmul, kernels=self.kernels, interpret=interpret)
+        common = {"gmm": gmm, "capacity_factor": self.cfg.capacity_factor, "tag": _tag}
         mesh = jax.sharding.get_abstract_mesh()
         tokens_spec = P(BATCH_AXES, "context", None)
         if not mesh.empty and mesh.shape["expert"] > 1:
             # Expert parallelism: tokens travel to their experts' devices (all-to-all).
             body = functools.partial(
-                expert_parallel, gmm=gmm, native=self.platform in NATIVE_RAGGED_A2A, tag=_tag
+                expert_parallel, native=self.platform in NATIVE_RAGGED_A2A, **common
             )
             w_in, w_out = P("expert", None, "tensor"), P("expert", "tensor", None)
             return jax.shard_map(
@@ -84,10 +85,11 @@ class MoeBlock(nn.Module):
                 out_specs=tokens_spec,
                 check_vma=False,
             )(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
-        experts = functools.partial(_experts, gmm=gmm)
-        if self.kernels.moe_gmm == "megablox" and not interpret and not mesh.empty:
-            # A Pallas kernel cannot be partitioned by GSPMD: each device routes its own
-            # tokens through all experts (weights gathered), which is the same maths.
+        experts = functools.partial(local_experts, **common)
+        megablox_on_tpu = self.kernels.moe_gmm == "megablox" and not interpret
+        if not mesh.empty and (megablox_on_tpu or self.cfg.capacity_factor > 0):
+            # Each device routes its own tokens through all experts (weights gathered): a
+            # Pallas kernel cannot be partitioned by GSPMD, and capacity is per device group.
             experts = jax.shard_map(
                 experts,
                 mesh=mesh,
@@ -96,26 +98,3 @@ class MoeBlock(nn.Module):
                 check_vma=False,
             )
         return experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
-
-
-def _experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, gmm):
-    """Dropless routing on one device: sort (token, choice) pairs by expert into ragged groups, run the
-    grouped matmuls (ragged_dot or Megablox), unsort, and mix by router weight."""
-    b, s, e = x_BxSxE.shape
-    k = top_i_BxSxK.shape[-1]
-    wi_0, wi_1, wo = weights
-    tokens = b * s
-    x_TxE = x_BxSxE.reshape(tokens, e)
-    expert_of_slot = top_i_BxSxK.reshape(tokens * k)
-    order = jnp.argsort(expert_of_slot, stable=True)
-    x_sorted = jnp.take(x_TxE, order // k, axis=0)
-    group_sizes = jnp.bincount(expert_of_slot, length=wi_0.shape[0]).astype(jnp.int32)
-    gate = _tag(gmm(x_sorted, wi_0, group_sizes), "mlpwi_0")
-    up = _tag(gmm(x_sorted, wi_1, group_sizes), "mlpwi_1")
-    out_sorted = _tag(gmm(jax.nn.silu(gate) * up, wo, group_sizes), "mlpwo")
-    out_TKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
-    out_TxKxE = out_TKxE.reshape(tokens, k, e)
-    y_TxE = jnp.einsum(
-        "tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(tokens, k).astype(x_BxSxE.dtype)
-    )
-    return y_TxE.reshape(b, s, e)
