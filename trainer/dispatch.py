@@ -86,6 +86,16 @@ def sort_slots(expert_of_slot, num_experts: int, capacity: int | None):
     return order[jnp.argsort(key, stable=True)], jnp.minimum(counts, capacity)
 
 
+def sorted_slots(x_BxSxE, top_i_BxSxK, num_experts: int, capacity_factor: float):
+    """This group's token rows, one per (token, choice) slot, in `sort_slots` order."""
+    b, s, e = x_BxSxE.shape
+    k = top_i_BxSxK.shape[-1]
+    capacity = expert_capacity(b * s * k, num_experts, capacity_factor)
+    order, counts = sort_slots(top_i_BxSxK.reshape(b * s * k), num_experts, capacity)
+    x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
+    return x_sorted, order, counts, capacity
+
+
 def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Callable):
     """SwiGLU experts as grouped matmuls over sorted rows. Rows past `rows_used` belong to no
     group; they are kept exactly zero so that no kernel's unwritten rows reach a gradient."""
@@ -116,12 +126,8 @@ def local_experts(
     tag: Callable = lambda x, name: x,
 ):
     """Every slot of this token group through the experts held here (all of them)."""
-    b, s, e = x_BxSxE.shape
-    k = top_i_BxSxK.shape[-1]
     n = weights[0].shape[0]
-    capacity = expert_capacity(b * s * k, n, capacity_factor)
-    order, counts = sort_slots(top_i_BxSxK.reshape(b * s * k), n, capacity)
-    x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
+    x_sorted, order, counts, _ = sorted_slots(x_BxSxE, top_i_BxSxK, n, capacity_factor)
     out_sorted = expert_mlp(x_sorted, weights, counts, jnp.sum(counts), gmm, tag)
     return combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
 
@@ -139,16 +145,13 @@ def expert_parallel(
 ):
     """Per-device body: dispatch slots to expert shards, run local experts, combine."""
     # weights here: wi_0, wi_1 (L, E, F/tp) and wo (L, F/tp, E) for the L local experts
-    b, s, e = x_BxSxE.shape
-    k = top_i_BxSxK.shape[-1]
     local = weights[0].shape[0]
     ep = jax.lax.axis_size(EXPERT)
     me = jax.lax.axis_index(EXPERT)
-    slots = b * s * k
-
-    capacity = expert_capacity(slots, ep * local, capacity_factor)
-    order, counts = sort_slots(top_i_BxSxK.reshape(slots), ep * local, capacity)
-    x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
+    x_sorted, order, counts, capacity = sorted_slots(
+        x_BxSxE, top_i_BxSxK, ep * local, capacity_factor
+    )
+    slots, e = x_sorted.shape
     # counts[d, l]: my kept slots for local expert l of shard d. all_counts[src, dst, l].
     counts_DxL = counts.reshape(ep, local)
     all_counts = jax.lax.all_gather(counts_DxL, EXPERT)
