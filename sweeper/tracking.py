@@ -18,17 +18,11 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from sweeper.search import OPTUNA_NUMBER_KEY
-from sweeper.space import Space, assemble
+from sweeper.space import MEASURED_METRICS, Space, assemble
 
 STEP_METRICS = ("loss", "aux_loss", "grad_norm", "step_time_s", "tokens_per_sec_per_chip_running")
 FINAL_METRICS = (
-    "tokens_per_sec",
-    "tokens_per_sec_per_chip",
-    "tokens_per_sec_per_device",
-    "tflops_per_sec_per_chip",
-    "mfu",
-    "step_time_median_s",
-    "step_time_p90_s",
+    *MEASURED_METRICS,
     "hbm_per_device_gib",
     "compile_s",
     "final_loss",

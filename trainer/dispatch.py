@@ -19,11 +19,12 @@ following the documented semantics exactly, so CPU runs check the routing arithm
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+from trainer.capacity import expert_capacity, receive_buffer_groups
 
 EXPERT, TENSOR = "expert", "tensor"
 
@@ -66,13 +67,6 @@ def emulated_ragged_all_to_all(
     return result
 
 
-def expert_capacity(slots: int, num_experts: int, factor: float) -> int | None:
-    """Slots each expert accepts from one token group of `slots`; None is dropless."""
-    if factor <= 0:
-        return None
-    return max(1, math.ceil(factor * slots / num_experts))
-
-
 def sort_slots(expert_of_slot, num_experts: int, capacity: int | None):
     """Order putting kept slots first, grouped by expert (stable), dropped slots last; and the
     kept count of each expert."""
@@ -93,7 +87,7 @@ def sorted_slots(x_BxSxE, top_i_BxSxK, num_experts: int, capacity_factor: float)
     capacity = expert_capacity(b * s * k, num_experts, capacity_factor)
     order, counts = sort_slots(top_i_BxSxK.reshape(b * s * k), num_experts, capacity)
     x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
-    return x_sorted, order, counts, capacity
+    return x_sorted, order, counts
 
 
 def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Callable):
@@ -127,7 +121,7 @@ def local_experts(
 ):
     """Every slot of this token group through the experts held here (all of them)."""
     n = weights[0].shape[0]
-    x_sorted, order, counts, _ = sorted_slots(x_BxSxE, top_i_BxSxK, n, capacity_factor)
+    x_sorted, order, counts = sorted_slots(x_BxSxE, top_i_BxSxK, n, capacity_factor)
     out_sorted = expert_mlp(x_sorted, weights, counts, jnp.sum(counts), gmm, tag)
     return combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
 
@@ -148,9 +142,7 @@ def expert_parallel(
     local = weights[0].shape[0]
     ep = jax.lax.axis_size(EXPERT)
     me = jax.lax.axis_index(EXPERT)
-    x_sorted, order, counts, capacity = sorted_slots(
-        x_BxSxE, top_i_BxSxK, ep * local, capacity_factor
-    )
+    x_sorted, order, counts = sorted_slots(x_BxSxE, top_i_BxSxK, ep * local, capacity_factor)
     slots, e = x_sorted.shape
     # counts[d, l]: my kept slots for local expert l of shard d. all_counts[src, dst, l].
     counts_DxL = counts.reshape(ep, local)
@@ -160,10 +152,7 @@ def expert_parallel(
     land_SxD = jnp.cumsum(sizes_SxD, axis=0) - sizes_SxD  # in each destination's buffer
     send_D, recv_S = sizes_SxD[me], sizes_SxD[:, me]
 
-    # Worst case: every peer's kept slots for my experts, in whole multiples of `slots`
-    # (so a GMM row tile dividing the slots divides the buffer).
-    peers = ep if capacity is None else min(ep, math.ceil(ep * local * capacity / slots))
-    buffer_rows = peers * slots
+    buffer_rows = receive_buffer_groups(slots, ep * local, ep, capacity_factor) * slots
     received = ragged_all_to_all(
         x_sorted,
         jnp.zeros((buffer_rows, e), x_sorted.dtype),

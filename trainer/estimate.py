@@ -6,9 +6,9 @@ Compile trials reuse it with the compiler's real memory in place of the estimate
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from trainer.capacity import receive_buffer_groups
 from trainer.config import TrialConfig, check_static, global_batch_size
 from trainer.hardware import Accelerator
 from trainer.metrics import training_flops_per_step
@@ -120,12 +120,14 @@ def memory_per_device(
             / degrees["tensor"]
             * BF16
         )
-        # Expert parallelism receives into a buffer of whole multiples of the device's slots:
-        # expert x (dropless worst case), or about capacity_factor x with a capacity.
-        peers = degrees["expert"] if m.is_moe else 1
-        if m.is_moe and m.capacity_factor > 0:
-            peers = min(peers, math.ceil(m.capacity_factor))
-        rows = tokens_local * (m.experts_per_token or 1) * peers
+        # Expert parallelism receives into a buffer of whole multiples of the device's slots.
+        slots = tokens_local * (m.experts_per_token or 1)
+        groups = (
+            receive_buffer_groups(round(slots), m.num_experts, degrees["expert"], m.capacity_factor)
+            if m.is_moe
+            else 1
+        )
+        rows = slots * groups
         mlp = rows * m.mlp_dim * 2 / degrees["tensor"] * BF16
         saved_per_layer += {
             "save_qkv_proj": qkv,
