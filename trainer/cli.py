@@ -41,9 +41,11 @@ def _prepare_environment(config: TrialConfig) -> None:
         os.environ["LIBTPU_INIT_ARGS"] = " ".join(
             [os.environ.get("LIBTPU_INIT_ARGS", ""), *flags]
         ).strip()
-    # libtpu probes for TPU hosts at import; on a host without them that is noise (TPU7X.md).
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    if config.backend == "cpu" or config.compile_target:
+        # libtpu probes for TPU hosts at import; on a host without them that is noise
+        # (TPU7X.md). Never on a real TPU host: a multi-host slice reads these to find its peers.
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 def _estimate(config: TrialConfig) -> dict:
@@ -68,8 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--estimate-only", action="store_true", help="analytic estimate for --target"
     )
+    parser.add_argument(
+        "--coordinator", help="host:port of process 0 (multi-host trials: jax.distributed)"
+    )
+    parser.add_argument(
+        "--num-processes", type=int, default=1, help="trainer processes in the trial"
+    )
+    parser.add_argument("--process-id", type=int, default=0, help="this process' index (0 speaks)")
     args = parser.parse_args(argv)
-    emitter = Emitter()
+    # In a multi-host trial process 0 writes the event stream; the others only their failures.
+    emitter = Emitter(only=None if args.process_id == 0 else frozenset({"failure"}))
     phase = "configure"
     try:
         config = _read_config(args.config)
@@ -91,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             phase = "compile"
             emitter.emit("summary", **compile_for_target(config, emitter))
             return 0
+        if args.num_processes > 1:
+            from trainer.distributed import initialize
+
+            initialize(config, args.coordinator, args.num_processes, args.process_id)
         from trainer.run import train  # imports JAX: after the environment is set
 
         phase = "compile"

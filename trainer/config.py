@@ -353,6 +353,12 @@ class FaultConfig(_Frozen):
 
     nan_at_step: int | None = Field(default=None, ge=0)
     grad_scale: float = 1.0
+    crash_at_step: int | None = Field(
+        default=None, ge=0, description="the process `crash_process` kills itself (SIGKILL) here"
+    )
+    crash_process: int = Field(
+        default=0, ge=0, description="which trainer process of a multi-host trial crashes"
+    )
 
 
 class TrialConfig(_Frozen):

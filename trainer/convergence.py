@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,16 @@ DEFAULT_CACHE = Path(os.environ.get("SWEEPER_CACHE_DIR", Path.home() / ".cache" 
 
 
 def cache_dir(config: TrialConfig) -> Path:
-    return Path(config.convergence.cache_dir) if config.convergence.cache_dir else DEFAULT_CACHE
+    """The sweep's shared cache; a host that cannot write there keeps its own (the reference
+    is then computed by the trial itself)."""
+    path = Path(config.convergence.cache_dir) if config.convergence.cache_dir else DEFAULT_CACHE
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / "sweeper-cache"
 
 
 def reference_key(config: TrialConfig) -> str:

@@ -34,17 +34,27 @@ class TrialFailure(Exception):
 
 
 class Emitter:
-    """Writes events to stdout (or `stream`); quiet=True lets library calls reuse the run loop."""
+    """Writes events to stdout (or `stream`); quiet=True lets library calls reuse the run loop.
 
-    def __init__(self, stream: TextIO | None = None, quiet: bool = False):
+    `only` limits what is written (all events are still kept): the other processes of a
+    multi-host trial write only their failures, process 0 speaks for the trial.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        quiet: bool = False,
+        only: frozenset[str] | None = None,
+    ):
         self._stream = stream
         self.quiet = quiet
+        self.only = only
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "time": time.time(), **fields}
         self.events.append(record)
-        if not self.quiet:
+        if not self.quiet and (self.only is None or event in self.only):
             stream = self._stream or sys.stdout  # looked up late: stdout may be redirected
             stream.write(json.dumps(record, default=_jsonable) + "\n")
             stream.flush()

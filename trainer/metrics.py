@@ -77,7 +77,7 @@ def chip_for(
         # Simulated CPU devices share one host: the host is the "chip".
         peak = measured_cpu_peak_tflops(cache_dir)
         return Chip(
-            f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
+            f"cpu ({platform.machine()}, {_usable_cores()} cores)",
             {"bf16": peak, "fp8": peak},
             num_devices,
             "measured",
@@ -85,12 +85,17 @@ def chip_for(
     return Chip(device_kind, {}, 1, "unknown")
 
 
+def _usable_cores() -> int:
+    """Cores this process may run on: a trial pinned to 1 of 16 cores has a 1-core peak."""
+    return len(os.sched_getaffinity(0))
+
+
 def measured_cpu_peak_tflops(cache_dir: Path | None) -> float:
     """Best f32 matmul TFLOP/s of this host, measured once and cached by host and JAX version."""
     import jax
     import jax.numpy as jnp
 
-    key = f"{platform.node()}-{platform.machine()}-{os.cpu_count()}-jax{jax.__version__}"
+    key = f"{platform.node()}-{platform.machine()}-{_usable_cores()}-jax{jax.__version__}"
     path = (cache_dir / "cpu_peak.json") if cache_dir else None
     if path and path.exists():
         cached = json.loads(path.read_text())

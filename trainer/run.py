@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from trainer import convergence, metrics
 from trainer.config import BATCH_AXES, ConfigError, TrialConfig, check_static, global_batch_size
 from trainer.data import BatchSource
+from trainer.distributed import agree
 from trainer.effects import knob_effects
 from trainer.events import Emitter, TrialFailure
 from trainer.model import Transformer
@@ -119,6 +122,11 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     )
 
 
+def place_batch(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """The global batch as one array; each process places only its addressable shards."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
 def compile_step(program: Program):
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
@@ -146,7 +154,9 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     program = build_program(config, devices)
     platform = devices[0].platform
     cache = convergence.cache_dir(config)
-    chip = metrics.chip_for(devices[0].device_kind, platform, len(devices), cache)
+    # A CPU host is its own "chip": count this process' devices, not the whole trial's.
+    local_devices = sum(d.process_index == jax.process_index() for d in devices)
+    chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache)
     emitter.emit(
         "accepted",
         protocol=1,
@@ -154,6 +164,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         backend=platform,
         device_kind=devices[0].device_kind,
         hardware=chip.name,
+        processes=jax.process_count(),
         num_devices=len(devices),
         chips=len(devices) / chip.devices_per_chip,
         tokens_per_step=program.global_batch * config.seq_len,
@@ -185,9 +196,11 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     for step in range(config.steps):
         batch = source.batch(step)
         arrays = [
-            jax.device_put(a, program.batch_sharding)
+            place_batch(a, program.batch_sharding)
             for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
         ]
+        if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
+            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
         start = time.perf_counter()
         state, step_metrics = compiled(state, *arrays)
         jax.block_until_ready((state, step_metrics))
@@ -222,6 +235,8 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         "fidelity": "run",
         "hardware": chip.name,
         "backend": platform,
+        "device_kind": devices[0].device_kind,
+        "processes": jax.process_count(),
         "num_devices": len(devices),
         "chips": chips,
         "tokens_per_step": tokens_per_step,
@@ -249,12 +264,17 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
 def check_convergence(config: TrialConfig, losses: list[float]) -> dict[str, Any]:
     reference = convergence.load_reference(config)
     source = "cache"
-    if reference is None:
+    # Every process of a multi-host trial must take the same branch (a baseline run is
+    # collective): process 0's view of the cache decides.
+    if not agree(reference is not None):
         if config.is_baseline_numerics:
             reference, source = losses, "this run"
         else:
             reference, source = train(config.baseline(), Emitter(quiet=True)).losses, "computed"
-        convergence.store_reference(config, reference)
+        if jax.process_index() == 0:
+            convergence.store_reference(config, reference)
+    elif reference is None:  # another process' cache answered; this one does not judge
+        reference = losses
     judged = convergence.verdict(
         losses, reference, config.convergence.tolerance, config.convergence.window
     )
