@@ -47,7 +47,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         launched = time.time()
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        ray.init(
+            address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+        )
         first = FirstStep()
         result = run_sweep(
             "smoke",

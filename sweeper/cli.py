@@ -72,13 +72,12 @@ def validate(
     set_: SetOpt = None,
 ) -> None:
     """Check a space (schema, knob values, sampler, fidelity) and count its points."""
-    from sweeper.engine import check_fidelity, check_flags
+    from sweeper.engine import check_flags
     from sweeper.inert import pin_inert
     from sweeper.search import check_sampler
 
     try:
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
-        check_fidelity(loaded)
         check_sampler(loaded)
         check_flags(loaded)
     except (SpaceError, ValueError) as exc:
@@ -98,6 +97,11 @@ def validate(
     console.print(table)
     for note in notes:
         console.print(f"[yellow]inert[/yellow] {note}")
+    if loaded.target != "local" and loaded.fidelity in ("run", "auto"):
+        console.print(
+            f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
+            "cluster has such a slice is checked when the sweep starts (auto compiles if it has none)"
+        )
     console.print(
         f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
         f"{pinned.search.trials} trials with {pinned.search.sampler}; target {pinned.target}, fidelity {pinned.fidelity}"
@@ -130,20 +134,32 @@ def run(
     ] = None,
     address: Annotated[
         str | None,
-        typer.Option("--address", help="an existing Ray cluster (default: start Ray locally)"),
+        typer.Option(
+            "--address",
+            help="an existing Ray cluster, e.g. auto or ray://head:10001 (default: a private local Ray)",
+        ),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help="a path every Ray node sees (shared filesystem or bucket): Tune state and the "
+            "convergence cache (default: --results-dir)",
+        ),
     ] = None,
 ) -> None:
     """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
-    from sweeper.engine import run_sweep
+    from sweeper.engine import run_sweep, start_ray
 
     try:
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
-        if address:
-            import ray
-
-            ray.init(address=address, log_to_driver=False)
+        start_ray(address)
         result = run_sweep(
-            loaded, results_dir=results_dir, tracking_uri=tracking_uri, progress=True
+            loaded,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            storage=storage,
+            progress=True,
         )
     except (SpaceError, ConnectionError) as exc:
         _fail(str(exc))

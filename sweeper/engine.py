@@ -17,11 +17,19 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from sweeper.inert import effect_caveats, pin_inert
+from sweeper.placement import (
+    Placement,
+    alive_hosts,
+    compile_placement,
+    driver_host,
+    find_slices,
+    resolve,
+)
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_sampler, make_sampler
 from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
 from sweeper.tracking import Tracker, TrackingCallback, check_tracking_server, default_tracking_uri
-from sweeper.trainable import TrialRuntime, local_cpu_env, run_trial
+from sweeper.trainable import TrialRuntime, run_trial
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -38,7 +46,11 @@ class SweepContext:
     tracking: TrackingCallback
     study_name: str
     optuna_storage: str
+    placement: Placement
+    storage: str
+    concurrency: int
     inert_notes: list[str] = field(default_factory=list)
+    placement_notes: list[str] = field(default_factory=list)
     result: SweepResult | None = None
 
     @property
@@ -68,14 +80,66 @@ class SweepResult:
         return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
 
 
-def check_fidelity(space: Space) -> None:
-    """Only what is real is accepted: local runs, and compile/estimate trials for TPU targets."""
-    if space.effective_fidelity == "run" and space.target != "local":
-        raise SpaceError(
-            f"target {space.target!r} with fidelity run needs attached TPU hosts, which this engine does not "
-            "drive yet; use fidelity compile (or auto) to compile every trial for the target",
-            field="fidelity",
-        )
+# A run-fidelity trial measures what an estimate only predicts: the measured twin of each.
+MEASURED_TWIN = {
+    "est_tokens_per_sec_per_chip": "tokens_per_sec_per_chip",
+    "est_mfu": "mfu",
+    "est_step_time_s": "step_time_median_s",
+}
+
+
+def with_fidelity(space: Space, fidelity: str) -> Space:
+    """`auto` made concrete; a run keeps the objective but optimises its measured twin."""
+    data = space.model_dump(mode="json")
+    data["fidelity"] = fidelity
+    if fidelity == "run":
+        for objective in filter(None, data["objective"].values()):
+            metric = objective["metric"]
+            if metric.startswith("est_"):
+                if metric not in MEASURED_TWIN:
+                    raise SpaceError(
+                        f"{metric} is an estimate and the trials will run on the cluster's hardware; "
+                        f"use one of {sorted(MEASURED_TWIN.values())} or fidelity compile",
+                        field="objective",
+                    )
+                objective["metric"] = MEASURED_TWIN[metric]
+    return Space.model_validate(data)
+
+
+def place(space: Space) -> tuple[Space, Placement]:
+    """Read the Ray cluster: resolve `auto` fidelity and where each trial runs.
+
+    Raises SpaceError, before any trial, when the cluster cannot hold the space's trials.
+    """
+    hosts = alive_hosts()
+    driver = driver_host(hosts)
+    if space.fidelity == "auto" and space.is_tpu_target:
+        slices, _ = find_slices(hosts, space.target)
+        space = with_fidelity(space, "run" if slices else "compile")
+    if space.effective_fidelity == "run":
+        return space, resolve(space, hosts, driver)
+    return space, compile_placement(space, hosts)
+
+
+def start_ray(address: str | None = None) -> None:
+    """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)."""
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address or "local",
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="WARNING",
+        # Remote nodes import the engine and trainer from the driver's copy of the code.
+        runtime_env=shipped_code() if address else None,
+    )
+
+
+def shipped_code() -> dict[str, Any]:
+    import sweeper
+    import trainer
+
+    return {"py_modules": [str(Path(m.__file__).parent) for m in (sweeper, trainer)]}
 
 
 def check_flags(space: Space) -> None:
@@ -109,21 +173,32 @@ def prepare(
     results_dir: Path | None = None,
     tracking_uri: str | None = None,
     sweep_id: str | None = None,
+    storage: str | None = None,
 ) -> SweepContext:
-    check_fidelity(space)
     check_flags(space)
-    space, inert_notes = pin_inert(space)
+    start_ray()
+    space, placement = place(space)
+    backend = placement.backend if space.effective_fidelity == "run" else None
+    space, inert_notes = pin_inert(space, backend)
     try:
         check_sampler(space)
     except ValueError as exc:
         raise SpaceError(str(exc), field="search.sampler") from None
     results_dir = Path(results_dir or REPO_RESULTS).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
+    storage = storage or str(results_dir)
     tracking_uri = tracking_uri or default_tracking_uri(results_dir)
     check_tracking_server(tracking_uri)
     sweep_id = sweep_id or new_sweep_id()
     sweep_dir = results_dir / space.name / sweep_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    concurrency = min(space.search.concurrency, placement.capacity)
+    placement_notes = [f"placement: {placement.description}"]
+    if concurrency < space.search.concurrency:
+        placement_notes.append(
+            f"search.concurrency {space.search.concurrency} capped at {concurrency}: "
+            f"the cluster holds {placement.capacity} such trial{'s' if placement.capacity > 1 else ''} at once"
+        )
     tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts")
     tracker.start_sweep(
         yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
@@ -131,6 +206,8 @@ def prepare(
             "target": space.target,
             "fidelity": space.effective_fidelity,
             "sampler": space.search.sampler,
+            "backend": placement.backend,
+            "placement": placement.description,
             "inert": "; ".join(inert_notes) or "none",
         },
     )
@@ -143,7 +220,11 @@ def prepare(
         tracking=TrackingCallback(tracker, sweep_dir / "mlflow_runs.json"),
         study_name=f"{space.name}-{sweep_id}",
         optuna_storage=f"sqlite:///{results_dir / 'optuna.db'}",
+        placement=placement,
+        storage=storage,
+        concurrency=concurrency,
         inert_notes=inert_notes,
+        placement_notes=placement_notes,
     )
 
 
@@ -155,12 +236,17 @@ def build_tuner(
     callbacks: list[tune.Callback] | None = None,
     progress: bool = False,
     context: SweepContext | None = None,
+    storage: str | None = None,
     **overrides: Any,
 ) -> tune.Tuner:
     """A ready Tuner for this space; pipelines may add callbacks and run it on their own cluster.
 
-    Ray must already be initialized (or is started locally). The sweep's MLflow parent run
-    is opened here and closed when the Tuner's experiment ends.
+    Uses the Ray the caller initialized (its own cluster), or starts a private local one.
+    The cluster is read here: trials reserve what the placement says (a whole TPU slice,
+    the driver host's GPUs, or its CPU cores), and a target the cluster lacks is refused.
+    `storage` is a path every node sees (Tune's experiment state and the convergence
+    cache); default results_dir. The sweep's MLflow parent run is opened here and closed
+    when the Tuner's experiment ends.
     """
     if not isinstance(space, Space):
         space = load_space(space, space_overrides(overrides))
@@ -168,13 +254,17 @@ def build_tuner(
         raise TypeError(
             "overrides apply when the space is loaded: pass a path or name, or edit the Space"
         )
-    ctx = context or prepare(space, results_dir=results_dir, tracking_uri=tracking_uri)
-    space = ctx.space  # inert values pinned
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    runtime = TrialRuntime(env=local_cpu_env(space.devices), timeout_s=space.search.trial_timeout_s)
+    ctx = context or prepare(
+        space, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage
+    )
+    space = ctx.space  # fidelity resolved, inert values pinned
+    placement = ctx.placement
+    runtime = TrialRuntime(placement=placement, timeout_s=space.search.trial_timeout_s)
     base = space.base_trial()
-    base.setdefault("convergence", {}).setdefault("cache_dir", str(ctx.results_dir / "cache"))
+    if space.effective_fidelity == "run":
+        base["backend"] = placement.backend  # the trainers run where the sweep reserved
+    # The convergence reference cache lives in the sweep's storage, which every node reads.
+    base.setdefault("convergence", {}).setdefault("cache_dir", f"{ctx.storage}/cache")
     space = space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
     ctx.space = space
 
@@ -204,7 +294,7 @@ def build_tuner(
         all_callbacks.append(ProgressCallback(space))
     all_callbacks += callbacks or []
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, space=space, runtime=runtime), {"CPU": 1}
+        tune.with_parameters(run_trial, space=space, runtime=runtime), placement.trial_resources
     )
     tuner = tune.Tuner(
         trainable,
@@ -212,14 +302,14 @@ def build_tuner(
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=space.search.trials,
-            max_concurrent_trials=space.search.concurrency,
+            max_concurrent_trials=ctx.concurrency,
             time_budget_s=space.search.time_budget_s,
             reuse_actors=False,
             trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
         ),
         run_config=tune.RunConfig(
             name=ctx.study_name,
-            storage_path=str(ctx.results_dir / "ray"),
+            storage_path=f"{ctx.storage}/ray",
             callbacks=all_callbacks,
             failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
             verbose=0,
@@ -278,6 +368,7 @@ def finish(ctx: SweepContext) -> SweepResult:
             )
         )
     notes = [
+        *ctx.placement_notes,
         *(f"pinned: {n}" for n in ctx.inert_notes),
         *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
     ]
@@ -309,6 +400,7 @@ def run_sweep(
     tracking_uri: str | None = None,
     progress: bool = False,
     callbacks: list[tune.Callback] | None = None,
+    storage: str | None = None,
     **overrides: Any,
 ) -> SweepResult:
     """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`)."""
@@ -318,6 +410,7 @@ def run_sweep(
         tracking_uri=tracking_uri,
         progress=progress,
         callbacks=callbacks,
+        storage=storage,
         **overrides,
     )
     tuner.fit()

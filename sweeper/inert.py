@@ -8,23 +8,45 @@ from __future__ import annotations
 
 import json
 
-from sweeper.space import Knob, Space
+from sweeper.space import Knob, Space, gpus_in
 
 # Offload policies and their remat twins (what they compile to when host placement is dropped).
 OFFLOAD_TWINS = {"qkv_proj_offloaded": "save_qkv_proj", "minimal_offloaded": "minimal"}
 
 
-# Values whose throughput on a CPU says nothing about the target: measuring them would rank
-# an emulation. Their numerics are checked by the trainer's tests, not by a CPU sweep.
-THROUGHPUT_MEANINGLESS_ON_CPU = {
-    "precision.mode": ("bf16", "XLA on CPU upcasts fp8 to f32: fp8 speed there is emulation"),
-    "kernels.attention": ("xla", "Pallas Splash runs interpreted on cpu"),
-    "kernels.moe_gmm": ("ragged_dot", "Pallas Megablox runs interpreted on cpu"),
+# Values whose throughput on a backend says nothing about the target: measuring them would
+# rank an emulation. Their numerics are checked by the trainer's tests, not by such a sweep.
+# Each entry: the value kept, the backends where the others are pinned away, and why.
+THROUGHPUT_MEANINGLESS = {
+    "precision.mode": (
+        "bf16",
+        ("cpu",),
+        "XLA on {b} upcasts fp8 to f32: fp8 speed there is emulation",
+    ),
+    "kernels.attention": (
+        "xla",
+        ("cpu", "gpu"),
+        "Pallas Splash is a TPU kernel: interpreted on {b}",
+    ),
+    "kernels.moe_gmm": (
+        "ragged_dot",
+        ("cpu", "gpu"),
+        "Pallas Megablox is a TPU kernel: interpreted on {b}",
+    ),
 }
+# Backends that drop host placement, so offload compiles to its remat twin.
+NO_HOST_OFFLOAD = ("cpu",)
 
 
 def target_backend(space: Space) -> str:
-    return "cpu" if space.target == "local" else space.target.split(":")[0]
+    """The backend of a space's trials when nothing else is known: a compile target's TPU,
+    the backend a local space asks for, else cpu (the engine passes the real one)."""
+    if space.is_tpu_target and space.effective_fidelity != "run":
+        return "tpu"
+    requested = str(space.trial.get("backend", "auto"))
+    if requested != "auto":
+        return requested
+    return "cpu" if space.target == "local" else "gpu" if gpus_in(space.target) else "tpu"
 
 
 def _drop(knob: Knob, inert: set, twin_of: dict) -> Knob:
@@ -42,39 +64,50 @@ def _pin_first(knob: Knob) -> tuple[Knob, object]:
     return Knob(values=[first], when=knob.when), first
 
 
-def pin_inert(space: Space) -> tuple[Space, list[str]]:
-    """The space with inert values removed on its target backend, and a note for each."""
-    if target_backend(space) != "cpu":
+def pin_inert(space: Space, backend: str | None = None) -> tuple[Space, list[str]]:
+    """The space with values that are inert (or only emulated) on the backend its trials run
+    on removed, and a note for each. TPU trials keep every value."""
+    backend = backend or target_backend(space)
+    if backend == "tpu":
         return space, []
     notes, knobs = [], dict(space.knobs)
     policy = knobs.get("remat.policy")
-    if policy and policy.values:
+    if policy and policy.values and backend in NO_HOST_OFFLOAD:
         inert = {v for v in policy.values if v in OFFLOAD_TWINS}
         if inert:
             knobs["remat.policy"] = _drop(policy, inert, OFFLOAD_TWINS)
             notes.append(
-                f"remat.policy: {sorted(inert)} are inert on cpu (host offload is dropped; they compile to "
+                f"remat.policy: {sorted(inert)} are inert on {backend} (host offload is dropped; they compile to "
                 f"their remat twins {[OFFLOAD_TWINS[v] for v in sorted(inert)]}); not sampled"
             )
     for key, knob in space.knobs.items():
-        if key.startswith("remat.custom.") and knob.values and "offload" in knob.values:
+        if (
+            key.startswith("remat.custom.")
+            and knob.values
+            and "offload" in knob.values
+            and backend in NO_HOST_OFFLOAD
+        ):
             knobs[key] = _drop(knob, {"offload"}, {"offload": "remat"})
-            notes.append(f"{key}: 'offload' is inert on cpu (same program as 'remat'); not sampled")
-        elif key in THROUGHPUT_MEANINGLESS_ON_CPU and knob.values:
-            keep, reason = THROUGHPUT_MEANINGLESS_ON_CPU[key]
+            notes.append(
+                f"{key}: 'offload' is inert on {backend} (same program as 'remat'); not sampled"
+            )
+        elif key in THROUGHPUT_MEANINGLESS and knob.values:
+            keep, backends, reason = THROUGHPUT_MEANINGLESS[key]
             dropped = [v for v in knob.values if v != keep]
-            if dropped:
+            if dropped and backend in backends:
                 knobs[key] = knob.model_copy(update={"values": [keep]})
-                notes.append(f"{key}: {dropped} pinned to {keep!r} on cpu ({reason})")
+                notes.append(
+                    f"{key}: {dropped} pinned to {keep!r} on {backend} ({reason.format(b=backend)})"
+                )
         elif key.startswith("xla."):
             knobs[key], first = _pin_first(knob)
             notes.append(
-                f"{key}: pinned to {first!r} on cpu (LIBTPU flags do not reach the cpu backend)"
+                f"{key}: pinned to {first!r} on {backend} (LIBTPU flags do not reach the {backend} backend)"
             )
         elif key.startswith("kernels.block_") or key.startswith("kernels.gmm_t"):
             knobs[key], first = _pin_first(knob)
             notes.append(
-                f"{key}: pinned to {first} on cpu (kernels are interpreted there: tiles have no speed meaning)"
+                f"{key}: pinned to {first} on {backend} (TPU kernels are interpreted there: tiles have no speed meaning)"
             )
     return space.model_copy(update={"knobs": knobs}), notes
 

@@ -144,17 +144,44 @@ class Search(_Strict):
     warm_start: list[dict[str, Any]] = Field(default_factory=list)
 
 
+def gpus_in(target: str) -> int | None:
+    """GPUs per trial of a `gpu:N` target (N GPUs on one host of the cluster); None otherwise."""
+    prefix, _, count = target.partition(":")
+    if prefix != "gpu":
+        return None
+    if not count.isdigit() or not 0 < int(count) <= 64:
+        raise ValueError(f"target: {target!r}: a GPU target is gpu:N, N GPUs per trial on one host")
+    return int(count)
+
+
+class Resources(_Strict):
+    cpus_per_trial: int | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="cores a local CPU trial reserves and its trainer is pinned to "
+        "(default: the driver host's CPUs / search.concurrency)",
+    )
+
+
 class Space(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     target: str = "local"
-    devices: int = Field(default=8, gt=0, description="simulated local devices (target local)")
+    devices: int | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="devices per trial with target local: simulated CPU devices (default 8), "
+        "or GPUs/TPU chips of the driver host (default all)",
+    )
     fidelity: Literal["auto", "estimate", "compile", "run"] = "auto"
     model: dict[str, Any]
     trial: dict[str, Any] = Field(default_factory=dict)
     objective: Objectives = Objectives()
     constraints: Constraints = Constraints()
     search: Search = Search()
+    resources: Resources = Resources()
     knobs: dict[str, Knob] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -164,7 +191,8 @@ class Space(_Strict):
         if not isinstance(data, dict) or "objective" in data:
             return data
         fidelity, target = data.get("fidelity", "auto"), data.get("target", "local")
-        if fidelity in ("compile", "estimate") or (fidelity == "auto" and target != "local"):
+        tpu = isinstance(target, str) and target != "local" and gpus_in(target) is None
+        if fidelity in ("compile", "estimate") or (fidelity == "auto" and tpu):
             data = {
                 **data,
                 "objective": {"primary": {"metric": "est_tokens_per_sec_per_chip", "mode": "max"}},
@@ -173,7 +201,13 @@ class Space(_Strict):
 
     @model_validator(mode="after")
     def _check_fidelity(self) -> Space:
-        if self.target != "local":
+        if gpus_in(self.target) is not None:
+            if self.effective_fidelity != "run":
+                raise ValueError(
+                    f"fidelity: {self.fidelity} needs a TPU target (libtpu compiles for TPUs only); "
+                    f"{self.target} trials run on the cluster's GPU hosts: use fidelity run"
+                )
+        elif self.target != "local":
             from trainer.hardware import accelerator_for, chips_in
 
             try:
@@ -196,15 +230,22 @@ class Space(_Strict):
 
     @property
     def effective_fidelity(self) -> str:
-        """auto: run where the target is attached (local), compile for a TPU target otherwise."""
+        """auto: run where the target is attached (local, GPU hosts), compile for a TPU target
+        (the engine makes it run when the Ray cluster has the target's slices)."""
         if self.fidelity != "auto":
             return self.fidelity
-        return "run" if self.target == "local" else "compile"
+        return "compile" if self.is_tpu_target else "run"
+
+    @property
+    def is_tpu_target(self) -> bool:
+        return self.target != "local" and gpus_in(self.target) is None
 
     @property
     def num_devices(self) -> int:
         if self.target == "local":
-            return self.devices
+            return self.devices or 8
+        if gpus_in(self.target) is not None:
+            return gpus_in(self.target)
         from trainer.hardware import accelerator_for, chips_in
 
         return chips_in(self.target) * accelerator_for(self.target).devices_per_chip
@@ -374,10 +415,12 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
             )
 
 
-def static_check(space: Space, point: dict[str, Any]) -> TrialConfig:
+def static_check(
+    space: Space, point: dict[str, Any], num_devices: int | None = None
+) -> TrialConfig:
     """The trial config of a point, with every JAX-free check; raises ConfigError."""
     config = load_config(assemble(space, point))
-    check_static(config, space.num_devices)
+    check_static(config, num_devices or space.num_devices)
     return config
 
 

@@ -39,6 +39,8 @@ FINAL_METRICS = (
     "arithmetic_intensity_ici",
     "train_s",
 )
+# Where a trial ran (Ray node ids of its processes, slice name, process count, JAX device kind).
+LAYOUT_TAGS = ("hosts", "slice", "processes", "device_kind")
 # MLflow's per-call limits for log_batch.
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
 
@@ -161,8 +163,11 @@ class Tracker:
             "convergence": {True: "passed", False: "failed"}.get(
                 final.get("convergence_passed"), "not checked"
             ),
+            **{k: str(final.get(k) or "") for k in LAYOUT_TAGS},
         }
         self._batch(run_id, metrics={k: v for k, v in metrics.items() if v is not None}, tags=tags)
+        if final.get("trial_config"):  # from the trial's result: the driver may not see its disk
+            self.client.log_text(run_id, final["trial_config"], "trial.json")
         if final.get("effects"):
             self.client.log_dict(run_id, json.loads(final["effects"]), "knob_effects.json")
         if status == "failed":
@@ -174,11 +179,6 @@ class Tracker:
         self.client.set_terminated(
             run_id, {"ok": "FINISHED", "stopped": "KILLED"}.get(status, "FAILED")
         )
-
-    def log_trial_config(self, run_id: str, trial_dir: str | None) -> None:
-        path = Path(trial_dir or "") / "trial.json"
-        if trial_dir and path.exists():
-            self.client.log_artifact(run_id, str(path))
 
     def finish_sweep(
         self,
@@ -271,7 +271,6 @@ class TrackingCallback(tune.Callback):
             )
         run_id = self.run_ids.get(trial.trial_id)
         if run_id:
-            self.tracker.log_trial_config(run_id, trial.local_path)
             self.tracker.finish_trial(run_id, final)
         row = {
             "trial_id": trial.trial_id,
@@ -284,6 +283,7 @@ class TrackingCallback(tune.Callback):
             "convergence_passed": final.get("convergence_passed"),
             "hardware": final.get("hardware", ""),
             "fidelity": final.get("fidelity", ""),
+            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "started_at", "ended_at")},
             "effects": final.get("effects", ""),
             **{f"knob:{k}": v for k, v in self._point(trial).items()},
         }

@@ -1,64 +1,58 @@
-"""The Ray Tune trainable: one trainer child process per trial, its events forwarded to Tune."""
+"""The Ray Tune trainable: a trial's trainer processes started where its placement says, their
+events forwarded to Tune.
+
+A local trial runs one trainer as a child of its Tune worker (pinned to the cores it
+reserved); a slice trial is a light driver that reserves a whole TPU slice and runs one
+trainer per host. Process 0 speaks for the trial; any process failing fails it, and every
+ending kills all of its processes on every host.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 
+from sweeper.launch import (
+    Handle,
+    LocalHandle,
+    TrainerProcess,
+    lease_cores,
+    reserve_slice,
+    start_slice,
+    trainer_argv,
+)
+from sweeper.placement import Placement
 from sweeper.search import OPTUNA_NUMBER_KEY
 from sweeper.space import Space, static_check
 from trainer.config import ConfigError
 from trainer.events import EXIT_CODES, parse_line
 
 LOG_TAIL_LINES = 60
+POLL_S = 0.1
 _CODE_TO_CLASS = {code: name for name, code in EXIT_CODES.items()}
 
 
 @dataclass(frozen=True)
 class TrialRuntime:
-    """How trials run: per-trial environment and limits, fixed for a sweep."""
+    """How trials run: where (the placement), their extra environment and limits, fixed for a sweep."""
 
+    placement: Placement
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
-    cache_dir: str | None = None
     python: str = sys.executable
-
-
-def local_cpu_env(devices: int) -> dict[str, str]:
-    """Environment of a trainer that runs on `devices` simulated CPU devices."""
-    return {
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-        # libtpu looks for TPUs at import on hosts without them (TPU7X.md); quiet it.
-        "TPU_ACCELERATOR_TYPE": "tpu7x-8",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-    }
-
-
-def _die_with_parent() -> None:
-    # If the Ray worker dies (Tune stop, crash), the kernel kills the trainer too.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def failure_result(failure_class: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -71,10 +65,11 @@ def failure_result(failure_class: str, message: str, **extra: Any) -> dict[str, 
 
 
 class TrialRun:
-    """Runs one trainer process and turns its event stream into Tune results."""
+    """Runs one trial's trainer processes and turns their event streams into Tune results."""
 
     def __init__(self, space: Space, runtime: TrialRuntime, point: dict[str, Any], trial_dir: Path):
         self.space, self.runtime, self.point, self.trial_dir = space, runtime, point, trial_dir
+        self.placement = runtime.placement
         self.objectives = space.objective.metrics
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.accepted: dict[str, Any] = {}
@@ -84,6 +79,9 @@ class TrialRun:
         self.step_times: list[float] = []
         self.config = None  # the validated TrialConfig, set when the trial starts
         self.timed_out = False
+        self.where: list[dict[str, Any]] = []  # one entry per process: node, slice, pid
+        self.lost: tuple[int, int] | None = None  # (process, exit code) of the first to fail
+        self.started_at = self.ended_at = None
 
     def base_fields(self) -> dict[str, Any]:
         return {"trial_status": "running", **{m: 0.0 for m in self.objectives}}
@@ -116,8 +114,22 @@ class TrialRun:
             )
         elif kind == "summary":
             self.summary = event
-        elif kind == "failure":
+        elif kind == "failure" and self.failure is None:
             self.failure = event
+
+    def layout(self) -> dict[str, Any]:
+        """Where the trial ran: recorded in results, summary.csv and MLflow tags."""
+        slices = sorted({w["slice"] for w in self.where if w.get("slice")})
+        return {
+            "hosts": ",".join(w["node_id"] for w in self.where),
+            "slice": ",".join(slices),
+            "processes": len(self.where),
+            "device_kind": self.accepted.get("device_kind", ""),
+            # Cores a local CPU trainer was pinned to (slice hosts are held whole).
+            "cores": self.where[0].get("cores", "") if self.where else "",
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
 
     def final(self, returncode: int | None) -> dict[str, Any]:
         common = {
@@ -128,12 +140,14 @@ class TrialRun:
             "fidelity": (self.summary or {}).get("fidelity") or self.space.effective_fidelity,
             "bound": (self.summary or {}).get("bound", ""),
             "compile_s": self.compiled.get("compile_s"),
+            "trial_config": self.config.to_json() if self.config else "",
+            **self.layout(),
         }
         summary = self.summary or {}
         numbers = {
             k: v
             for k, v in summary.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
+            if isinstance(v, int | float) and not isinstance(v, bool) and k not in common
         }
         conv = summary.get("convergence") or {}
         if conv:
@@ -149,7 +163,8 @@ class TrialRun:
                 **common,
                 **numbers,
                 **failure_result(
-                    "timeout", f"trial exceeded {self.runtime.timeout_s}s; process group killed"
+                    "timeout",
+                    f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
                 ),
             }
         if self.failure is not None:
@@ -167,11 +182,17 @@ class TrialRun:
             }
         if returncode != 0 or not summary:
             cls = _CODE_TO_CLASS.get(returncode, "crashed")
+            who = ""
+            if self.lost and len(self.where) > 1:
+                host = self.where[self.lost[0]]
+                who = f"process {self.lost[0]} on host {host['node_id'][:12]} "
             return {
                 **common,
                 **numbers,
                 **failure_result(
-                    cls, f"trainer exited with code {returncode} and no failure event"
+                    cls,
+                    f"trainer {who}exited with code {returncode} and no failure event"
+                    + ("; the trial's other processes were killed" if who else ""),
                 ),
             }
         return {**common, **numbers, "trial_status": "ok", "failure_class": ""}
@@ -179,50 +200,93 @@ class TrialRun:
     def extra_args(self) -> list[str]:
         return ["--estimate-only"] if self.space.effective_fidelity == "estimate" else []
 
+    @contextlib.contextmanager
+    def processes(self, config_json: str) -> Iterator[list[Handle]]:
+        """Start the trial's trainer processes where its placement says; kill them all on exit."""
+        placement = self.placement
+        env = {**self.runtime.env, **placement.process_env()}
+        if placement.kind == "slice":
+            with reserve_slice(placement, self.runtime.timeout_s) as handles:
+                self.started_at = time.time()
+                start_slice(handles, config_json, self.extra_args(), env)
+                self.where = [h.where for h in handles]
+                yield handles
+            return
+        config_path = self.trial_dir / "trial.json"
+        with (
+            lease_cores(placement.cpus_per_trial)
+            if placement.cpus_per_trial
+            else (contextlib.nullcontext(None)) as cores
+        ):
+            self.started_at = time.time()
+            process = TrainerProcess(
+                trainer_argv(config_path, self.extra_args(), self.runtime.python),
+                {**os.environ, **env},
+                self.trial_dir / "trainer.log",
+                cores,
+            )
+            where = {
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "slice": "",
+                "pid": process.proc.pid,
+                "cores": ",".join(map(str, sorted(cores))) if cores else "unpinned",
+            }
+            self.where = [where]
+            handle = LocalHandle(process, where)
+            try:
+                yield [handle]
+            finally:
+                handle.kill()
+
+    def watch(self, handles: list[Handle], report) -> int | None:
+        """Read every process until all ended, one failed (then kill the rest) or time ran out."""
+        deadline = time.monotonic() + self.runtime.timeout_s
+        codes: dict[int, int] = {}
+        while True:
+            for i, handle in enumerate(handles):
+                if i in codes:
+                    continue
+                lines, code = handle.drain()
+                for line in lines:
+                    self.tail.append((f"[p{i}] " if i else "") + line.rstrip()[:500])
+                    event = parse_line(line)
+                    # Process 0 speaks for the trial; the others are heard when they fail.
+                    if event is not None and (i == 0 or event["event"] == "failure"):
+                        self.on_event(event, report)
+                if code is not None:
+                    codes[i] = code
+                    if code != 0 and self.lost is None:
+                        self.lost = (i, code)
+            if self.lost is not None or len(codes) == len(handles):
+                break
+            if time.monotonic() > deadline:
+                self.timed_out = True
+                break
+            time.sleep(POLL_S)
+        for handle in handles:
+            handle.kill()
+        return self.lost[1] if self.lost else codes.get(0)
+
     def run(self, report) -> dict[str, Any]:
         try:
-            config = self.config = static_check(self.space, self.point)
+            config = self.config = static_check(self.space, self.point, self.placement.num_devices)
         except ConfigError as exc:
             return failure_result("invalid_config", exc.message, field=exc.field)
-        config_path = self.trial_dir / "trial.json"
-        config_path.write_text(config.to_json())
-        env = {**os.environ, **self.runtime.env}
+        config_json = config.to_json()
+        (self.trial_dir / "trial.json").write_text(config_json)
         spawned = time.time()
-        with (self.trial_dir / "trainer.log").open("w") as log:
-            proc = subprocess.Popen(
-                [
-                    self.runtime.python,
-                    "-m",
-                    "trainer",
-                    "--config",
-                    str(config_path),
-                    *self.extra_args(),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-                start_new_session=True,  # its own process group, killed whole on stop
-                preexec_fn=_die_with_parent,
-            )
-            timer = threading.Timer(self.runtime.timeout_s, self._on_timeout, args=(proc,))
-            timer.start()
-            try:
-                for line in proc.stdout:
-                    log.write(line)
-                    self.tail.append(line.rstrip()[:500])
-                    event = parse_line(line)
-                    if event is not None:
-                        self.on_event(event, report)
-                returncode = proc.wait()
-            finally:
-                timer.cancel()
-                _kill_group(proc)
+        try:
+            with self.processes(config_json) as handles:
+                returncode = self.watch(handles, report)
+        except (ray.exceptions.RayError, TimeoutError, RuntimeError) as exc:
+            # The hardware could not be had or held (reservation timed out, host lost).
+            self.ended_at = time.time()
+            return {
+                **self.final(None),
+                **failure_result("crashed", f"{type(exc).__name__}: {str(exc)[:1500]}"),
+            }
+        self.ended_at = time.time()
         return {**self.final(returncode), "trainer_wall_s": time.time() - spawned}
-
-    def _on_timeout(self, proc: subprocess.Popen) -> None:
-        self.timed_out = True
-        _kill_group(proc)
 
 
 def run_trial(config: dict[str, Any], *, space: Space, runtime: TrialRuntime) -> None:

@@ -26,7 +26,13 @@ STEPS = 6
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
     yield
     ray.shutdown()
 
@@ -63,6 +69,13 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert (result.sweep_dir / "summary.csv").exists()
     best = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
     assert best["tokens_per_sec_per_chip"] == pytest.approx(frame["tokens_per_sec_per_chip"].max())
+    # Each CPU trial reserved one of this 2-CPU Ray's CPUs and its trainer was pinned to one
+    # core; trials that ran at the same time held different cores.
+    assert set(frame["cores"]) <= {"0", "1"} and set(frame["processes"]) == {1}
+    spans = list(zip(frame["started_at"], frame["ended_at"], frame["cores"], strict=True))
+    for i, (start, end, cores) in enumerate(spans):
+        for other_start, other_end, other in spans[i + 1 :]:
+            assert not (start < other_end and other_start < end and cores == other)
     study = result.study()
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     assert all(max(t.constraints.values()) <= 0 for t in study.trials)

@@ -1,0 +1,273 @@
+"""The trainer processes of one trial: a child of this Ray worker, or one per host of a slice.
+
+Both kinds are seen through one handle: `drain()` returns the output lines written since
+the last call and the exit code once the process has ended and its output is read;
+`kill()` ends the whole process group. A trial's processes never outlive it: each runs in
+its own session, dies with its parent (PR_SET_PDEATHSIG), and is killed on any ending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray
+
+from sweeper.placement import LABEL_SLICE, LABEL_WORKER, Placement
+
+CORE_LOCKS = Path(tempfile.gettempdir()) / "sweeper-cores"
+
+
+class Handle(Protocol):
+    where: dict[str, Any]
+
+    def drain(self) -> tuple[list[str], int | None]: ...
+
+    def kill(self) -> None: ...
+
+
+def _die_with_parent() -> None:
+    # If the Ray worker dies (Tune stop, crash, lost owner), the kernel kills the trainer too.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class TrainerProcess:
+    """One `python -m trainer` child in its own process group; a thread reads its output."""
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], log_path: Path, cores: set[int] | None = None
+    ):
+        def setup() -> None:
+            _die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        self._log = log_path.open("w")
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group, killed whole
+            preexec_fn=setup,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            with self._lock:
+                self._lines.append(line)
+        self._log.close()
+
+    def drain(self) -> tuple[list[str], int | None]:
+        done = not self._reader.is_alive()  # output fully read: the process has closed it
+        with self._lock:
+            lines, self._lines = self._lines, []
+        return lines, (self.proc.wait() if done else None)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def trainer_argv(config_path: Path, extra: list[str], python: str = sys.executable) -> list[str]:
+    # This host's own Python: on a remote node that is the node's interpreter, not the driver's.
+    return [python, "-m", "trainer", "--config", str(config_path), *extra]
+
+
+class LocalHandle:
+    """The trainer as a child of the Tune worker on the driver host."""
+
+    def __init__(self, process: TrainerProcess, where: dict[str, Any]):
+        self.process, self.where = process, where
+
+    def drain(self) -> tuple[list[str], int | None]:
+        return self.process.drain()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+# ------------------------------------------------------------------ local CPU cores
+
+
+@contextlib.contextmanager
+def lease_cores(count: int, timeout_s: float = 60.0) -> Iterator[set[int] | None]:
+    """`count` cores of this host no other trial holds (file locks, freed when the holder
+    dies); None when they cannot be had in time (the trainer then runs unpinned)."""
+    CORE_LOCKS.mkdir(parents=True, exist_ok=True)
+    cores = sorted(os.sched_getaffinity(0))
+    held: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while count <= len(cores):
+            for core in cores:
+                if len(held) == count:
+                    break
+                fd = os.open(CORE_LOCKS / f"core-{core}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held[core] = fd
+                except BlockingIOError:
+                    os.close(fd)
+            if len(held) == count or time.monotonic() > deadline:
+                break
+            for fd in held.values():
+                os.close(fd)
+            held.clear()
+            time.sleep(0.2)
+        yield set(held) if len(held) == count else None
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+# ------------------------------------------------------------------ slice hosts
+
+
+@ray.remote(num_cpus=0)
+class TrainerHost:
+    """Runs one trainer process of a multi-host trial on the host its bundle pinned it to."""
+
+    def __init__(self) -> None:
+        self.process: TrainerProcess | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="sweeper-trial-"))
+
+    def describe(self) -> dict[str, Any]:
+        context = ray.get_runtime_context()
+        labels = {
+            k: v[0] if isinstance(v, list) and v else v
+            for k, v in (context.get_node_labels() or {}).items()
+        }
+        worker = labels.get(LABEL_WORKER, os.environ.get("TPU_WORKER_ID", "0"))
+        return {
+            "node_id": context.get_node_id(),
+            "address": ray.util.get_node_ip_address(),
+            "worker_id": int(worker),
+            "slice": labels.get(LABEL_SLICE, os.environ.get("TPU_NAME", "")),
+        }
+
+    def free_port(self) -> int:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def start(self, config_json: str, args: list[str], env: dict[str, str]) -> int:
+        path = self.workdir / "trial.json"
+        path.write_text(config_json)
+        self.process = TrainerProcess(
+            trainer_argv(path, args), {**os.environ, **env}, self.workdir / "trainer.log"
+        )
+        return self.process.proc.pid
+
+    def drain(self) -> tuple[list[str], int | None]:
+        return self.process.drain() if self.process else ([], None)
+
+    def kill(self) -> None:
+        if self.process:
+            self.process.kill()
+
+
+class RemoteHandle:
+    def __init__(self, actor: Any, where: dict[str, Any]):
+        self.actor, self.where = actor, where
+
+    def drain(self) -> tuple[list[str], int | None]:
+        try:
+            return ray.get(self.actor.drain.remote(), timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            # The host (or its Ray worker) is gone: its trainer died with it.
+            return [f"host {self.where.get('node_id', '?')[:12]} lost: {type(exc).__name__}\n"], -9
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            ray.get(self.actor.kill.remote(), timeout=10)
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor)
+
+
+@contextlib.contextmanager
+def reserve_slice(placement: Placement, timeout_s: float) -> Iterator[list[Any]]:
+    """A whole slice reserved with Ray's TPU utilities, and one TrainerHost per host, in
+    worker-id order (process i runs on worker i; process 0 coordinates)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.tpu import SlicePlacementGroup
+
+    reservation = SlicePlacementGroup(
+        topology=placement.topology,
+        accelerator_version=placement.accelerator_version,
+        bundle_label_selector=[dict(placement.label_selector)] * placement.processes,
+        head_reservation_timeout_s=timeout_s,
+    )
+    actors: list[Any] = []
+    try:
+        group = reservation.placement_group
+        ray.get(group.ready(), timeout=timeout_s)
+        bundle = reservation.bundle_resources
+        actors = [
+            TrainerHost.options(
+                num_cpus=bundle.get("CPU", 0),
+                resources={"TPU": bundle["TPU"]},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(reservation.num_bundles)
+        ]
+        described = ray.get([a.describe.remote() for a in actors], timeout=timeout_s)
+        ordered = sorted(zip(described, actors, strict=True), key=lambda pair: pair[0]["worker_id"])
+        yield [RemoteHandle(actor, where) for where, actor in ordered]
+    finally:
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.get(actor.kill.remote(), timeout=10)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        reservation.shutdown()
+
+
+def start_slice(
+    handles: list[RemoteHandle], config_json: str, args: list[str], env: dict[str, str]
+) -> None:
+    """Start one trainer per host, joined by jax.distributed with process 0 as coordinator."""
+    port = ray.get(handles[0].actor.free_port.remote())
+    coordinator = f"{handles[0].where['address']}:{port}"
+    pids = ray.get(
+        [
+            h.actor.start.remote(
+                config_json,
+                [
+                    *args,
+                    "--coordinator",
+                    coordinator,
+                    "--num-processes",
+                    str(len(handles)),
+                    "--process-id",
+                    str(i),
+                ],
+                env,
+            )
+            for i, h in enumerate(handles)
+        ]
+    )
+    for handle, pid in zip(handles, pids, strict=True):
+        handle.where["pid"] = pid

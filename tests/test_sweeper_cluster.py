@@ -1,0 +1,166 @@
+"""Trials on TPU7x slices of a multi-node Ray cluster, simulated on this machine.
+
+The cluster is real Ray (`ray.cluster_utils.Cluster`): a head with no CPUs and two slices
+of two hosts each, every host labelled as KubeRay labels a TPU7x host. Trials run with
+`trial.backend: cpu` (each host's trainer on simulated CPU devices), so scheduling, the
+slice reservation and the process layout are those of a real slice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from ray.cluster_utils import Cluster
+
+from sweeper.engine import place, run_sweep, shipped_code
+from sweeper.placement import LABEL_SLICE
+from sweeper.space import SpaceError, load_space
+from tests.helpers import run_trainer
+
+STEPS = 5
+SLICES = ("slice-a", "slice-b")
+
+
+@pytest.fixture(scope="module")
+def tpu_cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for name in SLICES:
+        for worker in (0, 1):
+            resources = {"TPU": 4, **({"TPU-v7x-16-head": 1} if worker == 0 else {})}
+            cluster.add_node(
+                num_cpus=2,
+                resources=resources,
+                labels={
+                    "ray.io/accelerator-type": "TPU-V7X",
+                    "ray.io/tpu-slice-name": name,
+                    "ray.io/tpu-worker-id": str(worker),
+                    "ray.io/tpu-topology": "2x2x2",
+                    "ray.io/tpu-pod-type": "v7x-16",
+                },
+                env_vars={"TPU_NAME": name, "TPU_WORKER_ID": str(worker)},
+            )
+    gpu_node = cluster.add_node(num_cpus=1, num_gpus=2)
+    cluster.gpu_node_id = gpu_node.node_id
+    # As `sweeper run --address` does: the nodes import the driver's copy of the code.
+    ray.init(
+        address=cluster.address,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env=shipped_code(),
+    )
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _space(name: str, trials: int, **trial) -> dict:
+    return {
+        "name": name,
+        "target": "tpu7x:2x2x2",
+        "fidelity": "run",
+        "model": {"preset": "tiny-dense"},
+        "trial": {"seq_len": 64, "steps": STEPS, "backend": "cpu", **trial},
+        "constraints": {"convergence": False},
+        "search": {"sampler": "random", "trials": trials, "concurrency": 4, "trial_timeout_s": 600},
+        "knobs": {"mesh.fsdp": {"values": [-1]}, "mesh.tensor": {"values": [1, 2]}},
+    }
+
+
+def _trainer_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "trainer" in cmdline and "--num-processes" in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_trials_reserve_whole_slices_and_span_their_hosts(tpu_cluster, tmp_path):
+    result = run_sweep(load_space(_space("slices", trials=3)), results_dir=tmp_path)
+    frame = result.trials
+    assert result.counts == {"total": 3, "ok": 3}, frame[["status", "failure_message"]]
+    assert any("capped at 2" in note for note in result.notes), result.notes
+
+    slice_of = {n["NodeID"]: n["Labels"].get(LABEL_SLICE) for n in ray.nodes()}
+    for _, row in frame.iterrows():
+        hosts = row["hosts"].split(",")
+        # Two trainer processes, one on each host of one slice, the slice the trial names.
+        assert row["processes"] == 2 and len(set(hosts)) == 2
+        assert {slice_of[h] for h in hosts} == {row["slice"]} and row["slice"] in SLICES
+        assert row["device_kind"] == "cpu" and row["fidelity"] == "run"
+
+    spans = [(r["started_at"], r["ended_at"], r["slice"]) for _, r in frame.iterrows()]
+    for i, (start, end, name) in enumerate(spans):
+        for other_start, other_end, other in spans[i + 1 :]:
+            overlap = start < other_end and other_start < end
+            assert not (overlap and name == other), "two running trials shared a slice"
+    moments = sorted({t for s, e, _ in spans for t in (s, e)})
+    running = [sum(s <= t < e for s, e, _ in spans) for t in moments]
+    assert max(running) <= 2
+
+    # MLflow has the layout, and the trial's own configuration reached it from the hosts.
+    client = MlflowClient(result.tracking_uri)
+    run_id = frame.iloc[0]["mlflow_run_id"]
+    tags = client.get_run(run_id).data.tags
+    assert tags["processes"] == "2" and tags["slice"] in SLICES and len(tags["hosts"]) > 20
+    losses = [
+        m.value for m in sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+    ]
+    config = json.loads(
+        Path(client.download_artifacts(run_id, "trial.json", str(tmp_path))).read_text()
+    )
+    # The same model, global batch and mesh as one process over 16 devices.
+    code, events, err = run_trainer(config, tmp_path, devices=16)
+    assert code == 0, err[-2000:]
+    single = [e["loss"] for e in events if e["event"] == "step"]
+    assert len(losses) == STEPS
+    np.testing.assert_allclose(losses, single, rtol=2e-3)
+
+
+def test_a_crashed_process_fails_the_trial_and_leaves_no_process(tpu_cluster, tmp_path):
+    space = _space("crash", trials=1, fault={"crash_at_step": 1, "crash_process": 1})
+    result = run_sweep(load_space(space), results_dir=tmp_path)
+    row = result.trials.iloc[0]
+    assert row["status"] == "failed" and row["failure_class"] == "crashed"
+    assert "process 1" in row["failure_message"], row["failure_message"]
+    assert row["processes"] == 2
+    deadline = time.monotonic() + 20
+    while _trainer_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _trainer_processes() == []
+
+
+def test_a_target_the_cluster_lacks_is_refused_before_any_trial(tpu_cluster, tmp_path):
+    space = load_space({**_space("absent", trials=1), "target": "tpu7x:4x4x4"})
+    with pytest.raises(SpaceError, match=r"tpu7x:4x4x4 with fidelity run needs .* has none"):
+        run_sweep(space, results_dir=tmp_path)
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_experiment_by_name("absent") is None
+    # auto compiles where the cluster has no such slice, and runs where it has one.
+    auto = {**_space("auto", trials=1), "fidelity": "auto"}
+    del auto["trial"]["backend"]
+    resolved, _ = place(load_space({**auto, "target": "tpu7x:4x4x4"}))
+    assert resolved.effective_fidelity == "compile"
+    resolved, placement = place(load_space(auto))
+    assert resolved.effective_fidelity == "run"
+    assert resolved.objective.primary.metric == "tokens_per_sec_per_chip"
+    assert (placement.kind, placement.backend, placement.processes) == ("slice", "tpu", 2)
+    assert placement.capacity == 2 and placement.num_devices == 16
+
+
+def test_gpu_targets_run_on_a_gpu_host_of_the_cluster(tpu_cluster, tmp_path):
+    space = _space("gpu", trials=1)
+    space.update(target="gpu:2", knobs={"mesh.fsdp": {"values": [2]}})
+    result = run_sweep(load_space(space), results_dir=tmp_path)
+    row = result.trials.iloc[0]
+    assert row["status"] == "ok", row["failure_message"]
+    # The trial went to the only node with 2 GPUs (simulated devices stand in for them here).
+    assert row["hosts"] == tpu_cluster.gpu_node_id and row["processes"] == 1
+    assert any("gpu:2: each trial reserves 2 GPUs" in n for n in result.notes), result.notes
