@@ -7,11 +7,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.space import SpaceError, count_points, load_space, space_overrides
+from sweeper.space import (
+    SpaceError,
+    check_feasible,
+    check_warm_start,
+    count_points,
+    load_space,
+    space_overrides,
+)
+from sweeper.spacefile import SpaceFileError, parse_value
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
@@ -42,7 +49,10 @@ def _overrides(trials, concurrency, fidelity, target, sets) -> dict[str, Any]:
             raise SpaceError(
                 f"--set {item!r}: expected key=value, e.g. --set trial.steps=10", field="--set"
             )
-        parsed[key.strip()] = yaml.safe_load(value)
+        try:
+            parsed[key.strip()] = parse_value(value)
+        except SpaceFileError as exc:
+            raise SpaceError(exc.message, field=f"--set {key.strip()}") from None
     # The same mapping the Python API uses; explicit flags win over --set.
     return space_overrides(
         {
@@ -80,9 +90,11 @@ def validate(
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
         check_sampler(loaded)
         check_flags(loaded)
+        pinned, notes = pin_inert(loaded)
+        check_warm_start(pinned, why=" once inert values are pinned away")
+        check_feasible(pinned)
     except (SpaceError, ValueError) as exc:
         _fail(str(exc))
-    pinned, notes = pin_inert(loaded)
     points = count_points(pinned)
     table = Table(title=f"space {pinned.name}: {pinned.description}")
     for col in ("knob", "kind", "values", "when"):

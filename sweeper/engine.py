@@ -27,7 +27,16 @@ from sweeper.placement import (
 )
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_sampler, make_sampler
-from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
+from sweeper.space import (
+    Space,
+    SpaceError,
+    assemble,
+    check_feasible,
+    check_warm_start,
+    count_points,
+    load_space,
+    space_overrides,
+)
 from sweeper.tracking import Tracker, TrackingCallback, check_tracking_server, default_tracking_uri
 from sweeper.trainable import TrialRuntime, run_trial
 
@@ -121,6 +130,16 @@ def place(space: Space) -> tuple[Space, Placement]:
     return space, compile_placement(space, hosts)
 
 
+def cap_grid(space: Space) -> tuple[Space, list[str]]:
+    """A grid sweep runs each point once: more trials than points would repeat them."""
+    points = count_points(space)
+    if space.search.sampler != "grid" or points is None or space.search.trials <= points:
+        return space, []
+    search = space.search.model_copy(update={"trials": points})
+    note = f"search.trials {space.search.trials} capped at {points}: the grid has {points} points"
+    return space.model_copy(update={"search": search}), [note]
+
+
 def start_ray(address: str | None = None) -> None:
     """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)."""
     if ray.is_initialized():
@@ -180,10 +199,14 @@ def prepare(
     space, placement = place(space)
     backend = placement.backend if space.effective_fidelity == "run" else None
     space, inert_notes = pin_inert(space, backend)
+    check_warm_start(space, why=f" once values inert on {placement.backend} are pinned away")
+    check_feasible(space, placement.num_devices)
     try:
         check_sampler(space)
     except ValueError as exc:
         raise SpaceError(str(exc), field="search.sampler") from None
+    space, grid_note = cap_grid(space)
+    inert_notes += grid_note
     results_dir = Path(results_dir or REPO_RESULTS).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     storage = storage or str(results_dir)

@@ -210,5 +210,11 @@ class SweepSearch(OptunaSearch):
             values, state = None, TrialState.PRUNED if kind == "pruned" else TrialState.FAIL
         if values is not None and len(values) == 1:
             values = values[0]
-        self._ot_study.tell(ot_trial, values, state=state)
+        try:
+            self._ot_study.tell(ot_trial, values, state=state)
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once the grid is done, which only works inside
+            # study.optimize; the tell itself is already stored. Tune's trial count ends the sweep.
+            if "stop" not in str(exc).lower():
+                raise
         self._completed_trials.add(trial_id)

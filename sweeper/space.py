@@ -10,10 +10,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sweeper.spacefile import SpaceFileError, read_space_file
 from trainer.config import ConfigError, TrialConfig, check_static, load_config
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 KEY_SEPARATOR = "."
+MAX_TRIALS = 100_000
+# Discrete knobs are enumerated (counting, grid search, checks); beyond this they are ranges.
+MAX_CANDIDATES = 10_000
 
 
 class SpaceError(ValueError):
@@ -41,10 +45,10 @@ class _Strict(BaseModel):
 class Knob(_Strict):
     """One searchable trial-config key: categorical `values`, or an int/float range."""
 
-    values: list[Any] | None = None
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
+    values: list[Any] | None = Field(default=None, max_length=MAX_CANDIDATES)
+    low: float | None = Field(default=None, allow_inf_nan=False)
+    high: float | None = Field(default=None, allow_inf_nan=False)
+    step: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     log: bool = False
     type: Literal["categorical", "int", "float"] | None = None
     when: dict[str, Any] = Field(
@@ -83,13 +87,13 @@ class Knob(_Strict):
         if self.values is not None:
             return list(self.values)
         if self.kind == "int":
-            step = int(self.step or 1)
-            if self.log:
+            step = max(1, int(self.step or 1))
+            if self.log or (self.high - self.low) / step >= MAX_CANDIDATES:
                 return None
             return list(range(int(self.low), int(self.high) + 1, step))  # bounds inclusive (Optuna)
         if self.step is not None:
             n = math.floor((self.high - self.low) / self.step + 1e-9) + 1
-            return [self.low + i * self.step for i in range(n)]
+            return [self.low + i * self.step for i in range(n)] if n <= MAX_CANDIDATES else None
         return None
 
 
@@ -134,12 +138,12 @@ class Constraints(_Strict):
 
 class Search(_Strict):
     sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "nsga2"] = "tpe"
-    trials: int = Field(default=8, gt=0)
-    concurrency: int = Field(default=1, gt=0)
-    seed: int = 0
-    startup_trials: int | None = Field(default=None, ge=0)
-    time_budget_s: float | None = Field(default=None, gt=0)
-    trial_timeout_s: float = Field(default=900, gt=0)
+    trials: int = Field(default=8, gt=0, le=MAX_TRIALS)
+    concurrency: int = Field(default=1, gt=0, le=4096)
+    seed: int = Field(default=0, ge=0, lt=2**32)
+    startup_trials: int | None = Field(default=None, ge=0, le=MAX_TRIALS)
+    time_budget_s: float | None = Field(default=None, gt=0, le=365 * 86400)
+    trial_timeout_s: float = Field(default=900, gt=0, le=7 * 86400)
     early_stopping: bool = False
     warm_start: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -279,6 +283,39 @@ def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<space>") -> None:
+    """`--set` / API override of any space key; knob names contain the separator, so
+    `knobs.mesh.tensor.values=[1,2]` addresses the knob `mesh.tensor` (an existing one, or a
+    new one when the whole definition is given: `knobs.mesh.tensor={values: [1, 2]}`)."""
+    if not dotted or any(not part for part in dotted.split(KEY_SEPARATOR)):
+        raise SpaceError(
+            f"{dotted!r} is not a dotted key such as trial.steps", file=file, field="--set"
+        )
+    if dotted.startswith("knobs" + KEY_SEPARATOR):
+        knobs = data.setdefault("knobs", {})
+        if not isinstance(knobs, dict):
+            raise SpaceError("knobs is not a mapping", file=file, field="knobs")
+        rest = dotted.removeprefix("knobs" + KEY_SEPARATOR)
+        name = max(
+            (k for k in knobs if rest == k or rest.startswith(k + KEY_SEPARATOR)),
+            key=len,
+            default=rest,
+        )
+        if name == rest:
+            knobs[name] = value
+        else:
+            if not isinstance(knobs[name], dict):
+                raise SpaceError(
+                    f"knob {name!r} is not a mapping", file=file, field=f"knobs.{name}"
+                )
+            set_path(knobs[name], rest.removeprefix(name + KEY_SEPARATOR), value)
+        return
+    try:
+        set_path(data, dotted, value)
+    except SpaceError as exc:
+        raise SpaceError(exc.message, file=file, field=f"--set {dotted}") from None
+
+
 def assemble(space: Space, point: dict[str, Any]) -> dict[str, Any]:
     """Trial configuration dict for a sampled point (knob path -> value)."""
     trial = space.base_trial()
@@ -295,17 +332,26 @@ def active(knob: Knob, point: dict[str, Any]) -> bool:
 
 
 def resolve_path(spec: str | Path) -> Path:
-    """A path, or a built-in space by name (`moe_short`, `spaces/moe_short.yaml`)."""
+    """A path, or a built-in space: a bare name (`moe_short`) or `spaces/moe_short.yaml`.
+
+    Any other path must exist: a typo in a path never falls back to a built-in space.
+    """
     path = Path(spec)
-    if path.exists():
+    if path.is_file():
         return path
-    builtin = SPACES_DIR / (path.stem + ".yaml")
-    if builtin.exists():
-        return builtin
+    builtin_form = path.parent == Path("spaces") and path.suffix == ".yaml"
+    bare = len(path.parts) == 1 and not path.suffix
     known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    if bare or builtin_form:
+        builtin = SPACES_DIR / f"{path.stem}.yaml"
+        if builtin.is_file():
+            return builtin
+        raise SpaceError(
+            f"no built-in space named {path.stem!r} (built-in: {known})", file=str(spec)
+        )
+    what = "is a directory, not a space file" if path.is_dir() else "no such file"
     raise SpaceError(
-        f"no such file, and no built-in space named {path.stem!r} (built-in: {known})",
-        file=str(spec),
+        f"{what}; give a YAML file, or a built-in space by name ({known})", file=str(spec)
     )
 
 
@@ -335,21 +381,14 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     else:
         path = resolve_path(spec)
         file = str(path)
-        text = path.read_text()
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise SpaceError(
-                f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                file=file,
-                line=mark.line + 1 if mark else None,
-            ) from None
-        if not isinstance(data, dict):
-            raise SpaceError("the top level must be a mapping", file=file, line=1)
+            data, root = read_space_file(path)
+        except SpaceFileError as exc:
+            raise SpaceError(exc.message, file=file, line=exc.line) from None
+        except OSError as exc:
+            raise SpaceError(f"cannot read it: {exc.strerror or exc}", file=file) from None
     for key, value in (overrides or {}).items():
-        set_path(data, key, value)
+        set_override(data, key, value, file)
     try:
         space = Space.model_validate(data)
     except ValidationError as exc:
@@ -404,15 +443,100 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                     line=_line_of(root, ("knobs", key)),
                     field=f"knobs.{key}",
                 ) from None
+    check_warm_start(space, file, root)
+
+
+def _admits(knob: Knob, value: Any) -> bool:
+    """Whether the knob can take `value` (True is not 1 here: YAML keeps them apart)."""
+    if knob.values is not None:
+        return any(
+            value == v and isinstance(value, bool) == isinstance(v, bool) for v in knob.values
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return knob.low <= value <= knob.high and (knob.kind != "int" or float(value).is_integer())
+
+
+def check_warm_start(
+    space: Space, file: str | None = None, root: yaml.Node | None = None, why: str = ""
+) -> None:
+    """Every warm-start point: known keys, each value one its knob can take (`why` says
+    what shaped the knob, e.g. pinning), conditions met, and a valid trial configuration."""
     for i, point in enumerate(space.search.warm_start):
+        where = {"file": file, "line": _line_of(root, ("search", "warm_start", i))}
         unknown = sorted(set(point) - set(space.knobs))
         if unknown:
             raise SpaceError(
                 f"keys {unknown} are not knobs of this space",
-                file=file,
-                line=_line_of(root, ("search", "warm_start", i)),
+                **where,
                 field=f"search.warm_start.{i}",
             )
+        for key, value in point.items():
+            knob = space.knobs[key]
+            if not active(knob, point):
+                raise SpaceError(
+                    f"{key} is only sampled when {knob.when}; drop it from this point or meet the condition",
+                    **where,
+                    field=f"search.warm_start.{i}.{key}",
+                )
+            if not _admits(knob, value):
+                allowed = knob.values if knob.values is not None else f"[{knob.low}, {knob.high}]"
+                raise SpaceError(
+                    f"{value!r} is not a value of knob {key} ({allowed}){why}",
+                    **where,
+                    field=f"search.warm_start.{i}.{key}",
+                )
+        try:
+            load_config(assemble(space, point))
+        except ConfigError as exc:
+            raise SpaceError(
+                f"makes an invalid trial: {exc}", **where, field=f"search.warm_start.{i}"
+            ) from None
+
+
+def points(space: Space, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` points in order (ranges contribute their ends and middle)."""
+    keys, found = list(space.knobs), []
+
+    def walk(i: int, point: dict[str, Any]) -> None:
+        if len(found) >= limit:
+            return
+        if i == len(keys):
+            found.append(dict(point))
+            return
+        knob = space.knobs[keys[i]]
+        if not active(knob, point):
+            walk(i + 1, point)
+            return
+        values = knob.candidates()
+        if values is None:
+            mid = (knob.low + knob.high) / 2
+            values = [knob.low, int(mid) if knob.kind == "int" else mid, knob.high]
+        for value in values:
+            walk(i + 1, {**point, keys[i]: int(value) if knob.kind == "int" else value})
+
+    walk(0, {})
+    return found
+
+
+def check_feasible(space: Space, num_devices: int | None = None, limit: int = 256) -> None:
+    """Refuse a space none of whose points makes a trial that could run (static checks)."""
+    checked = points(space, limit)
+    first = None
+    for point in checked:
+        try:
+            static_check(space, point, num_devices)
+            return
+        except (ConfigError, SpaceError) as exc:
+            first = first or (point, exc)
+    if first:
+        point, exc = first
+        scope = "every point" if len(checked) < limit else f"each of the first {limit} points"
+        raise SpaceError(
+            f"{scope} of this space makes an invalid trial on {num_devices or space.num_devices} "
+            f"devices; e.g. {point or 'the base trial'}: {exc}",
+            field="knobs",
+        )
 
 
 def static_check(

@@ -346,3 +346,23 @@ def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):
     with pytest.raises(SpaceError) as err:
         prepare(load_space(bad), results_dir=tmp_path)
     assert err.value.field == "knobs.xla.extra" and "xla_tpu_bogus" in str(err.value)
+
+
+def test_grid_sampler_runs_the_whole_grid_once(tmp_path):
+    # 2 points, 3 trials asked: the grid caps the sweep, and its end does not crash it.
+    result = run_sweep(
+        "smoke",
+        results_dir=tmp_path,
+        sampler="grid",
+        trials=3,
+        set={
+            "trial.steps": 3,
+            "constraints.convergence": False,
+            "knobs.remat.policy.values": ["full"],
+        },
+    )
+    assert result.counts == {"total": 2, "ok": 2}
+    assert any("capped at 2" in note for note in result.notes), result.notes
+    study = result.study()
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert sorted(t.params["mesh.tensor"] for t in study.trials) == [1, 2]

@@ -93,7 +93,7 @@ class ModelConfig(_Frozen):
     def _fill_from_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("preset") is not None:
             name = data["preset"]
-            if name not in MODEL_PRESETS:
+            if not isinstance(name, str) or name not in MODEL_PRESETS:
                 known = ", ".join(sorted(MODEL_PRESETS))
                 raise ValueError(f"unknown preset {name!r}; known presets: {known}")
             return {**MODEL_PRESETS[name], **data}
