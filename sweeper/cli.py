@@ -161,11 +161,17 @@ def run(
     ] = None,
 ) -> None:
     """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
+    import os
+    import signal
+
     from sweeper.engine import run_sweep, start_ray
 
     try:
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
         start_ray(address)
+        # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
+        # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
         result = run_sweep(
             loaded,
             results_dir=results_dir,
@@ -175,7 +181,13 @@ def run(
         )
     except (SpaceError, ConnectionError) as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/red] before the first trial started; nothing was run")
+        raise typer.Exit(130) from None
     _print_result(result, loaded)
+    if result.interrupted:
+        err.print("[red]interrupted[/red]: finished trials are kept; running ones were killed")
+        raise typer.Exit(130)
 
 
 @app.command()

@@ -61,6 +61,8 @@ class SweepContext:
     inert_notes: list[str] = field(default_factory=list)
     placement_notes: list[str] = field(default_factory=list)
     result: SweepResult | None = None
+    searcher: Any = None  # the SweepSearch, to close trials an interruption cut off
+    interrupted: bool = False
 
     @property
     def sweep_dir(self) -> Path:
@@ -84,6 +86,7 @@ class SweepResult:
     counts: dict[str, int] = field(default_factory=dict)
     # Values pinned before sampling, and knobs the trials reported inert/emulated/interpreted.
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C / SIGTERM ended it; its running trials were killed
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
@@ -302,6 +305,7 @@ def build_tuner(
         storage=optuna.storages.RDBStorage(ctx.optuna_storage),
         points_to_evaluate=space.search.warm_start or None,
     )
+    ctx.searcher = searcher
     scheduler = None
     if space.search.early_stopping and single:
         steps = int(base.get("steps", 20))
@@ -349,6 +353,19 @@ class FinishCallback(tune.Callback):
         self.ctx = ctx
 
     def on_experiment_end(self, trials, **info):
+        # Trials that started and never completed were cut off by Ctrl-C / SIGTERM (Tune
+        # marks them TERMINATED when it stops them): close their records.
+        tracking = self.ctx.tracking
+        cut = [
+            t
+            for t in trials
+            if t.trial_id in tracking.run_ids and t.trial_id not in tracking.finished
+        ]
+        for trial in cut:
+            self.ctx.tracking.kill(trial)
+        if self.ctx.searcher is not None:
+            self.ctx.searcher.fail_unfinished("killed: the sweep was interrupted")
+        self.ctx.interrupted = bool(cut)
         self.ctx.result = finish(self.ctx)
 
 
@@ -395,7 +412,11 @@ def finish(ctx: SweepContext) -> SweepResult:
         *(f"pinned: {n}" for n in ctx.inert_notes),
         *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
     ]
-    ctx.tracker.finish_sweep(best, counts, notes=notes)
+    if ctx.interrupted:
+        notes.append("interrupted: trials still running were killed and recorded as such")
+    ctx.tracker.finish_sweep(
+        best, counts, status="KILLED" if ctx.interrupted else "FINISHED", notes=notes
+    )
     return SweepResult(
         space=ctx.space.name,
         sweep_id=ctx.sweep_id,
@@ -409,6 +430,7 @@ def finish(ctx: SweepContext) -> SweepResult:
         sweep_dir=ctx.sweep_dir,
         notes=notes,
         counts=counts,
+        interrupted=ctx.interrupted,
     )
 
 

@@ -185,6 +185,16 @@ class SweepSearch(OptunaSearch):
         if result.get("trial_status") == "running" and value is not None and math.isfinite(value):
             self._ot_trials[trial_id].report(value, result.get("training_iteration", 0))
 
+    def fail_unfinished(self, reason: str) -> None:
+        """Tell FAIL for every trial still open (suggested or running when the sweep ended)."""
+        for trial_id, ot_trial in self._ot_trials.items():
+            if trial_id in self._completed_trials:
+                continue
+            ot_trial.set_user_attr("outcome", "killed")
+            ot_trial.set_user_attr("failure_class", reason)
+            self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
+            self._completed_trials.add(trial_id)
+
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:

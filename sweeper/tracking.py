@@ -177,7 +177,8 @@ class Tracker:
                 "trainer_log_tail.txt",
             )
         self.client.set_terminated(
-            run_id, {"ok": "FINISHED", "stopped": "KILLED"}.get(status, "FAILED")
+            run_id,
+            {"ok": "FINISHED", "stopped": "KILLED", "killed": "KILLED"}.get(status, "FAILED"),
         )
 
     def finish_sweep(
@@ -233,6 +234,7 @@ class TrackingCallback(tune.Callback):
         )
         self.pending: dict[str, list[dict[str, Any]]] = {}
         self.rows: list[dict[str, Any]] = []
+        self.finished: set[str] = set()
 
     def _point(self, trial) -> dict[str, Any]:
         return {k: v for k, v in trial.config.items() if k != OPTUNA_NUMBER_KEY}
@@ -259,10 +261,11 @@ class TrackingCallback(tune.Callback):
         if results and trial_id in self.run_ids:
             self.tracker.log_steps(self.run_ids[trial_id], results)
 
-    def _finish(self, trial, error: bool) -> None:
+    def _finish(self, trial, error: bool, ending: dict[str, Any] | None = None) -> None:
         self._flush(trial.trial_id)
-        final = dict(trial.last_result or {})
-        if final.get("trial_status") not in ("ok", "failed"):
+        self.finished.add(trial.trial_id)
+        final = {**(trial.last_result or {}), **(ending or {})}
+        if final.get("trial_status") not in ("ok", "failed", "killed"):
             # The trainable never made its final report: stopped by the scheduler, or the worker died.
             final = {**final, "trial_status": "failed" if error else "stopped"}
             final["failure_class"] = "crashed" if error else ""
@@ -288,6 +291,20 @@ class TrackingCallback(tune.Callback):
             **{f"knob:{k}": v for k, v in self._point(trial).items()},
         }
         self.rows.append(row)
+
+    def kill(self, trial) -> None:
+        """A trial cut off by an interrupted sweep: KILLED in MLflow, a `killed` row."""
+        if trial.trial_id in self.finished or trial.trial_id not in self.run_ids:
+            return  # already recorded, or never started (no run, no row)
+        self._finish(
+            trial,
+            error=False,
+            ending={
+                "trial_status": "killed",
+                "failure_class": "",
+                "failure_message": "the sweep was interrupted (Ctrl-C / SIGTERM) while it ran",
+            },
+        )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._finish(trial, error=False)

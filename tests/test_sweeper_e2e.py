@@ -366,3 +366,32 @@ def test_grid_sampler_runs_the_whole_grid_once(tmp_path):
     study = result.study()
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     assert sorted(t.params["mesh.tensor"] for t in study.trials) == [1, 2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
+    import optuna
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "run", "smoke", "--results-dir", str(tmp_path),
+         "--trials", "6", "--concurrency", "1", "--set", "trial.steps=400"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # wait until a trial has reported steps
+        lines.append(line)
+        if "1 running" in line and len(lines) > 3:
+            time.sleep(8)
+            break
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, "".join(lines) + out
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("smoke").experiment_id])
+    statuses = sorted(r.info.status for r in runs)
+    assert "RUNNING" not in statuses and "KILLED" in statuses, statuses
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert all(t.state != TrialState.RUNNING for t in study.trials)
+    assert any(t.user_attrs.get("outcome") == "killed" for t in study.trials)
+    (summary,) = tmp_path.glob("smoke/*/summary.csv")
+    assert "killed" in summary.read_text()
