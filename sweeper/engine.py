@@ -209,7 +209,6 @@ def prepare(
     except ValueError as exc:
         raise SpaceError(str(exc), field="search.sampler") from None
     space, grid_note = cap_grid(space)
-    inert_notes += grid_note
     results_dir = Path(results_dir or REPO_RESULTS).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     storage = storage or str(results_dir)
@@ -219,7 +218,7 @@ def prepare(
     sweep_dir = results_dir / space.name / sweep_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
     concurrency = min(space.search.concurrency, placement.capacity)
-    placement_notes = [f"placement: {placement.description}"]
+    placement_notes = [f"placement: {placement.description}", *grid_note]
     if concurrency < space.search.concurrency:
         placement_notes.append(
             f"search.concurrency {space.search.concurrency} capped at {concurrency}: "
