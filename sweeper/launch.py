@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +186,7 @@ class TrainerHost:
     def kill(self) -> None:
         if self.process:
             self.process.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)  # the trial's config and log copy
 
 
 class RemoteHandle:

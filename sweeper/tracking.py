@@ -286,7 +286,7 @@ class TrackingCallback(tune.Callback):
             "convergence_passed": final.get("convergence_passed"),
             "hardware": final.get("hardware", ""),
             "fidelity": final.get("fidelity", ""),
-            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "started_at", "ended_at")},
+            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")},
             "effects": final.get("effects", ""),
             **{f"knob:{k}": v for k, v in self._point(trial).items()},
         }

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,9 @@ _CODE_TO_CLASS = {code: name for name, code in EXIT_CODES.items()}
 
 @dataclass(frozen=True)
 class TrialRuntime:
-    """How trials run: where (the placement), their extra environment and limits, fixed for a sweep."""
+    """How trials run: where (the placement) and their limits, fixed for a sweep."""
 
     placement: Placement
-    env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
     python: str = sys.executable
 
@@ -124,6 +123,7 @@ class TrialRun:
             "hosts": ",".join(w["node_id"] for w in self.where),
             "slice": ",".join(slices),
             "processes": len(self.where),
+            "pids": ",".join(str(w["pid"]) for w in self.where if "pid" in w),
             "device_kind": self.accepted.get("device_kind", ""),
             # Cores a local CPU trainer was pinned to (slice hosts are held whole).
             "cores": self.where[0].get("cores", "") if self.where else "",
@@ -204,7 +204,7 @@ class TrialRun:
     def processes(self, config_json: str) -> Iterator[list[Handle]]:
         """Start the trial's trainer processes where its placement says; kill them all on exit."""
         placement = self.placement
-        env = {**self.runtime.env, **placement.process_env()}
+        env = placement.process_env()
         if placement.kind == "slice":
             with reserve_slice(placement, self.runtime.timeout_s) as handles:
                 self.started_at = time.time()

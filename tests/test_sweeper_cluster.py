@@ -74,13 +74,16 @@ def _space(name: str, trials: int, **trial) -> dict:
     }
 
 
-def _trainer_processes() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "trainer" in cmdline and "--num-processes" in cmdline:
-            found.append(proc)
-    return found
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie awaiting its parent has ended)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_trials_reserve_whole_slices_and_span_their_hosts(tpu_cluster, tmp_path):
@@ -131,11 +134,29 @@ def test_a_crashed_process_fails_the_trial_and_leaves_no_process(tpu_cluster, tm
     row = result.trials.iloc[0]
     assert row["status"] == "failed" and row["failure_class"] == "crashed"
     assert "process 1" in row["failure_message"], row["failure_message"]
-    assert row["processes"] == 2
+    pids = [int(pid) for pid in row["pids"].split(",")]
+    assert row["processes"] == 2 and len(pids) == 2
     deadline = time.monotonic() + 20
-    while _trainer_processes() and time.monotonic() < deadline:
+    while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _trainer_processes() == []
+    assert _alive(pids) == []  # process 0 was killed too, on its own host
+
+
+def test_a_timeout_kills_every_process_of_the_trial(tpu_cluster, tmp_path):
+    # Process 1 hangs, so process 0 blocks in a collective: only the engine can end them.
+    space = _space(
+        "hang", trials=1, fault={"crash_at_step": 1, "crash_process": 1, "crash_mode": "hang"}
+    )
+    space["search"]["trial_timeout_s"] = 60
+    result = run_sweep(load_space(space), results_dir=tmp_path)
+    row = result.trials.iloc[0]
+    assert row["failure_class"] == "timeout", row["failure_message"]
+    pids = [int(pid) for pid in row["pids"].split(",")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 20
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alive(pids) == []
 
 
 def test_a_target_the_cluster_lacks_is_refused_before_any_trial(tpu_cluster, tmp_path):

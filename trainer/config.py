@@ -359,6 +359,9 @@ class FaultConfig(_Frozen):
     crash_process: int = Field(
         default=0, ge=0, description="which trainer process of a multi-host trial crashes"
     )
+    crash_mode: Literal["kill", "hang"] = Field(
+        default="kill", description="kill: SIGKILL itself; hang: stop making progress, forever"
+    )
 
 
 class TrialConfig(_Frozen):

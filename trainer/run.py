@@ -200,6 +200,9 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
             for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
         ]
         if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
+            if config.fault.crash_mode == "hang":
+                while True:  # a wedged host: alive, silent, its peers blocked in collectives
+                    time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
         start = time.perf_counter()
         state, step_metrics = compiled(state, *arrays)
