@@ -210,7 +210,7 @@ def test_pinning_follows_the_backend_trials_run_on(tmp_path):
 def test_every_shipped_space_validates(path):
     from sweeper.search import check_sampler
 
-    space = load_space(path)
+    space = load_space(f"spaces/{path}")  # the documented form of a built-in space
     check_sampler(space)
     assert count_points(space) and space.effective_fidelity in ("run", "compile")
 
