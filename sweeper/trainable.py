@@ -279,7 +279,10 @@ class TrialRun:
             with self.processes(config_json) as handles:
                 returncode = self.watch(handles, report)
         except (ray.exceptions.RayError, TimeoutError, RuntimeError) as exc:
-            # The hardware could not be had or held (reservation timed out, host lost).
+            # The hardware could not be had (a slice reservation failed or timed out) or held
+            # (a host's actor died). Once the trainers run, anything else is a bug to surface.
+            if self.started_at is not None and not isinstance(exc, ray.exceptions.RayError):
+                raise
             self.ended_at = time.time()
             return {
                 **self.final(None),
