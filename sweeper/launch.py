@@ -239,11 +239,8 @@ def reserve_slice(placement: Placement, timeout_s: float) -> Iterator[list[Any]]
         ordered = sorted(zip(described, actors, strict=True), key=lambda pair: pair[0]["worker_id"])
         yield [RemoteHandle(actor, where) for where, actor in ordered]
     finally:
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                ray.get(actor.kill.remote(), timeout=10)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+        for actor in actors:  # also those started before a failure, never handed out
+            RemoteHandle(actor, {}).kill()
         reservation.shutdown()
 
 
