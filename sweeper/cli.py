@@ -159,34 +159,70 @@ def run(
             "convergence cache (default: --results-dir)",
         ),
     ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            "--study",
+            help="continue this Optuna study (learn from, and reuse, its earlier sweeps' trials)",
+        ),
+    ] = None,
 ) -> None:
     """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
+    try:
+        loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
+    except SpaceError as exc:
+        _fail(str(exc))
+    _drive(
+        dict(space=loaded, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage,
+             study=study),
+        address,
+    )  # fmt: skip
+
+
+@app.command()
+def resume(
+    sweep_id: Annotated[str, typer.Argument(help="the sweep id `sweeper run` printed")],
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri", help="where the sweep's MLflow runs are (default: as it began)"
+        ),
+    ] = None,
+    results_dir: Annotated[
+        Path | None, typer.Option("--results-dir", help="where the sweep was written")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="the Ray cluster (default: a private local Ray)")
+    ] = None,
+) -> None:
+    """Continue a sweep whose driver died or was stopped: nothing finished runs again."""
+    _drive(dict(resume=sweep_id, results_dir=results_dir, tracking_uri=tracking_uri), address)
+
+
+def _drive(kwargs: dict[str, Any], address: str | None) -> None:
+    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due."""
     import os
     import signal
 
     from sweeper.engine import run_sweep, start_ray
 
     try:
-        loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
         start_ray(address)
         # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
         # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-        result = run_sweep(
-            loaded,
-            results_dir=results_dir,
-            tracking_uri=tracking_uri,
-            storage=storage,
-            progress=True,
-        )
+        result = run_sweep(progress=True, **kwargs)
     except (SpaceError, ConnectionError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         err.print("[red]interrupted[/red] before the first trial started; nothing was run")
         raise typer.Exit(130) from None
-    _print_result(result, loaded)
+    _print_result(result, result.space_used)
     if result.interrupted:
-        err.print("[red]interrupted[/red]: finished trials are kept; running ones were killed")
+        err.print(
+            "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
+            f"Continue with `sweeper resume {result.sweep_id}`"
+        )
         raise typer.Exit(130)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -26,7 +27,13 @@ from sweeper.placement import (
     resolve,
 )
 from sweeper.progress import ProgressCallback
-from sweeper.search import SweepSearch, check_sampler, make_sampler
+from sweeper.search import (
+    SweepSearch,
+    check_sampler,
+    check_study,
+    close_open_trials,
+    make_sampler,
+)
 from sweeper.space import (
     Space,
     SpaceError,
@@ -37,10 +44,20 @@ from sweeper.space import (
     load_space,
     space_overrides,
 )
-from sweeper.tracking import Tracker, TrackingCallback, check_tracking_server, default_tracking_uri
-from sweeper.trainable import TrialRuntime, run_trial
+from sweeper.tracking import (
+    Tracker,
+    TrackingCallback,
+    check_tracking_server,
+    default_tracking_uri,
+)
+from sweeper.trainable import TrialRuntime, failure_result, run_trial
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
+MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach
+JOURNAL = "tracking_journal.json"  # MLflow writes waiting for the store to come back
+ID_MAP = "mlflow_runs.json"  # trial -> MLflow run, and each trial's attempts
+# A trial whose Ray worker or host died is retried this many times (a trial fault never is).
+INFRA_RETRIES = 2
 
 
 @dataclass
@@ -63,6 +80,8 @@ class SweepContext:
     result: SweepResult | None = None
     searcher: Any = None  # the SweepSearch, to close trials an interruption cut off
     interrupted: bool = False
+    own_study: bool = True  # False when --study continues a study shared with other sweeps
+    resumed: bool = False
 
     @property
     def sweep_dir(self) -> Path:
@@ -87,6 +106,8 @@ class SweepResult:
     # Values pinned before sampling, and knobs the trials reported inert/emulated/interpreted.
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False  # Ctrl-C / SIGTERM ended it; its running trials were killed
+    journaled: int = 0  # MLflow records still waiting in the journal (the store was down)
+    space_used: Space | None = None  # the space as run: fidelity resolved, inert values pinned
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
@@ -196,6 +217,7 @@ def prepare(
     tracking_uri: str | None = None,
     sweep_id: str | None = None,
     storage: str | None = None,
+    study: str | None = None,
 ) -> SweepContext:
     check_flags(space)
     start_ray()
@@ -215,6 +237,12 @@ def prepare(
     tracking_uri = tracking_uri or default_tracking_uri(results_dir)
     check_tracking_server(tracking_uri)
     sweep_id = sweep_id or new_sweep_id()
+    optuna_storage = f"sqlite:///{results_dir / 'optuna.db'}"
+    study_name = study or f"{space.name}-{sweep_id}"
+    try:
+        check_study(space, study_name, optuna_storage)
+    except ValueError as exc:
+        raise SpaceError(str(exc), field="--study") from None
     sweep_dir = results_dir / space.name / sweep_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
     concurrency = min(space.search.concurrency, placement.capacity)
@@ -224,7 +252,9 @@ def prepare(
             f"search.concurrency {space.search.concurrency} capped at {concurrency}: "
             f"the cluster holds {placement.capacity} such trial{'s' if placement.capacity > 1 else ''} at once"
         )
-    tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts")
+    tracker = Tracker(
+        tracking_uri, space, sweep_id, results_dir / "mlartifacts", sweep_dir / JOURNAL
+    )
     tracker.start_sweep(
         yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
         {
@@ -242,14 +272,15 @@ def prepare(
         results_dir=results_dir,
         tracking_uri=tracking_uri,
         tracker=tracker,
-        tracking=TrackingCallback(tracker, sweep_dir / "mlflow_runs.json"),
-        study_name=f"{space.name}-{sweep_id}",
-        optuna_storage=f"sqlite:///{results_dir / 'optuna.db'}",
+        tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
+        study_name=study_name,
+        optuna_storage=optuna_storage,
         placement=placement,
         storage=storage,
         concurrency=concurrency,
         inert_notes=inert_notes,
         placement_notes=placement_notes,
+        own_study=study is None,
     )
 
 
@@ -262,6 +293,7 @@ def build_tuner(
     progress: bool = False,
     context: SweepContext | None = None,
     storage: str | None = None,
+    study: str | None = None,
     **overrides: Any,
 ) -> tune.Tuner:
     """A ready Tuner for this space; pipelines may add callbacks and run it on their own cluster.
@@ -270,8 +302,9 @@ def build_tuner(
     The cluster is read here: trials reserve what the placement says (a whole TPU slice,
     the driver host's GPUs, or its CPU cores), and a target the cluster lacks is refused.
     `storage` is a path every node sees (Tune's experiment state and the convergence
-    cache); default results_dir. The sweep's MLflow parent run is opened here and closed
-    when the Tuner's experiment ends.
+    cache); default results_dir. `study` continues an existing Optuna study (points it
+    measured are reused, not run again). The sweep's MLflow parent run is opened here and
+    closed when the Tuner's experiment ends.
     """
     if not isinstance(space, Space):
         space = load_space(space, space_overrides(overrides))
@@ -280,23 +313,41 @@ def build_tuner(
             "overrides apply when the space is loaded: pass a path or name, or edit the Space"
         )
     ctx = context or prepare(
-        space, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage
+        space, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage, study=study
     )
-    space = ctx.space  # fidelity resolved, inert values pinned
-    placement = ctx.placement
-    runtime = TrialRuntime(placement=placement, timeout_s=space.search.trial_timeout_s)
+    finalize(ctx)
+    write_manifest(ctx)
+    trainable, tune_config, run_config = tuner_parts(ctx, callbacks, progress)
+    tuner = tune.Tuner(trainable, tune_config=tune_config, run_config=run_config)
+    tuner.sweep_context = ctx  # for run_sweep and pipelines that want the ids
+    return tuner
+
+
+def finalize(ctx: SweepContext) -> None:
+    """The trial base every trial of the sweep shares: where the trainers run, the cache."""
+    space = ctx.space
     base = space.base_trial()
     if space.effective_fidelity == "run":
-        base["backend"] = placement.backend  # the trainers run where the sweep reserved
+        base["backend"] = ctx.placement.backend  # the trainers run where the sweep reserved
     # The convergence reference cache lives in the sweep's storage, which every node reads.
     base.setdefault("convergence", {}).setdefault("cache_dir", f"{ctx.storage}/cache")
-    space = space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
-    ctx.space = space
+    ctx.space = space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
 
+
+def tuner_parts(
+    ctx: SweepContext,
+    callbacks: list[tune.Callback] | None = None,
+    progress: bool = False,
+    recorded: dict[str, dict[str, Any]] | None = None,
+) -> tuple[Any, tune.TuneConfig, tune.RunConfig]:
+    """The trainable, Tune config (searcher, scheduler) and run config (callbacks) of a sweep."""
+    space, placement = ctx.space, ctx.placement
+    runtime = TrialRuntime(placement=placement, timeout_s=space.search.trial_timeout_s)
     objective = space.objective
     single = objective.secondary is None
     searcher = SweepSearch(
         space,
+        sweep_id=ctx.sweep_id,
         metric=objective.primary.metric if single else objective.metrics,
         mode=objective.primary.mode if single else objective.modes,
         sampler=make_sampler(space),
@@ -307,7 +358,7 @@ def build_tuner(
     ctx.searcher = searcher
     scheduler = None
     if space.search.early_stopping and single:
-        steps = int(base.get("steps", 20))
+        steps = int(space.trial.get("steps", 20))
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
             metric=objective.primary.metric,
@@ -320,29 +371,44 @@ def build_tuner(
         all_callbacks.append(ProgressCallback(space))
     all_callbacks += callbacks or []
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, space=space, runtime=runtime), placement.trial_resources
+        tune.with_parameters(run_trial, space=space, runtime=runtime, recorded=recorded or {}),
+        placement.trial_resources,
     )
-    tuner = tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(
-            search_alg=searcher,
-            scheduler=scheduler,
-            num_samples=space.search.trials,
-            max_concurrent_trials=ctx.concurrency,
-            time_budget_s=space.search.time_budget_s,
-            reuse_actors=False,
-            trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
-        ),
-        run_config=tune.RunConfig(
-            name=ctx.study_name,
-            storage_path=f"{ctx.storage}/ray",
-            callbacks=all_callbacks,
-            failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
-            verbose=0,
-        ),
+    tune_config = tune.TuneConfig(
+        search_alg=searcher,
+        scheduler=scheduler,
+        num_samples=space.search.trials,
+        max_concurrent_trials=ctx.concurrency,
+        time_budget_s=space.search.time_budget_s,
+        reuse_actors=False,
+        trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
     )
-    tuner.sweep_context = ctx  # for run_sweep and pipelines that want the ids
-    return tuner
+    run_config = tune.RunConfig(
+        name=ctx.study_name if ctx.own_study else f"{ctx.study_name}-{ctx.sweep_id}",
+        storage_path=f"{ctx.storage}/ray",
+        callbacks=all_callbacks,
+        # A trial whose worker or host died is retried; a trial fault is a result, never raised.
+        failure_config=tune.FailureConfig(max_failures=INFRA_RETRIES, fail_fast=False),
+        verbose=0,
+    )
+    return trainable, tune_config, run_config
+
+
+def write_manifest(ctx: SweepContext) -> None:
+    manifest = {
+        "sweep_id": ctx.sweep_id,
+        "space": ctx.space.model_dump(mode="json"),
+        "study_name": ctx.study_name,
+        "own_study": ctx.own_study,
+        "optuna_storage": ctx.optuna_storage,
+        "tracking_uri": ctx.tracking_uri,
+        "experiment_id": ctx.tracker.experiment_id,
+        "parent_run_id": ctx.tracker.parent_run_id,
+        "storage": ctx.storage,
+        "inert_notes": ctx.inert_notes,
+    }
+    ctx.sweep_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 class FinishCallback(tune.Callback):
@@ -358,14 +424,17 @@ class FinishCallback(tune.Callback):
         cut = [
             t
             for t in trials
-            if t.trial_id in tracking.run_ids and t.trial_id not in tracking.finished
+            if t.trial_id in tracking.run_ids
+            and t.trial_id not in tracking.finished
+            and t.status != "ERROR"
+            and (t.last_result or {}).get("trial_status") not in ("ok", "failed", "killed")
         ]
         for trial in cut:
             self.ctx.tracking.kill(trial)
         if self.ctx.searcher is not None:
             self.ctx.searcher.fail_unfinished("killed: the sweep was interrupted")
         self.ctx.interrupted = bool(cut)
-        self.ctx.result = finish(self.ctx)
+        self.ctx.result = finish(self.ctx, trials)
 
 
 def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
@@ -377,8 +446,24 @@ def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
     return ranked.iloc[0].to_dict()
 
 
-def finish(ctx: SweepContext) -> SweepResult:
-    frame = pd.DataFrame(ctx.tracking.rows)
+def close_leftovers(ctx: SweepContext) -> list[str]:
+    """Close what a killed driver left open: Optuna trials and MLflow runs still RUNNING."""
+    notes = []
+    study = optuna.load_study(study_name=ctx.study_name, storage=ctx.optuna_storage)
+    closed = close_open_trials(study, ctx.sweep_id, ctx.own_study)
+    if closed:
+        notes.append(f"closed {closed} Optuna trial(s) a killed driver left RUNNING (FAIL)")
+    if not len(ctx.tracker.journal):
+        killed = ctx.tracker.close_leftovers(live=set())
+        if killed:
+            notes.append(f"closed {killed} MLflow run(s) a killed driver left RUNNING (KILLED)")
+    return notes
+
+
+def finish(ctx: SweepContext, trials: list | None = None) -> SweepResult:
+    """Summary files, notes and the parent run, from Tune's trials (restored ones included)."""
+    rows = ctx.tracking.rows(trials if trials is not None else ctx.tracking.seen.values())
+    frame = pd.DataFrame(rows)
     counts = {"total": len(frame)}
     if not frame.empty:
         counts.update(frame["status"].value_counts().to_dict())
@@ -411,11 +496,22 @@ def finish(ctx: SweepContext) -> SweepResult:
         *(f"pinned: {n}" for n in ctx.inert_notes),
         *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
     ]
+    if "reused_from" in frame and frame["reused_from"].notna().any():
+        reused = int(frame["reused_from"].notna().sum())
+        notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
     if ctx.interrupted:
         notes.append("interrupted: trials still running were killed and recorded as such")
+    notes += close_leftovers(ctx)
     ctx.tracker.finish_sweep(
         best, counts, status="KILLED" if ctx.interrupted else "FINISHED", notes=notes
     )
+    journaled = ctx.tracker.flush()
+    notes += ctx.tracker.outages
+    if journaled:
+        notes.append(
+            f"{journaled} MLflow records still wait in {ctx.tracker.journal.path}: "
+            f"`sweeper resume {ctx.sweep_id}` replays them once the store answers"
+        )
     return SweepResult(
         space=ctx.space.name,
         sweep_id=ctx.sweep_id,
@@ -430,6 +526,8 @@ def finish(ctx: SweepContext) -> SweepResult:
         notes=notes,
         counts=counts,
         interrupted=ctx.interrupted,
+        journaled=journaled,
+        space_used=ctx.space,
     )
 
 
@@ -438,25 +536,142 @@ def _missing(value: Any) -> bool:
 
 
 def run_sweep(
-    space: Space | str | Path,
+    space: Space | str | Path | None = None,
     *,
     results_dir: Path | None = None,
     tracking_uri: str | None = None,
     progress: bool = False,
     callbacks: list[tune.Callback] | None = None,
     storage: str | None = None,
+    study: str | None = None,
+    resume: str | None = None,
     **overrides: Any,
 ) -> SweepResult:
-    """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`)."""
-    tuner = build_tuner(
-        space,
+    """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`).
+
+    `resume=SWEEP_ID` continues a sweep whose driver died or was stopped instead.
+    """
+    if resume is not None:
+        if space is not None or overrides:
+            raise TypeError("resume continues a sweep as it was: pass no space or overrides")
+        tuner = restore_tuner(resume, results_dir=results_dir, tracking_uri=tracking_uri,
+                              progress=progress, callbacks=callbacks)  # fmt: skip
+    else:
+        tuner = build_tuner(
+            space,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            progress=progress,
+            callbacks=callbacks,
+            storage=storage,
+            study=study,
+            **overrides,
+        )
+    ctx: SweepContext = tuner.sweep_context
+    tuner.fit()
+    return ctx.result or finish(ctx)
+
+
+def find_sweep(sweep_id: str, results_dir: Path) -> Path:
+    found = sorted(results_dir.glob(f"*/{sweep_id}/{MANIFEST}"))
+    if not found:
+        known = sorted(p.parent.name for p in results_dir.glob(f"*/*/{MANIFEST}"))[-5:]
+        raise SpaceError(
+            f"no sweep {sweep_id!r} under {results_dir} (latest: {', '.join(known) or 'none'}); "
+            "pass the id `sweeper run` printed, and the same --results-dir",
+            field="SWEEP_ID",
+        )
+    return found[0].parent
+
+
+def resume_context(
+    sweep_id: str, results_dir: Path | None = None, tracking_uri: str | None = None
+) -> tuple[SweepContext, dict[str, Any]]:
+    """The context of a sweep begun earlier: its space, study, MLflow runs and Tune state."""
+    results_dir = Path(results_dir or REPO_RESULTS).resolve()
+    sweep_dir = find_sweep(sweep_id, results_dir)
+    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    space = Space.model_validate(manifest["space"])
+    start_ray()
+    _, placement = place(space)
+    tracking_uri = tracking_uri or manifest["tracking_uri"]
+    check_tracking_server(tracking_uri)
+    tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts",
+                      sweep_dir / JOURNAL, parent_run_id=manifest["parent_run_id"])  # fmt: skip
+    tracker.tag(
+        tracker.parent_run_id, {"resumed_at": dt.datetime.now().isoformat(timespec="seconds")}
+    )
+    ctx = SweepContext(
+        space=space,
+        sweep_id=sweep_id,
         results_dir=results_dir,
         tracking_uri=tracking_uri,
-        progress=progress,
-        callbacks=callbacks,
-        storage=storage,
-        **overrides,
+        tracker=tracker,
+        tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
+        study_name=manifest["study_name"],
+        optuna_storage=manifest["optuna_storage"],
+        placement=placement,
+        storage=manifest["storage"],
+        concurrency=min(space.search.concurrency, placement.capacity),
+        inert_notes=manifest["inert_notes"],
+        placement_notes=[f"placement: {placement.description}", f"resumed sweep {sweep_id}"],
+        own_study=manifest["own_study"],
+        resumed=True,
     )
-    tuner.fit()
-    ctx: SweepContext = tuner.sweep_context
-    return ctx.result or finish(ctx)
+    return ctx, manifest
+
+
+def recorded_results(ctx: SweepContext) -> dict[str, dict[str, Any]]:
+    """Trials Tune will restart that must not run again, by Tune trial id, with their result.
+
+    Told to Optuna before the driver died (Tune's checkpoint is older): their stored
+    result. Interrupted once already (attempts >= 2): a failure; a trial is retried once.
+    """
+    recorded: dict[str, dict[str, Any]] = {}
+    study = optuna.load_study(study_name=ctx.study_name, storage=ctx.optuna_storage)
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        tune_id = attrs.get("tune_trial_id")
+        if not tune_id or attrs.get("sweep_id") != ctx.sweep_id:
+            continue
+        if trial.state.is_finished() and "result" in attrs:
+            recorded[tune_id] = attrs["result"]
+        elif not trial.state.is_finished() and ctx.tracking.attempts.get(tune_id, 0) >= 2:
+            recorded[tune_id] = failure_result(
+                "crashed",
+                "interrupted twice (the sweep's driver died while it ran); not retried again",
+            )
+    return recorded
+
+
+def restore_tuner(
+    sweep_id: str,
+    *,
+    results_dir: Path | None = None,
+    tracking_uri: str | None = None,
+    progress: bool = False,
+    callbacks: list[tune.Callback] | None = None,
+) -> tune.Tuner:
+    """Tune's experiment, the Optuna study and the MLflow runs of `sweep_id`, reattached.
+
+    Finished trials stay finished; trials the driver's death cut off run again once.
+    """
+    ctx, _ = resume_context(sweep_id, results_dir, tracking_uri)
+    trainable, _, run_config = tuner_parts(ctx, callbacks, progress, recorded_results(ctx))
+    ctx.searcher = None  # Tune restores its own searcher (the pickled one, with its state)
+    path = f"{run_config.storage_path}/{run_config.name}"
+    if not tune.Tuner.can_restore(path):
+        raise SpaceError(
+            f"sweep {sweep_id}: no Tune experiment state at {path} (did the first trial start?)",
+            field="SWEEP_ID",
+        )
+    tuner = tune.Tuner.restore(
+        path, trainable, resume_unfinished=True, resume_errored=False, restart_errored=False
+    )
+    # Tune revives the callbacks pickled when the sweep began, with their memory of then;
+    # the resumed sweep reports to callbacks rebuilt from the durable records instead.
+    restored = tuner._local_tuner.get_run_config()
+    restored.callbacks = run_config.callbacks
+    restored.failure_config = run_config.failure_config
+    tuner.sweep_context = ctx
+    return tuner

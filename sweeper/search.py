@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 from typing import Any
@@ -16,9 +18,48 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeper.space import Knob, Space, active
+from sweeper.space import Knob, Space, active, assemble
 
 OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
+# A point measured before in this study: its stored result, reused instead of run again.
+REUSE_KEY = "sweeper.reuse"
+# Config keys that steer a trial and are not knobs.
+CONTROL_PREFIX = "sweeper."
+# Tune's bookkeeping and bulky text: not part of a trial's durable result.
+_NOT_RECORDED = frozenset(
+    {"config", "log_tail", "trial_config", "timestamp", "checkpoint_dir_name", "done", "date",
+     "training_iteration", "trial_id", "time_this_iter_s", "time_total_s", "pid", "hostname",
+     "node_ip", "time_since_restore", "iterations_since_restore", "experiment_tag"}
+)  # fmt: skip
+
+
+def knob_point(config: dict[str, Any]) -> dict[str, Any]:
+    """The sampled knob values of a Tune trial config (without the engine's control keys)."""
+    return {k: v for k, v in config.items() if not k.startswith(CONTROL_PREFIX)}
+
+
+def point_key(space: Space, point: dict[str, Any]) -> str:
+    """Identity of a measurement: the whole trial configuration, fidelity and target."""
+    what = {"trial": assemble(space, point), "fidelity": space.effective_fidelity,
+            "target": space.target}  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def durable_result(result: dict[str, Any]) -> dict[str, Any]:
+    """What of a trial's final result is stored with its Optuna trial (JSON scalars only)."""
+    kept: dict[str, Any] = {}
+    for key, value in result.items():
+        if key in _NOT_RECORDED or key.startswith(CONTROL_PREFIX):
+            continue
+        if isinstance(value, str):
+            kept[key] = value[:2000]
+        elif isinstance(value, bool | int) or value is None:
+            kept[key] = value
+        elif isinstance(value, float):
+            kept[key] = value if math.isfinite(value) else None
+    return kept
+
+
 # A failure that is a property of the point: the search must learn to avoid the region.
 INFEASIBLE_CLASSES = frozenset({"invalid_config", "oom_hbm", "oom_vmem", "diverged"})
 # Failures that say nothing certain about the point (a flaky host, a bug): not learned from.
@@ -174,9 +215,32 @@ class SweepSearch(OptunaSearch):
     the region; crashed/timeout/compile error -> FAIL; stopped early -> PRUNED.
     """
 
-    def __init__(self, space: Space, **kwargs: Any):
+    def __init__(self, space: Space, sweep_id: str = "", **kwargs: Any):
         self._sweep_space = space
+        self._sweep_id = sweep_id
         super().__init__(space=DefineByRun(space), **kwargs)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        config = super().suggest(trial_id)
+        if config is None:
+            return None
+        ot_trial = self._ot_trials[trial_id]
+        key = point_key(self._sweep_space, knob_point(config))
+        ot_trial.set_user_attr("sweep_id", self._sweep_id)
+        ot_trial.set_user_attr("tune_trial_id", trial_id)
+        ot_trial.set_user_attr("point_key", key)
+        earlier = self.measured(key)
+        if earlier is not None:  # measured before in this study: reuse, do not run it again
+            config[REUSE_KEY] = {"from": earlier.number, "result": earlier.user_attrs["result"]}
+            ot_trial.set_user_attr("reused_from", earlier.number)
+        return config
+
+    def measured(self, key: str) -> optuna.trial.FrozenTrial | None:
+        """The first finished trial of the study with this point key and a stored result."""
+        for trial in self._ot_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if trial.user_attrs.get("point_key") == key and "result" in trial.user_attrs:
+                return trial
+        return None
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
@@ -203,8 +267,14 @@ class SweepSearch(OptunaSearch):
         ot_trial = self._ot_trials[trial_id]
         kind = outcome(result, error)
         result = result or {}
+        if self._told_already(ot_trial):
+            # Told before the driver died (resume): the stored record stands.
+            self._completed_trials.add(trial_id)
+            return
         ot_trial.set_user_attr("outcome", kind)
         ot_trial.set_user_attr("failure_class", result.get("failure_class") or "")
+        if result.get("trial_status") in ("ok", "failed") and kind != "failed":
+            ot_trial.set_user_attr("result", durable_result(result))
         # Constraint-aware samplers (TPE, GP, NSGA-II) read these to learn infeasible regions.
         for name, value in zip(CONSTRAINTS, constraint_vector(result), strict=True):
             ot_trial.set_constraint(name, value)
@@ -228,3 +298,52 @@ class SweepSearch(OptunaSearch):
             if "stop" not in str(exc).lower():
                 raise
         self._completed_trials.add(trial_id)
+
+    def _told_already(self, ot_trial: optuna.Trial) -> bool:
+        frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
+        return frozen.state.is_finished()
+
+
+def close_open_trials(study: optuna.Study, sweep_id: str, own_study: bool) -> int:
+    """FAIL the sweep's Optuna trials still RUNNING once its Tune experiment has ended.
+
+    A driver killed between Optuna's ask and Tune's checkpoint leaves such trials; so does
+    one killed before it could tell. In a study shared across sweeps (`--study`), only this
+    sweep's trials are closed.
+    """
+    closed = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("sweep_id", sweep_id if own_study else None)
+        if owner == sweep_id:
+            study.tell(trial.number, None, state=TrialState.FAIL)
+            closed += 1
+    return closed
+
+
+def check_study(space: Space, study_name: str, storage: str) -> None:
+    """A study continued across sweeps must ask the same questions: same directions, and each
+    knob it already knows with a compatible distribution. Raises ValueError naming the fix."""
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return  # a new study
+    modes = ["maximize" if o.mode == "max" else "minimize" for o in space.objective.all]
+    if [d.name.lower() for d in study.directions] != modes:
+        raise ValueError(
+            f"study {study_name!r} optimizes {[d.name.lower() for d in study.directions]}, this "
+            f"space {modes}; use another --study name"
+        )
+    known: dict[str, BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        known.update(trial.distributions)
+    for key, knob in space.knobs.items():
+        if key in known:
+            try:
+                optuna.distributions.check_distribution_compatibility(
+                    known[key], to_distribution(knob)
+                )
+            except ValueError as exc:
+                raise ValueError(
+                    f"knobs.{key}: study {study_name!r} knows it as {known[key]}, which {exc}; "
+                    "keep the knob's values or use another --study name"
+                ) from None

@@ -7,6 +7,7 @@ MLflow, so an embedded SQLite store has a single writer and a server sees few re
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -17,8 +18,11 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from sweeper.search import OPTUNA_NUMBER_KEY
+from sweeper.journal import TrackingJournal, is_outage
+from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import MEASURED_METRICS, Space, assemble
+
+log = logging.getLogger("sweeper")
 
 STEP_METRICS = ("loss", "aux_loss", "grad_norm", "step_time_s", "tokens_per_sec_per_chip_running")
 FINAL_METRICS = (
@@ -41,6 +45,12 @@ FINAL_METRICS = (
 )
 # Where a trial ran (Ray node ids of its processes, slice name, process count, JAX device kind).
 LAYOUT_TAGS = ("hosts", "slice", "processes", "device_kind")
+# Bounded MLflow HTTP calls: an unreachable store costs seconds, then the journal takes over.
+MLFLOW_REQUEST_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
 # MLflow's per-call limits for log_batch.
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
 
@@ -65,20 +75,45 @@ def _number(value: Any) -> float | None:
 
 
 class Tracker:
-    """Thin owner of MLflow ids and writes for one sweep."""
+    """Owner of one sweep's MLflow ids and writes.
 
-    def __init__(self, tracking_uri: str, space: Space, sweep_id: str, artifact_root: Path):
+    Every write goes through `_write`: calls have bounded retries and timeouts, and while
+    the store is unreachable writes go to the sweep's journal (sweeper/journal.py) and are
+    replayed, in order, once it answers again. The sweep never waits on MLflow.
+    """
+
+    RETRY_EVERY_S = 10.0
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        space: Space,
+        sweep_id: str,
+        artifact_root: Path,
+        journal: Path,
+        parent_run_id: str | None = None,
+    ):
+        bound_mlflow_requests()
         self._client: MlflowClient | None = None
         self.tracking_uri = tracking_uri
         self.space, self.sweep_id = space, sweep_id
+        self.journal = TrackingJournal(journal)
+        self.outages: list[str] = []  # what the sweep said about the store going away
+        self._last_try = 0.0
         experiment = self.client.get_experiment_by_name(space.name)
         if experiment is None:
+            # A server keeps artifacts in its own store (the UI anywhere shows them);
+            # the embedded SQLite store keeps them next to it.
+            served = tracking_uri.startswith(("http://", "https://"))
+            location = None if served else artifact_root.resolve().as_uri()
             self.experiment_id = self.client.create_experiment(
-                space.name, artifact_location=artifact_root.resolve().as_uri()
+                space.name, artifact_location=location
             )
         else:
             self.experiment_id = experiment.experiment_id
-        self.parent_run_id: str | None = None
+        self.parent_run_id = parent_run_id
+        if len(self.journal):
+            self._reconnect(force=True)
 
     @property
     def client(self) -> MlflowClient:
@@ -90,13 +125,84 @@ class Tracker:
         # Tune pickles callbacks with the experiment state; the client holds locks.
         return {**self.__dict__, "_client": None}
 
+    def resolve(self, run_id: str | None) -> str | None:
+        """The real MLflow id of a run (a run created during an outage has a local id first)."""
+        return self.journal.resolve(run_id) if run_id else run_id
+
+    def _apply(self, entry: dict[str, Any]) -> str | None:
+        op, run_id = entry["op"], self.resolve(entry.get("run_id"))
+        if op == "create_run":
+            tags = {k: self.resolve(v) if k == "mlflow.parentRunId" else v
+                    for k, v in entry["tags"].items()}  # fmt: skip
+            run = self.client.create_run(self.experiment_id, run_name=entry["name"], tags=tags)
+            return run.info.run_id
+        if op == "log_batch":
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(*m) for m in entry.get("metrics", [])],
+                params=[Param(*p) for p in entry.get("params", [])],
+                tags=[RunTag(*t) for t in entry.get("tags", [])],
+            )
+        elif op == "log_text":
+            self.client.log_text(run_id, entry["text"], entry["path"])
+        elif op == "set_terminated":
+            self.client.set_terminated(run_id, entry["status"], end_time=entry["end_time"])
+        return None
+
+    def _write(self, op: str, **args: Any) -> str | None:
+        if len(self.journal) and not self._reconnect():
+            return self.journal.append(op, **args)
+        try:
+            return self._apply({"op": op, **args})
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            self._went_away(exc)
+            return self.journal.append(op, **args)
+
+    def _went_away(self, exc: BaseException) -> None:
+        self._last_try = time.monotonic()
+        if self.outages:
+            return
+        message = (
+            f"tracking store {self.tracking_uri} unreachable ({str(exc)[:160]}); the sweep goes on, "
+            f"its records wait in {self.journal.path} and are replayed when the store answers "
+            "(or by `sweeper resume`)"
+        )
+        self.outages.append(message)
+        log.warning(message)
+
+    def _reconnect(self, force: bool = False) -> bool:
+        """Replay the journal when it is time to try; True once it is empty."""
+        if not force and time.monotonic() - self._last_try < self.RETRY_EVERY_S:
+            return False
+        self._last_try = time.monotonic()
+        waiting = len(self.journal)
+        try:
+            self.journal.replay(self._apply)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            self._went_away(exc)
+            return False
+        if waiting:
+            message = f"tracking store back: {waiting} journaled records replayed"
+            self.outages.append(message)
+            log.warning(message)
+        return True
+
+    def flush(self) -> int:
+        """Last replay attempt; the number of records still waiting in the journal."""
+        if len(self.journal):
+            self._reconnect(force=True)
+        return len(self.journal)
+
     def start_sweep(self, space_text: str, tags: dict[str, str]) -> str:
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"sweep-{self.sweep_id}",
+        self.parent_run_id = self._write(
+            "create_run",
+            name=f"sweep-{self.sweep_id}",
             tags={"sweeper.sweep_id": self.sweep_id, "sweeper.kind": "sweep", **tags},
         )
-        self.parent_run_id = run.info.run_id
         search = self.space.search.model_dump()
         params = {f"search.{k}": v for k, v in search.items() if k != "warm_start"}
         params.update(
@@ -107,15 +213,15 @@ class Tracker:
             }
         )
         self._batch(self.parent_run_id, params=params)
-        self.client.log_text(self.parent_run_id, space_text, "space.yaml")
+        self._write("log_text", run_id=self.parent_run_id, text=space_text, path="space.yaml")
         return self.parent_run_id
 
     def start_trial(
         self, trial_id: str, point: dict[str, Any], optuna_number: int | None, tags: dict[str, str]
     ) -> str:
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{optuna_number if optuna_number is not None else trial_id}",
+        run_id = self._write(
+            "create_run",
+            name=f"trial-{optuna_number if optuna_number is not None else trial_id}",
             tags={
                 "mlflow.parentRunId": self.parent_run_id,
                 "sweeper.sweep_id": self.sweep_id,
@@ -126,7 +232,6 @@ class Tracker:
                 **tags,
             },
         )
-        run_id = run.info.run_id
         params = {k: v for k, v in flatten(assemble(self.space, point)).items() if k not in point}
         params.update(point)  # sampled knobs under their own names
         numeric = {k: _number(v) for k, v in point.items()}
@@ -134,6 +239,9 @@ class Tracker:
             run_id, params=params, metrics={k: v for k, v in numeric.items() if v is not None}
         )
         return run_id
+
+    def tag(self, run_id: str, tags: dict[str, str]) -> None:
+        self._batch(run_id, tags=tags)
 
     def log_steps(self, run_id: str, results: list[dict[str, Any]]) -> None:
         metrics = []
@@ -143,9 +251,9 @@ class Tracker:
             for name in STEP_METRICS:
                 value = _number(result.get(name))
                 if value is not None:
-                    metrics.append(Metric(name, value, now, step))
+                    metrics.append((name, value, now, step))
         for i in range(0, len(metrics), MAX_METRICS):
-            self.client.log_batch(run_id, metrics=metrics[i : i + MAX_METRICS])
+            self._write("log_batch", run_id=run_id, metrics=metrics[i : i + MAX_METRICS])
 
     def finish_trial(self, run_id: str, final: dict[str, Any]) -> None:
         status = final.get("trial_status", "failed")
@@ -165,20 +273,27 @@ class Tracker:
             ),
             **{k: str(final.get(k) or "") for k in LAYOUT_TAGS},
         }
+        if final.get("reused_from") is not None:
+            tags["reused_from"] = f"optuna trial {final['reused_from']}"
         self._batch(run_id, metrics={k: v for k, v in metrics.items() if v is not None}, tags=tags)
         if final.get("trial_config"):  # from the trial's result: the driver may not see its disk
-            self.client.log_text(run_id, final["trial_config"], "trial.json")
+            self._write("log_text", run_id=run_id, text=final["trial_config"], path="trial.json")
         if final.get("effects"):
-            self.client.log_dict(run_id, json.loads(final["effects"]), "knob_effects.json")
+            text = json.dumps(json.loads(final["effects"]), indent=1)
+            self._write("log_text", run_id=run_id, text=text, path="knob_effects.json")
         if status == "failed":
-            self.client.log_text(
-                run_id,
-                f"{final.get('failure_class')}: {final.get('failure_message', '')}\n\n{final.get('log_tail', '')}",
-                "trainer_log_tail.txt",
+            self._write(
+                "log_text",
+                run_id=run_id,
+                text=f"{final.get('failure_class')}: {final.get('failure_message', '')}\n\n"
+                f"{final.get('log_tail', '')}",
+                path="trainer_log_tail.txt",
             )
-        self.client.set_terminated(
-            run_id,
-            {"ok": "FINISHED", "stopped": "KILLED", "killed": "KILLED"}.get(status, "FAILED"),
+        self.terminate(run_id, RUN_STATUS.get(status, "FAILED"))
+
+    def terminate(self, run_id: str, status: str) -> None:
+        self._write(
+            "set_terminated", run_id=run_id, status=status, end_time=int(time.time() * 1000)
         )
 
     def finish_sweep(
@@ -200,8 +315,31 @@ class Tracker:
             tags={"best_trial": str(best.get("trial_id")) if best else ""},
         )
         if notes:
-            self.client.log_text(self.parent_run_id, "\n".join(notes) + "\n", "notes.txt")
-        self.client.set_terminated(self.parent_run_id, status)
+            self._write(
+                "log_text",
+                run_id=self.parent_run_id,
+                text="\n".join(notes) + "\n",
+                path="notes.txt",
+            )
+        self.terminate(self.parent_run_id, status)
+
+    def close_leftovers(self, live: set[str]) -> int:
+        """KILLED for this sweep's child runs still RUNNING that no live trial owns.
+
+        A driver killed mid-sweep leaves them; `sweeper resume` closes them.
+        """
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`sweeper.sweep_id` = '{self.sweep_id}' and attributes.status = 'RUNNING'",
+        )
+        closed = 0
+        for run in runs:
+            if run.info.run_id == self.parent_run_id or run.info.run_id in live:
+                continue
+            self.tag(run.info.run_id, {"status": "killed"})
+            self.terminate(run.info.run_id, "KILLED")
+            closed += 1
+        return closed
 
     def _batch(
         self,
@@ -211,42 +349,72 @@ class Tracker:
         tags: dict[str, str] | None = None,
     ) -> None:
         now = int(time.time() * 1000)
-        p = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
-        m = [Metric(k, v, now, 0) for k, v in (metrics or {}).items()]
-        t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        p = [(k, str(v)[:6000]) for k, v in (params or {}).items()]
+        m = [(k, v, now, 0) for k, v in (metrics or {}).items()]
+        t = [(k, str(v)) for k, v in (tags or {}).items()]
         while p or m or t:
-            self.client.log_batch(
-                run_id, metrics=m[:MAX_METRICS], params=p[:MAX_PARAMS], tags=t[:MAX_TAGS]
-            )
+            self._write("log_batch", run_id=run_id, metrics=m[:MAX_METRICS],
+                        params=p[:MAX_PARAMS], tags=t[:MAX_TAGS])  # fmt: skip
             p, m, t = p[MAX_PARAMS:], m[MAX_METRICS:], t[MAX_TAGS:]
 
 
+RUN_STATUS = {"ok": "FINISHED", "stopped": "KILLED", "killed": "KILLED"}
+
+
 class TrackingCallback(tune.Callback):
-    """Feeds Tune's trial events to the Tracker and keeps one row per finished trial."""
+    """Feeds Tune's trial events to the Tracker and keeps each finished trial's final result.
+
+    The trial -> MLflow run map and each trial's attempts live on disk (`id_map_path`), so
+    a resumed sweep, or a trial Tune retries, reattaches to its run instead of duplicating it.
+    """
 
     FLUSH_EVERY = 20
 
     def __init__(self, tracker: Tracker, id_map_path: Path):
         self.tracker = tracker
         self.id_map_path = id_map_path
-        self.run_ids: dict[str, str] = (
-            json.loads(id_map_path.read_text()) if id_map_path.exists() else {}
-        )
+        self.run_ids: dict[str, str] = {}
+        self.attempts: dict[str, int] = {}
+        self.load()
         self.pending: dict[str, list[dict[str, Any]]] = {}
-        self.rows: list[dict[str, Any]] = []
-        self.finished: set[str] = set()
+        self.finals: dict[str, dict[str, Any]] = {}  # trial id -> what was recorded, this process
+        self.seen: dict[str, Any] = {}  # trial id -> Tune trial, for trials that started here
 
-    def _point(self, trial) -> dict[str, Any]:
-        return {k: v for k, v in trial.config.items() if k != OPTUNA_NUMBER_KEY}
+    @property
+    def finished(self) -> set[str]:
+        return set(self.finals)
+
+    def load(self) -> None:
+        if self.id_map_path.exists():
+            state = json.loads(self.id_map_path.read_text())
+            self.run_ids, self.attempts = state["runs"], state["attempts"]
+
+    def save(self) -> None:
+        runs = {k: self.tracker.resolve(v) for k, v in self.run_ids.items()}
+        tmp = self.id_map_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"runs": runs, "attempts": self.attempts}, indent=1))
+        os.replace(tmp, self.id_map_path)
+
+    def setup(self, **info):
+        self.load()  # a restored sweep's callback was pickled when the sweep began
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        if trial.trial_id in self.run_ids:  # resumed: reattach, do not duplicate
-            return
-        number = trial.config.get(OPTUNA_NUMBER_KEY)
-        self.run_ids[trial.trial_id] = self.tracker.start_trial(
-            trial.trial_id, self._point(trial), number, {}
-        )
-        self.id_map_path.write_text(json.dumps(self.run_ids, indent=1))
+        self.seen[trial.trial_id] = trial
+        self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
+        if trial.trial_id in self.run_ids:  # retried or resumed: reattach, do not duplicate
+            self.tracker.tag(
+                self.run_ids[trial.trial_id],
+                {"attempts": str(self.attempts[trial.trial_id]), "status": "running"},
+            )
+        else:
+            number = trial.config.get(OPTUNA_NUMBER_KEY)
+            self.run_ids[trial.trial_id] = self.tracker.start_trial(
+                trial.trial_id, knob_point(trial.config), number, {}
+            )
+        self.save()
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._flush(trial.trial_id)  # Tune retries it after an infrastructure fault
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if result.get("trial_status") != "running":
@@ -263,38 +431,15 @@ class TrackingCallback(tune.Callback):
 
     def _finish(self, trial, error: bool, ending: dict[str, Any] | None = None) -> None:
         self._flush(trial.trial_id)
-        self.finished.add(trial.trial_id)
-        final = {**(trial.last_result or {}), **(ending or {})}
-        if final.get("trial_status") not in ("ok", "failed", "killed"):
-            # The trainable never made its final report: stopped by the scheduler, or the worker died.
-            final = {**final, "trial_status": "failed" if error else "stopped"}
-            final["failure_class"] = "crashed" if error else ""
-            final["failure_message"] = (
-                "the trial's worker failed" if error else "stopped early by the scheduler"
-            )
+        final = final_of(trial, error, ending)
+        self.finals[trial.trial_id] = final
         run_id = self.run_ids.get(trial.trial_id)
         if run_id:
             self.tracker.finish_trial(run_id, final)
-        row = {
-            "trial_id": trial.trial_id,
-            "optuna_trial": trial.config.get(OPTUNA_NUMBER_KEY),
-            "mlflow_run_id": run_id,
-            "status": final.get("trial_status"),
-            "failure_class": final.get("failure_class") or "",
-            "failure_message": (final.get("failure_message") or "")[:300],
-            **{k: final.get(k) for k in FINAL_METRICS},
-            "convergence_passed": final.get("convergence_passed"),
-            "hardware": final.get("hardware", ""),
-            "fidelity": final.get("fidelity", ""),
-            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")},
-            "effects": final.get("effects", ""),
-            **{f"knob:{k}": v for k, v in self._point(trial).items()},
-        }
-        self.rows.append(row)
 
     def kill(self, trial) -> None:
         """A trial cut off by an interrupted sweep: KILLED in MLflow, a `killed` row."""
-        if trial.trial_id in self.finished or trial.trial_id not in self.run_ids:
+        if trial.trial_id in self.finals or trial.trial_id not in self.run_ids:
             return  # already recorded, or never started (no run, no row)
         self._finish(
             trial,
@@ -311,6 +456,60 @@ class TrackingCallback(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._finish(trial, error=True)
+
+    def rows(self, trials) -> list[dict[str, Any]]:
+        """One row per trial that started, from what this process recorded or, for trials a
+        resumed sweep restored as finished, from Tune's stored result."""
+        rows = []
+        for trial in trials:
+            final = self.finals.get(trial.trial_id)
+            if final is None and trial.status in ("TERMINATED", "ERROR"):
+                final = final_of(trial, trial.status == "ERROR")
+            if final is None or (trial.trial_id not in self.run_ids and not trial.last_result):
+                continue
+            rows.append(self.row(trial, final))
+        return rows
+
+    def row(self, trial, final: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "trial_id": trial.trial_id,
+            "optuna_trial": trial.config.get(OPTUNA_NUMBER_KEY),
+            "mlflow_run_id": self.tracker.resolve(self.run_ids.get(trial.trial_id)),
+            "status": final.get("trial_status"),
+            "failure_class": final.get("failure_class") or "",
+            "failure_message": (final.get("failure_message") or "")[:300],
+            **{k: final.get(k) for k in FINAL_METRICS},
+            "convergence_passed": final.get("convergence_passed"),
+            "hardware": final.get("hardware", ""),
+            "fidelity": final.get("fidelity", ""),
+            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")},
+            "attempts": self.attempts.get(trial.trial_id, 0),
+            "reused_from": final.get("reused_from"),
+            "effects": final.get("effects", ""),
+            **{f"knob:{k}": v for k, v in knob_point(trial.config).items()},
+        }
+
+
+def final_of(trial, error: bool, ending: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A trial's final result: its last report, or what its ending says when it never made one."""
+    final = {**(trial.last_result or {}), **(ending or {})}
+    if final.get("trial_status") not in ("ok", "failed", "killed"):
+        # The trainable never made its final report: stopped by the scheduler, or the worker died.
+        final = {**final, "trial_status": "failed" if error else "stopped"}
+        final["failure_class"] = "crashed" if error else ""
+        final["failure_message"] = (
+            "the trial's worker failed" if error else "stopped early by the scheduler"
+        )
+    return final
+
+
+def bound_mlflow_requests() -> None:
+    """MLflow's defaults wait minutes on a dead server (7 retries, 120 s each): bound them.
+
+    A value the user set in the environment wins.
+    """
+    for key, value in MLFLOW_REQUEST_BOUNDS.items():
+        os.environ.setdefault(key, value)
 
 
 def default_tracking_uri(results_dir: Path) -> str:

@@ -35,12 +35,17 @@ from sweeper.launch import (
     trainer_argv,
 )
 from sweeper.placement import Placement
-from sweeper.search import OPTUNA_NUMBER_KEY
+from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
 from trainer.config import ConfigError
 from trainer.events import EXIT_CODES, parse_line
 
 LOG_TAIL_LINES = 60
+# Where and when a trial's processes ran: not copied when a trial reuses an earlier result.
+RAN_FIELDS = frozenset(
+    {"hosts", "slice", "processes", "pids", "cores", "started_at", "ended_at", "trainer_wall_s",
+     "trial_wall_s", "compile_s"}
+)  # fmt: skip
 POLL_S = 0.1
 _CODE_TO_CLASS = {code: name for name, code in EXIT_CODES.items()}
 
@@ -278,10 +283,14 @@ class TrialRun:
         try:
             with self.processes(config_json) as handles:
                 returncode = self.watch(handles, report)
-        except (ray.exceptions.RayError, TimeoutError, RuntimeError) as exc:
-            # The hardware could not be had (a slice reservation failed or timed out) or held
-            # (a host's actor died). Once the trainers run, anything else is a bug to surface.
-            if self.started_at is not None and not isinstance(exc, ray.exceptions.RayError):
+        except ray.exceptions.RayError:
+            # A host or Ray worker of the trial died: an infrastructure fault, not a property
+            # of the point. Raised, so Tune retries the trial elsewhere (FailureConfig).
+            raise
+        except (TimeoutError, RuntimeError) as exc:
+            # The hardware could not be had (a slice reservation failed or timed out). Once
+            # the trainers run, anything else is a bug to surface.
+            if self.started_at is not None:
                 raise
             self.ended_at = time.time()
             return {
@@ -292,13 +301,35 @@ class TrialRun:
         return {**self.final(returncode), "trainer_wall_s": time.time() - spawned}
 
 
-def run_trial(config: dict[str, Any], *, space: Space, runtime: TrialRuntime) -> None:
-    """Ray Tune function trainable: `config` is the sampled point (knob path -> value)."""
-    point = {k: v for k, v in config.items() if k != OPTUNA_NUMBER_KEY}
+def run_trial(
+    config: dict[str, Any],
+    *,
+    space: Space,
+    runtime: TrialRuntime,
+    recorded: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """Ray Tune function trainable: `config` is the sampled point (knob path -> value).
+
+    A point this study measured before (`REUSE_KEY`), and a trial a resumed sweep finds
+    already recorded (`recorded`, by Tune trial id), report their stored result instead
+    of running again.
+    """
+    started = time.time()
+    trial_id = tune.get_context().get_trial_id()
+    if recorded and trial_id in recorded:
+        tune.report({**recorded[trial_id], "recovered": True, "done": True})
+        return
+    if REUSE_KEY in config:
+        earlier = config[REUSE_KEY]
+        # The measurement is the earlier trial's; where and when it ran is not this trial's.
+        result = {k: v for k, v in earlier["result"].items() if k not in RAN_FIELDS}
+        objectives = {m: math.nan if result.get(m) is None else result[m]
+                      for m in space.objective.metrics}  # fmt: skip
+        tune.report({**result, **objectives, "reused_from": earlier["from"], "done": True})
+        return
     trial_dir = Path(tune.get_context().get_trial_dir())
     trial_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    trial = TrialRun(space, runtime, point, trial_dir)
+    trial = TrialRun(space, runtime, knob_point(config), trial_dir)
     result = trial.run(lambda metrics: tune.report(metrics))
     # Tune needs the objective keys in every result; a failed trial has no value (NaN).
     objectives = {

@@ -52,6 +52,9 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert parent.data.metrics["trials_ok"] == 3
     children = _children(client, result)
     assert len(children) == 3
+    reused = {
+        int(r.data.tags["sweeper.optuna_trial"]) for r in children if "reused_from" in r.data.tags
+    }
     for run in children:
         assert run.info.status == "FINISHED"
         assert run.data.params["remat.policy"] in ("full", "minimal", "save_qkv_proj")
@@ -60,6 +63,8 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
         assert run.data.metrics["tokens_per_sec_per_chip"] > 0
         assert run.data.tags["fidelity"] == "run" and run.data.tags["backend"] == "cpu"
         assert run.data.tags["convergence"] == "passed"
+        if "reused_from" in run.data.tags:
+            continue  # a point measured earlier in the sweep: its result, not a second run
         history = client.get_metric_history(run.info.run_id, "loss")
         assert sorted(m.step for m in history) == list(range(STEPS))
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -71,14 +76,20 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert best["tokens_per_sec_per_chip"] == pytest.approx(frame["tokens_per_sec_per_chip"].max())
     # Each CPU trial reserved one of this 2-CPU Ray's CPUs and its trainer was pinned to one
     # core; trials that ran at the same time held different cores.
-    assert set(frame["cores"]) <= {"0", "1"} and set(frame["processes"]) == {1}
-    spans = list(zip(frame["started_at"], frame["ended_at"], frame["cores"], strict=True))
+    ran = frame[frame["reused_from"].isna()]
+    assert len(ran) == 3 - len(reused) and frame["reused_from"].notna().sum() == len(reused)
+    assert set(ran["cores"]) <= {"0", "1"} and set(ran["processes"]) == {1}
+    spans = list(zip(ran["started_at"], ran["ended_at"], ran["cores"], strict=True))
     for i, (start, end, cores) in enumerate(spans):
         for other_start, other_end, other in spans[i + 1 :]:
             assert not (start < other_end and other_start < end and cores == other)
     study = result.study()
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     assert all(max(t.constraints.values()) <= 0 for t in study.trials)
+    for trial in study.trials:  # a reused trial has its source's value and says which it is
+        if trial.number in reused:
+            source = study.trials[trial.user_attrs["reused_from"]]
+            assert source.params == trial.params and source.value == trial.value
 
 
 FAULTS = {
@@ -160,7 +171,7 @@ def test_build_tuner_serves_another_pipeline(tmp_path):
     ctx = tuner.sweep_context
     result = ctx.result or finish(ctx)
     assert len(_children(MlflowClient(result.tracking_uri), result)) == 2
-    assert json.loads((result.sweep_dir / "mlflow_runs.json").read_text()).keys() == {
+    assert json.loads((result.sweep_dir / "mlflow_runs.json").read_text())["runs"].keys() == {
         r.trial_id for r in grid._experiment_analysis.trials
     }
 
