@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,10 @@ JOURNAL = "tracking_journal.json"  # MLflow writes waiting for the store to come
 ID_MAP = "mlflow_runs.json"  # trial -> MLflow run, and each trial's attempts
 # A trial whose Ray worker or host died is retried this many times (a trial fault never is).
 INFRA_RETRIES = 2
+# Seconds between saves of Tune's experiment state (Tune's default: 10 s or more). A trial
+# started within this window of a driver's death is unknown to a resume; its records are
+# closed as killed and Tune runs another in its place.
+TUNE_STATE_EVERY_S = "2"
 
 
 @dataclass
@@ -341,6 +346,7 @@ def tuner_parts(
     recorded: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Any, tune.TuneConfig, tune.RunConfig]:
     """The trainable, Tune config (searcher, scheduler) and run config (callbacks) of a sweep."""
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_EVERY_S)
     space, placement = ctx.space, ctx.placement
     runtime = TrialRuntime(placement=placement, timeout_s=space.search.trial_timeout_s)
     objective = space.objective
@@ -509,8 +515,8 @@ def finish(ctx: SweepContext, trials: list | None = None) -> SweepResult:
     notes += ctx.tracker.outages
     if journaled:
         notes.append(
-            f"{journaled} MLflow records still wait in {ctx.tracker.journal.path}: "
-            f"`sweeper resume {ctx.sweep_id}` replays them once the store answers"
+            f"tracking store still unreachable: {journaled} MLflow records wait in "
+            f"{ctx.tracker.journal.path}; `sweeper resume {ctx.sweep_id}` replays them once it answers"
         )
     return SweepResult(
         space=ctx.space.name,

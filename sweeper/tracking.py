@@ -98,7 +98,8 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.space, self.sweep_id = space, sweep_id
         self.journal = TrackingJournal(journal)
-        self.outages: list[str] = []  # what the sweep said about the store going away
+        self.outages: list[str] = []  # outages survived, for the sweep's notes
+        self._down_since: float | None = None
         self._last_try = 0.0
         experiment = self.client.get_experiment_by_name(space.name)
         if experiment is None:
@@ -162,15 +163,14 @@ class Tracker:
 
     def _went_away(self, exc: BaseException) -> None:
         self._last_try = time.monotonic()
-        if self.outages:
+        if self._down_since is not None:
             return
-        message = (
-            f"tracking store {self.tracking_uri} unreachable ({str(exc)[:160]}); the sweep goes on, "
-            f"its records wait in {self.journal.path} and are replayed when the store answers "
-            "(or by `sweeper resume`)"
+        self._down_since = time.time()
+        log.warning(
+            f"tracking store {self.tracking_uri} unreachable ({str(exc)[:160]}); the sweep goes "
+            f"on, its records wait in {self.journal.path} and are replayed when the store "
+            "answers (or by `sweeper resume`)"
         )
-        self.outages.append(message)
-        log.warning(message)
 
     def _reconnect(self, force: bool = False) -> bool:
         """Replay the journal when it is time to try; True once it is empty."""
@@ -185,10 +185,14 @@ class Tracker:
                 raise
             self._went_away(exc)
             return False
-        if waiting:
-            message = f"tracking store back: {waiting} journaled records replayed"
-            self.outages.append(message)
-            log.warning(message)
+        if self._down_since is not None:
+            down = time.time() - self._down_since
+            self.outages.append(
+                f"tracking store was down about {down:.0f} s: {waiting} records journaled in "
+                f"{self.journal.path.name} meanwhile, all replayed"
+            )
+            log.warning(f"tracking store back: {waiting} journaled records replayed")
+            self._down_since = None
         return True
 
     def flush(self) -> int:
@@ -508,7 +512,10 @@ def bound_mlflow_requests() -> None:
 
     A value the user set in the environment wins.
     """
-    for key, value in MLFLOW_REQUEST_BOUNDS.items():
+    for key, value in {
+        **MLFLOW_REQUEST_BOUNDS,
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    }.items():
         os.environ.setdefault(key, value)
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +53,53 @@ def run_trainer(
     )
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, events, proc.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` (SQLite store, served artifacts) that can be stopped and restarted
+    on the same port and store."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        from mlflow.tracking import MlflowClient
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server",
+             "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+             "--artifacts-destination", str(self.root / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the server starts job consumers: stop them all with it
+        )  # fmt: skip
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                MlflowClient(self.uri).search_experiments(max_results=1)
+                return self.uri
+            except Exception:
+                time.sleep(0.5)
+        self.stop(sig=signal.SIGKILL)
+        raise RuntimeError("mlflow server did not start in 60 s")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:  # a loaded host: the server's workers stop slowly
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None

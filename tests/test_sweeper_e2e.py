@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from ray import tune
 
 from sweeper.engine import build_tuner, finish, run_sweep
 from sweeper.space import load_space
+from tests.helpers import MlflowServer, free_port
 
 STEPS = 6
 
@@ -176,54 +175,11 @@ def test_build_tuner_serves_another_pipeline(tmp_path):
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/server.db",
-            "--default-artifact-root",
-            str(tmp_path / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # the server starts job consumers: stop them all with it
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            MlflowClient(uri).search_experiments(max_results=1)
-            break
-        except Exception:
-            time.sleep(0.5)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("mlflow server did not start in 60 s")
-    yield uri
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:  # a loaded host: the server's workers stop slowly
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    server = MlflowServer(tmp_path / "server")
+    yield server.start()
+    server.stop()
 
 
 def test_sweep_against_a_real_mlflow_server(tmp_path, mlflow_server):
@@ -234,10 +190,13 @@ def test_sweep_against_a_real_mlflow_server(tmp_path, mlflow_server):
     runs = _children(client, result)
     assert len(runs) == 2 and all(r.data.metrics["tokens_per_sec_per_chip"] > 0 for r in runs)
     assert client.get_run(result.parent_run_id).data.tags["sweeper.sweep_id"] == result.sweep_id
+    # Artifacts went to the server's own store, not to a path on the driver.
+    assert client.get_run(runs[0].info.run_id).info.artifact_uri.startswith("mlflow-artifacts:")
+    assert "trial.json" in {a.path for a in client.list_artifacts(runs[0].info.run_id)}
 
 
 def test_unreachable_tracking_server_is_a_clear_exit_2(tmp_path):
-    port = _free_port()  # nothing listens here
+    port = free_port()  # nothing listens here
     proc = subprocess.run(
         [
             sys.executable,

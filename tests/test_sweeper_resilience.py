@@ -1,0 +1,174 @@
+"""Faults a long sweep meets, each with real processes: a killed driver, a tracking server
+that goes away, a study continued across sweeps."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from tests.helpers import REPO, MlflowServer
+
+TRIALS = 4
+
+
+def _sweeper(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sweeper.cli", *args]
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), *args),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+
+
+def _wait_for(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"sweep ended before {text!r}:\n" + "".join(lines[-40:]))
+
+
+def _children(client: MlflowClient, experiment: str) -> list:
+    exp = client.get_experiment_by_name(experiment)
+    return [
+        r
+        for r in client.search_runs([exp.experiment_id], max_results=1000)
+        if r.data.tags.get("sweeper.kind") == "trial"
+    ]
+
+
+def _summary(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
+    # Grid: every trial is a distinct point, so nothing is reused and each trial runs.
+    proc = _start(tmp_path, "--trials", str(TRIALS), "--concurrency", "1",
+                  "--set", "search.sampler=grid", "--set", "trial.steps=40",
+                  "--set", "constraints.convergence=false")  # fmt: skip
+    lines: list[str] = []
+    _wait_for(proc, f"2/{TRIALS} done", lines)
+    _wait_for(proc, "started", lines)  # the third trial runs...
+    time.sleep(6)
+    proc.kill()  # ...when the driver is SIGKILLed: no handler, no cleanup
+    proc.wait(30)
+    (sweep_dir,) = tmp_path.glob("smoke/*")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    before = {r.data.tags["sweeper.trial_id"]: r for r in _children(client, "smoke")}
+    finished_before = {t: r.info.end_time for t, r in before.items() if r.info.status == "FINISHED"}
+    assert len(finished_before) == 2 and "RUNNING" in {r.info.status for r in before.values()}
+
+    done = subprocess.run(
+        _sweeper("resume", sweep_dir.name, "--results-dir", str(tmp_path)),
+        capture_output=True, text=True, cwd=REPO, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    runs = _children(client, "smoke")
+    by_trial = {r.data.tags["sweeper.trial_id"]: r for r in runs}
+    # Nothing lost: every trial has exactly one child run, FINISHED, with its metrics.
+    assert len(runs) == len(by_trial) == TRIALS
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert all(r.data.metrics["tokens_per_sec_per_chip"] > 0 for r in runs)
+    parent = client.get_run(json.loads((sweep_dir / "sweep.json").read_text())["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_ok"] == TRIALS
+    # Nothing repeated: the trials that had finished were not run (nor written) again.
+    for trial_id, end_time in finished_before.items():
+        assert by_trial[trial_id].info.end_time == end_time
+    attempts = json.loads((sweep_dir / "mlflow_runs.json").read_text())["attempts"]
+    cut = [t for t in before if t not in finished_before]
+    assert all(attempts[t] == 2 for t in cut) and all(attempts[t] == 1 for t in finished_before)
+    # The interrupted trial ran again from the start: its loss history has every step once more.
+    (rerun,) = cut
+    history = client.get_metric_history(by_trial[rerun].info.run_id, "loss")
+    assert sorted({m.step for m in history}) == list(range(40))
+    # No Optuna trial is left RUNNING; each Tune trial completed once.
+    study = optuna.load_study(
+        study_name=f"smoke-{sweep_dir.name}", storage=f"sqlite:///{tmp_path}/optuna.db"
+    )
+    assert all(t.state != TrialState.RUNNING for t in study.trials)
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == TRIALS
+    # The summary is rebuilt from the durable records: all four trials, the best among them.
+    rows = _summary(sweep_dir)
+    assert sorted(r["trial_id"] for r in rows) == sorted(by_trial)
+    assert {r["status"] for r in rows} == {"ok"}
+    assert (sweep_dir / "best.yaml").exists()
+
+
+def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
+    server = MlflowServer(tmp_path / "server")
+    uri = server.start()
+    try:
+        proc = _start(tmp_path, "--trials", "3", "--concurrency", "1", "--tracking-uri", uri,
+                      "--set", "search.sampler=grid", "--set", "trial.steps=30",
+                      "--set", "constraints.convergence=false")  # fmt: skip
+        lines: list[str] = []
+        _wait_for(proc, "started", lines)
+        server.stop(sig=signal.SIGKILL)  # the store vanishes while the first trial runs
+        _wait_for(proc, "1/3 done", lines)  # ...and the sweep goes on without it
+        time.sleep(5)
+        server.start()  # same port, same store
+        out, _ = proc.communicate(timeout=900)
+        out = "".join(lines) + out
+        assert proc.returncode == 0, out[-4000:]
+        # Said once, not once per call; and the sweep's notes say what was survived.
+        assert out.count("unreachable") == 1 and "all replayed" in out, out[-4000:]
+        client = MlflowClient(uri)
+        runs = _children(client, "smoke")
+        assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+        for run in runs:  # every trial's metrics, steps and artifacts reached the store
+            assert run.data.metrics["tokens_per_sec_per_chip"] > 0
+            steps = {m.step for m in client.get_metric_history(run.info.run_id, "loss")}
+            assert steps == set(range(30))
+            assert "trial.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        (journal,) = tmp_path.glob("smoke/*/tracking_journal.json")
+        assert json.loads(journal.read_text())["pending"] == []
+    finally:
+        server.stop()
+
+
+def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path):
+    common = ["--study", "shared", "--set", "trial.steps=3", "--set", "constraints.convergence=false",
+              "--set", "knobs.remat.policy.values=[full]"]  # fmt: skip
+    first = subprocess.run(
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--trials", "2",
+                 "--set", "search.sampler=grid", *common),
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = subprocess.run(
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--trials", "3",
+                 "--set", "search.sampler=random", *common),
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert len(study.trials) == 5 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    first_values = {t.params["mesh.tensor"]: t.value for t in study.trials[:2]}
+    for trial in study.trials[2:]:  # the grid measured every point: the second sweep ran none
+        assert trial.user_attrs["reused_from"] in (0, 1)
+        assert trial.value == first_values[trial.params["mesh.tensor"]]
+    sweeps = sorted(tmp_path.glob("smoke/*"), key=lambda p: p.name)
+    rows = _summary(sweeps[-1])
+    assert len(rows) == 3 and all(r["reused_from"] != "" and r["pids"] == "" for r in rows)
+
+    # A study asked different questions is refused before any trial, naming the knob.
+    changed = subprocess.run(
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--study", "shared",
+                 "--set", "knobs.mesh.tensor.values=[1, 4]"),
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert changed.returncode == 2
+    assert "knobs.mesh.tensor" in changed.stderr.replace("\n", " "), changed.stderr
