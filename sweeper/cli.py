@@ -279,6 +279,8 @@ def _print_result(result, space) -> None:
                 if row["status"] == "ok"
                 else f"{row['status']}: {row['failure_class']}"
             )
+            if not _missing(row.get("reused_from")):
+                status += f" (reused #{int(row['reused_from'])})"
             table.add_row(
                 str(row["trial_id"]),
                 status,

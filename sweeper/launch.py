@@ -205,21 +205,57 @@ class RemoteHandle:
             ray.kill(self.actor)
 
 
+def release_reservation(owner: str) -> None:
+    """Remove the placement groups named for `owner` (a trial), if any are left.
+
+    A slice trial's driver that died with its host never released its reservation, and
+    Ray keeps a non-detached placement group until the job ends (and moves its bundles to
+    another slice when their node dies): the trial's next attempt removes them first.
+    """
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
+    for part in ("head", "slice"):
+        with contextlib.suppress(ValueError):  # none by that name
+            remove_placement_group(get_placement_group(f"{owner}-{part}"))
+
+
 @contextlib.contextmanager
-def reserve_slice(placement: Placement, timeout_s: float) -> Iterator[list[Any]]:
+def reserve_slice(placement: Placement, timeout_s: float, owner: str) -> Iterator[list[Any]]:
     """A whole slice reserved with Ray's TPU utilities, and one TrainerHost per host, in
-    worker-id order (process i runs on worker i; process 0 coordinates)."""
+    worker-id order (process i runs on worker i; process 0 coordinates).
+
+    The slice's head resource is reserved first, in a placement group named for `owner`,
+    then its hosts (`SlicePlacementGroup`, pinned to that slice by name).
+    """
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from ray.util.tpu import SlicePlacementGroup
 
-    reservation = SlicePlacementGroup(
-        topology=placement.topology,
-        accelerator_version=placement.accelerator_version,
-        bundle_label_selector=[dict(placement.label_selector)] * placement.processes,
-        head_reservation_timeout_s=timeout_s,
+    release_reservation(owner)
+    head = placement_group(
+        [{placement.head_resource: 1}],
+        bundle_label_selector=[{**placement.label_selector, LABEL_WORKER: "0"}],
+        name=f"{owner}-head",
     )
+    reservation = None
     actors: list[Any] = []
     try:
+        try:
+            ray.get(head.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"no free {placement.target} slice within {timeout_s:.0f} s "
+                f"(every {placement.head_resource} was held)"
+            ) from None
+        node = ray.util.placement_group_table(head)["bundles_to_node_id"][0]
+        labels = next(n["Labels"] for n in ray.nodes() if n["NodeID"] == node)
+        selector = {**placement.label_selector, LABEL_SLICE: labels[LABEL_SLICE]}
+        reservation = SlicePlacementGroup(
+            topology=placement.topology,
+            accelerator_version=placement.accelerator_version,
+            bundle_label_selector=[selector] * placement.processes,
+            name=f"{owner}-slice",
+        )
         group = reservation.placement_group
         ray.get(group.ready(), timeout=timeout_s)
         bundle = reservation.bundle_resources
@@ -239,7 +275,10 @@ def reserve_slice(placement: Placement, timeout_s: float) -> Iterator[list[Any]]
     finally:
         for actor in actors:  # also those started before a failure, never handed out
             RemoteHandle(actor, {}).kill()
-        reservation.shutdown()
+        if reservation is not None:
+            reservation.shutdown()
+        with contextlib.suppress(Exception):
+            remove_placement_group(head)
 
 
 def start_slice(

@@ -74,6 +74,7 @@ class Placement:
     cpus_per_trial: int = 0  # cores a local CPU trainer is pinned to (0: not pinned)
     target: str = "local"
     accelerator_version: str | None = None
+    head_resource: str | None = None  # Ray's slice token on worker 0 (TPU-<pod type>-head)
     topology: str | None = None
     label_selector: dict[str, str] = field(default_factory=dict)
     description: str = ""
@@ -297,6 +298,7 @@ def _slice(space: Space, hosts: list[Host]) -> Placement:
         trial_resources=dict(SLICE_DRIVER_RESOURCES),
         target=space.target,
         accelerator_version=version,
+        head_resource=f"TPU-{first.hosts[0].labels.get(LABEL_POD_TYPE, '?')}-head",
         topology=topology,
         label_selector={LABEL_ACCELERATOR: accelerator_type, LABEL_TOPOLOGY: topology},
         description=(

@@ -211,7 +211,8 @@ class TrialRun:
         placement = self.placement
         env = placement.process_env()
         if placement.kind == "slice":
-            with reserve_slice(placement, self.runtime.timeout_s) as handles:
+            owner = f"sweeper-{tune.get_context().get_trial_id()}"
+            with reserve_slice(placement, self.runtime.timeout_s, owner) as handles:
                 self.started_at = time.time()
                 start_slice(handles, config_json, self.extra_args(), env)
                 self.where = [h.where for h in handles]

@@ -9,6 +9,7 @@ slice reservation and the process layout are those of a real slice.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -87,7 +88,11 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def test_trials_reserve_whole_slices_and_span_their_hosts(tpu_cluster, tmp_path):
-    result = run_sweep(load_space(_space("slices", trials=3)), results_dir=tmp_path)
+    space = _space("slices", trials=3)
+    # A grid of 4 distinct points: every trial runs (none reuses an earlier result).
+    space["search"]["sampler"] = "grid"
+    space["knobs"]["remat.policy"] = {"values": ["full", "minimal"]}
+    result = run_sweep(load_space(space), results_dir=tmp_path)
     frame = result.trials
     assert result.counts == {"total": 3, "ok": 3}, frame[["status", "failure_message"]]
     assert any("capped at 2" in note for note in result.notes), result.notes
@@ -185,3 +190,52 @@ def test_gpu_targets_run_on_a_gpu_host_of_the_cluster(tpu_cluster, tmp_path):
     # The trial went to the only node with 2 GPUs (simulated devices stand in for them here).
     assert row["hosts"] == tpu_cluster.gpu_node_id and row["processes"] == 1
     assert any("gpu:2: each trial reserves 2 GPUs" in n for n in result.notes), result.notes
+
+
+def _hosts_of_a_running_slice_trial(timeout_s: float) -> list[str]:
+    """Node ids of the hosts a slice trial holds, once its placement group is created."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for group in ray.util.placement_group_table().values():
+            bundles = group.get("bundles") or {}
+            tpu = len(bundles) == 2 and all("TPU" in b for b in bundles.values())
+            if group["state"] == "CREATED" and tpu:
+                return list(group["bundles_to_node_id"].values())
+        time.sleep(0.2)
+    raise AssertionError("no slice trial started")
+
+
+def test_a_lost_host_is_retried_on_another_slice(tpu_cluster, tmp_path):
+    # Last in this module: it removes a node of the shared cluster.
+    removed: dict[str, str] = {}
+    worker_of = {n["NodeID"]: n["Labels"].get("ray.io/tpu-worker-id") for n in ray.nodes()}
+
+    def lose_a_host():
+        hosts = _hosts_of_a_running_slice_trial(300)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            "--process-id" in " ".join(p.info["cmdline"] or [])
+            for p in psutil.process_iter(["cmdline"])
+        ):
+            time.sleep(0.2)
+        time.sleep(3)  # the trainers run
+        # Worker 0 holds the slice's head resource: without it the slice cannot be reserved again.
+        (victim,) = [h for h in hosts if worker_of[h] == "0"]
+        node = next(n for n in tpu_cluster.worker_nodes if n.node_id == victim)
+        tpu_cluster.remove_node(node, allow_graceful=False)
+        removed["node"] = victim
+
+    thread = threading.Thread(target=lose_a_host, daemon=True)
+    thread.start()
+    space = _space("lost", trials=1)
+    space["trial"]["steps"] = 80
+    result = run_sweep(load_space(space), results_dir=tmp_path)
+    thread.join(10)
+    row = result.trials.iloc[0]
+    assert removed, "the test never removed a host"
+    # An infrastructure fault: retried (attempt 2) on the other slice, and the trial measured.
+    assert row["status"] == "ok", row[["failure_class", "failure_message"]].to_dict()
+    assert row["attempts"] == 2
+    assert removed["node"] not in row["hosts"].split(",")
+    client = MlflowClient(result.tracking_uri)
+    assert client.get_run(row["mlflow_run_id"]).data.tags["attempts"] == "2"
