@@ -370,3 +370,21 @@ def test_selected_pallas_kernel_is_really_in_the_step(model, kernels):
 
     assert "pallas_call" not in jaxpr(base)
     assert "pallas_call" in jaxpr(base | {"kernels": kernels})
+
+
+def test_max_logit_const_changes_the_splash_program():
+    """The constant reaches the kernel: the step's program differs with and without it."""
+    base = trial(num_devices=1, mesh={"fsdp": 1}, per_device_batch=2, seq_len=128)
+    splash = {"attention": "splash", **BLOCKS["all_128"]}
+
+    def jaxpr(kernels: dict) -> str:
+        program = build_program(load_config(base | {"kernels": kernels}), jax.devices()[:1])
+        batch = jax.ShapeDtypeStruct(
+            (program.global_batch, 128), np.int32, sharding=program.batch_sharding
+        )
+        with program.mesh:
+            return str(jax.make_jaxpr(program.step_fn)(program.abstract_state, batch, batch, batch))
+
+    without, with_const = jaxpr(splash), jaxpr(splash | {"max_logit_const": 8.0})
+    assert "pallas_call" in without and without != with_const
+    assert jaxpr(splash | {"max_logit_const": 8.0}) == with_const  # deterministic, not noise

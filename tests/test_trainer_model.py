@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 
 from benchmarks.bare_loop import loss_fn
@@ -24,3 +25,25 @@ def test_flax_model_matches_hand_written_forward(model):
     )
     trainer_loss = train(config, Emitter(quiet=True)).losses[0]
     assert trainer_loss == pytest.approx(float(bare_ce), rel=1e-4)
+
+
+def test_logits_match_an_independent_reference_model():
+    """The trainer's decoder against tests/reference_model.py (NumPy, no trainer code)."""
+    import flax
+    import jax.numpy as jnp
+
+    from tests.reference_model import forward
+    from trainer.config import ModelConfig
+    from trainer.model import Transformer
+
+    cfg = ModelConfig(preset="tiny-dense")
+    model = Transformer(cfg, dtype=jnp.float32)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24))
+    positions = np.broadcast_to(np.arange(24), tokens.shape)
+    variables = model.init(jax.random.key(1), tokens, positions)
+    logits, _ = model.apply(variables, tokens, positions)
+    params = jax.tree.map(np.asarray, flax.core.meta.unbox(variables["params"]))
+    want = forward(
+        params, tokens, num_layers=cfg.num_layers, eps=cfg.norm_eps, theta=cfg.rope_theta
+    )
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-4, atol=2e-4)

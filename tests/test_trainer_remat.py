@@ -54,3 +54,23 @@ def test_offload_reported_inert_on_cpu():
     assert "remat.offload" not in knob_effects(
         load_config(trial(remat={"policy": "minimal"})), "cpu"
     )
+
+
+def test_custom_placements_shape_the_compiled_program(by_policy):
+    """`custom` keeps what it names: naming minimal's tensors compiles minimal's program, naming
+    only the layer input compiles full remat's (memory and FLOPs both)."""
+    from trainer.remat import placements
+
+    minimal_names = placements(load_config(trial(remat={"policy": "minimal"})).remat)["device"]
+    known = {n for n in minimal_names if n != "mlpwi"}  # mlpwi: the fused name, absent here
+    like_minimal = _run("custom", {name: "device" for name in known})[1]
+    like_full = _run("custom", {"decoder_layer_input": "device"})[1]
+    for got, want in ((like_minimal, by_policy["minimal"][1]), (like_full, by_policy["full"][1])):
+        assert (
+            got["memory_per_device"]["temp_size_in_bytes"]
+            == want["memory_per_device"]["temp_size_in_bytes"]
+        )
+        assert got["cost_per_device"]["flops"] == pytest.approx(
+            want["cost_per_device"]["flops"], rel=1e-2
+        )
+    assert like_minimal["cost_per_device"]["flops"] < like_full["cost_per_device"]["flops"]
