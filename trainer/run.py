@@ -189,26 +189,28 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         )
 
     source = BatchSource(config, program.global_batch, program.degrees["context"])
-    state = program.init_fn(jax.random.key(config.seed))
-    result = RunResult()
-    step_times: list[float] = []
-    loop_start = time.perf_counter()
-    for step in range(config.steps):
+
+    def placed(step: int) -> list[jax.Array]:
         batch = source.batch(step)
-        arrays = [
+        return [
             place_batch(a, program.batch_sharding)
             for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
         ]
-        if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
-            if config.fault.crash_mode == "hang":
-                while True:  # a wedged host: alive, silent, its peers blocked in collectives
-                    time.sleep(3600)
-            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
-        start = time.perf_counter()
-        state, step_metrics = compiled(state, *arrays)
-        jax.block_until_ready((state, step_metrics))
-        step_time = time.perf_counter() - start
+
+    state = program.init_fn(jax.random.key(config.seed))
+    result = RunResult()
+    step_times: list[float] = []  # timed steps (warm-up skipped)
+    every_step: list[float] = []
+    loop_start = last_done = time.perf_counter()
+
+    def finish(step: int, step_metrics: dict[str, jax.Array]) -> None:
+        """Read one step's metrics back (the only block: the next step is already queued)."""
+        nonlocal last_done
         values = {k: float(v) for k, v in step_metrics.items()}
+        # Completion to completion, with the device never idle in between: the step's time.
+        done = time.perf_counter()
+        step_time, last_done = done - last_done, done
+        every_step.append(step_time)
         result.losses.append(values["loss"])
         if step >= config.measure.skip_steps:
             step_times.append(step_time)
@@ -218,13 +220,35 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
                 "diverged", f"non-finite metrics at step {step}: {values}", step=step
             )
         limit = config.limits.time_limit_s
-        if limit is not None and time.perf_counter() - loop_start > limit:
+        if limit is not None and done - loop_start > limit:
             raise TrialFailure(
                 "timeout", f"time limit {limit}s reached after step {step}", step=step
             )
+
+    # The host never waits on the step it just dispatched: the next batch is placed while the
+    # device runs, and a step's metrics are read only once its successor is queued.
+    pending: tuple[int, dict[str, jax.Array]] | None = None
+    arrays = placed(0)
+    for step in range(config.steps):
+        if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
+            if pending is not None:
+                finish(*pending)  # the steps before the crash are reported, as they ran
+            if config.fault.crash_mode == "hang":
+                while True:  # a wedged host: alive, silent, its peers blocked in collectives
+                    time.sleep(3600)
+            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
+        state, step_metrics = compiled(state, *arrays)
+        if step + 1 < config.steps:
+            arrays = placed(step + 1)
+        if pending is not None:
+            finish(*pending)
+        pending = (step, step_metrics)
+    if pending is not None:
+        finish(*pending)
+    jax.block_until_ready(state)
     train_s = time.perf_counter() - loop_start
     if not step_times:  # too few steps to skip warm-up: time what there is, and say so
-        step_times = [step_time]
+        step_times = every_step[-1:]
 
     stats = metrics.step_time_stats(step_times)
     tokens_per_step = program.global_batch * config.seq_len
