@@ -12,7 +12,7 @@ from trainer import metrics
 from trainer.config import ConfigError, TrialConfig
 from trainer.effects import knob_effects
 from trainer.estimate import estimate
-from trainer.events import Emitter, TrialFailure, classify_exception
+from trainer.events import PROTOCOL_VERSION, Emitter, TrialFailure, classify_exception
 from trainer.hardware import accelerator_for, chips_in
 from trainer.run import build_program, compile_step
 
@@ -68,7 +68,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     program = build_program(config, devices)
     emitter.emit(
         "accepted",
-        protocol=1,
+        protocol=PROTOCOL_VERSION,
         config=config.model_dump(mode="json"),
         fidelity="compile",
         backend="tpu (AOT, no device)",

@@ -19,7 +19,7 @@ from trainer.config import BATCH_AXES, ConfigError, TrialConfig, check_static, g
 from trainer.data import BatchSource
 from trainer.distributed import agree
 from trainer.effects import knob_effects
-from trainer.events import Emitter, TrialFailure
+from trainer.events import PROTOCOL_VERSION, Emitter, TrialFailure
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -159,7 +159,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache)
     emitter.emit(
         "accepted",
-        protocol=1,
+        protocol=PROTOCOL_VERSION,
         config=config.model_dump(mode="json"),
         backend=platform,
         device_kind=devices[0].device_kind,
