@@ -585,6 +585,7 @@ def find_sweep(sweep_id: str, results_dir: Path) -> Path:
         raise SpaceError(
             f"no sweep {sweep_id!r} under {results_dir} (latest: {', '.join(known) or 'none'}); "
             "pass the id `sweeper run` printed, and the same --results-dir",
+            file="sweeper resume",
             field="SWEEP_ID",
         )
     return found[0].parent
@@ -669,6 +670,7 @@ def restore_tuner(
     if not tune.Tuner.can_restore(path):
         raise SpaceError(
             f"sweep {sweep_id}: no Tune experiment state at {path} (did the first trial start?)",
+            file="sweeper resume",
             field="SWEEP_ID",
         )
     tuner = tune.Tuner.restore(

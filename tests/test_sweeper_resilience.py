@@ -172,3 +172,12 @@ def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path
     )  # fmt: skip
     assert changed.returncode == 2
     assert "knobs.mesh.tensor" in changed.stderr.replace("\n", " "), changed.stderr
+
+
+def test_resuming_an_unknown_sweep_is_a_clear_exit_2(tmp_path):
+    proc = subprocess.run(
+        _sweeper("resume", "20990101-000000-dead", "--results-dir", str(tmp_path)),
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "SWEEP_ID: no sweep '20990101-000000-dead'" in proc.stderr.replace("\n", " ")
