@@ -86,7 +86,6 @@ class SweepContext:
     searcher: Any = None  # the SweepSearch, to close trials an interruption cut off
     interrupted: bool = False
     own_study: bool = True  # False when --study continues a study shared with other sweeps
-    resumed: bool = False
 
     @property
     def sweep_dir(self) -> Path:
@@ -460,7 +459,7 @@ def close_leftovers(ctx: SweepContext) -> list[str]:
     if closed:
         notes.append(f"closed {closed} Optuna trial(s) a killed driver left RUNNING (FAIL)")
     if not len(ctx.tracker.journal):
-        killed = ctx.tracker.close_leftovers(live=set())
+        killed = ctx.tracker.close_leftovers()
         if killed:
             notes.append(f"closed {killed} MLflow run(s) a killed driver left RUNNING (KILLED)")
     return notes
@@ -508,11 +507,14 @@ def finish(ctx: SweepContext, trials: list | None = None) -> SweepResult:
     if ctx.interrupted:
         notes.append("interrupted: trials still running were killed and recorded as such")
     notes += close_leftovers(ctx)
+    ctx.tracker.flush()  # a store back by now: the outage is in the notes MLflow keeps
+    notes += ctx.tracker.outages
+    told = len(ctx.tracker.outages)
     ctx.tracker.finish_sweep(
         best, counts, status="KILLED" if ctx.interrupted else "FINISHED", notes=notes
     )
     journaled = ctx.tracker.flush()
-    notes += ctx.tracker.outages
+    notes += ctx.tracker.outages[told:]
     if journaled:
         notes.append(
             f"tracking store still unreachable: {journaled} MLflow records wait in "
@@ -593,7 +595,7 @@ def find_sweep(sweep_id: str, results_dir: Path) -> Path:
 
 def resume_context(
     sweep_id: str, results_dir: Path | None = None, tracking_uri: str | None = None
-) -> tuple[SweepContext, dict[str, Any]]:
+) -> SweepContext:
     """The context of a sweep begun earlier: its space, study, MLflow runs and Tune state."""
     results_dir = Path(results_dir or REPO_RESULTS).resolve()
     sweep_dir = find_sweep(sweep_id, results_dir)
@@ -623,9 +625,8 @@ def resume_context(
         inert_notes=manifest["inert_notes"],
         placement_notes=[f"placement: {placement.description}", f"resumed sweep {sweep_id}"],
         own_study=manifest["own_study"],
-        resumed=True,
     )
-    return ctx, manifest
+    return ctx
 
 
 def recorded_results(ctx: SweepContext) -> dict[str, dict[str, Any]]:
@@ -663,7 +664,7 @@ def restore_tuner(
 
     Finished trials stay finished; trials the driver's death cut off run again once.
     """
-    ctx, _ = resume_context(sweep_id, results_dir, tracking_uri)
+    ctx = resume_context(sweep_id, results_dir, tracking_uri)
     trainable, _, run_config = tuner_parts(ctx, callbacks, progress, recorded_results(ctx))
     ctx.searcher = None  # Tune restores its own searcher (the pickled one, with its state)
     path = f"{run_config.storage_path}/{run_config.name}"

@@ -327,8 +327,8 @@ class Tracker:
             )
         self.terminate(self.parent_run_id, status)
 
-    def close_leftovers(self, live: set[str]) -> int:
-        """KILLED for this sweep's child runs still RUNNING that no live trial owns.
+    def close_leftovers(self) -> int:
+        """KILLED for this sweep's child runs still RUNNING once its trials have all ended.
 
         A driver killed mid-sweep leaves them; `sweeper resume` closes them.
         """
@@ -338,7 +338,7 @@ class Tracker:
         )
         closed = 0
         for run in runs:
-            if run.info.run_id == self.parent_run_id or run.info.run_id in live:
+            if run.info.run_id == self.parent_run_id:
                 continue
             self.tag(run.info.run_id, {"status": "killed"})
             self.terminate(run.info.run_id, "KILLED")

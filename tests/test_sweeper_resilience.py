@@ -24,6 +24,13 @@ def _sweeper(*args: str) -> list[str]:
     return [sys.executable, "-m", "sweeper.cli", *args]
 
 
+def _finished(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`sweeper ARGS` run to its end, its output captured."""
+    return subprocess.run(
+        _sweeper(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
+
+
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         _sweeper("run", "smoke", "--results-dir", str(tmp_path), *args),
@@ -70,10 +77,7 @@ def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
     finished_before = {t: r.info.end_time for t, r in before.items() if r.info.status == "FINISHED"}
     assert len(finished_before) == 2 and "RUNNING" in {r.info.status for r in before.values()}
 
-    done = subprocess.run(
-        _sweeper("resume", sweep_dir.name, "--results-dir", str(tmp_path)),
-        capture_output=True, text=True, cwd=REPO, timeout=900,
-    )  # fmt: skip
+    done = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     runs = _children(client, "smoke")
@@ -142,17 +146,31 @@ def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
 def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path):
     common = ["--study", "shared", "--set", "trial.steps=3", "--set", "constraints.convergence=false",
               "--set", "knobs.remat.policy.values=[full]"]  # fmt: skip
-    first = subprocess.run(
-        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--trials", "2",
-                 "--set", "search.sampler=grid", *common),
-        capture_output=True, text=True, cwd=REPO, timeout=600,
-    )  # fmt: skip
+    first = _finished(
+        "run",
+        "smoke",
+        "--results-dir",
+        str(tmp_path),
+        "--trials",
+        "2",
+        "--set",
+        "search.sampler=grid",
+        *common,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    second = subprocess.run(
-        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--trials", "3",
-                 "--set", "search.sampler=random", *common),
-        capture_output=True, text=True, cwd=REPO, timeout=600,
-    )  # fmt: skip
+    second = _finished(
+        "run",
+        "smoke",
+        "--results-dir",
+        str(tmp_path),
+        "--trials",
+        "3",
+        "--set",
+        "search.sampler=random",
+        *common,
+        timeout=600,
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert len(study.trials) == 5 and all(t.state == TrialState.COMPLETE for t in study.trials)
@@ -165,19 +183,22 @@ def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path
     assert len(rows) == 3 and all(r["reused_from"] != "" and r["pids"] == "" for r in rows)
 
     # A study asked different questions is refused before any trial, naming the knob.
-    changed = subprocess.run(
-        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--study", "shared",
-                 "--set", "knobs.mesh.tensor.values=[1, 4]"),
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    changed = _finished(
+        "run",
+        "smoke",
+        "--results-dir",
+        str(tmp_path),
+        "--study",
+        "shared",
+        "--set",
+        "knobs.mesh.tensor.values=[1, 4]",
+        timeout=300,
+    )
     assert changed.returncode == 2
     assert "knobs.mesh.tensor" in changed.stderr.replace("\n", " "), changed.stderr
 
 
 def test_resuming_an_unknown_sweep_is_a_clear_exit_2(tmp_path):
-    proc = subprocess.run(
-        _sweeper("resume", "20990101-000000-dead", "--results-dir", str(tmp_path)),
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    proc = _finished("resume", "20990101-000000-dead", "--results-dir", str(tmp_path), timeout=300)
     assert proc.returncode == 2
     assert "SWEEP_ID: no sweep '20990101-000000-dead'" in proc.stderr.replace("\n", " ")
