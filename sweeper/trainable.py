@@ -47,6 +47,7 @@ RAN_FIELDS = frozenset(
      "trial_wall_s", "compile_s"}
 )  # fmt: skip
 POLL_S = 0.1
+PEER_GRACE_S = 3.0  # after one process fails, how long its peers may take to end too
 _CODE_TO_CLASS = {code: name for name, code in EXIT_CODES.items()}
 
 
@@ -84,7 +85,8 @@ class TrialRun:
         self.config = None  # the validated TrialConfig, set when the trial starts
         self.timed_out = False
         self.where: list[dict[str, Any]] = []  # one entry per process: node, slice, pid
-        self.lost: tuple[int, int] | None = None  # (process, exit code) of the first to fail
+        self.lost: tuple[int, int] | None = None  # (process, exit code) the trial failed by
+        self.failures: dict[int, dict[str, Any]] = {}  # each process's own failure event
         self.started_at = self.ended_at = None
 
     def base_fields(self) -> dict[str, Any]:
@@ -172,7 +174,7 @@ class TrialRun:
                     f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
                 ),
             }
-        if self.failure is not None:
+        if self.failure is not None and not self.died_silently():
             extra = {
                 k: self.failure[k]
                 for k in ("field", "step", "needed_gib", "budget_gib")
@@ -248,6 +250,7 @@ class TrialRun:
         """Read every process until all ended, one failed (then kill the rest) or time ran out."""
         deadline = time.monotonic() + self.runtime.timeout_s
         codes: dict[int, int] = {}
+        failed_at: float | None = None
         while True:
             for i, handle in enumerate(handles):
                 if i in codes:
@@ -256,14 +259,21 @@ class TrialRun:
                 for line in lines:
                     self.tail.append((f"[p{i}] " if i else "") + line.rstrip()[:500])
                     event = parse_line(line)
+                    if event is not None and event["event"] == "failure":
+                        self.failures.setdefault(i, event)
                     # Process 0 speaks for the trial; the others are heard when they fail.
                     if event is not None and (i == 0 or event["event"] == "failure"):
                         self.on_event(event, report)
                 if code is not None:
                     codes[i] = code
-                    if code != 0 and self.lost is None:
-                        self.lost = (i, code)
-            if self.lost is not None or len(codes) == len(handles):
+            failed = [i for i, code in codes.items() if code != 0]
+            if failed and failed_at is None:
+                # A process failed: give its peers a moment to end too, so the one that
+                # caused it (not a peer whose collective broke with it) is named.
+                failed_at = time.monotonic()
+            if len(codes) == len(handles) or (
+                failed_at is not None and time.monotonic() - failed_at > PEER_GRACE_S
+            ):
                 break
             if time.monotonic() > deadline:
                 self.timed_out = True
@@ -271,7 +281,20 @@ class TrialRun:
             time.sleep(POLL_S)
         for handle in handles:
             handle.kill()
+        failed = [i for i, code in codes.items() if code != 0]
+        if failed:
+            # A process that died without a failure event of its own (killed, segfault) is
+            # the cause; its peers' errors (a broken all-gather) are the effect.
+            silent = [i for i in failed if i not in self.failures]
+            cause = (silent or failed)[0]
+            self.lost = (cause, codes[cause])
+            if not silent:
+                self.failure = self.failures.get(cause, self.failure)
         return self.lost[1] if self.lost else codes.get(0)
+
+    def died_silently(self) -> bool:
+        """The trial's failing process left no failure event: its exit code is the story."""
+        return self.lost is not None and self.lost[0] not in self.failures
 
     def run(self, report) -> dict[str, Any]:
         try:
