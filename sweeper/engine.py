@@ -52,6 +52,7 @@ from sweeper.tracking import (
     default_tracking_uri,
 )
 from sweeper.trainable import TrialRuntime, failure_result, run_trial
+from trainer.events import ENDED, FailureClass, TrialStatus
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach
@@ -432,7 +433,7 @@ class FinishCallback(tune.Callback):
             if t.trial_id in tracking.run_ids
             and t.trial_id not in tracking.finished
             and t.status != "ERROR"
-            and (t.last_result or {}).get("trial_status") not in ("ok", "failed", "killed")
+            and (t.last_result or {}).get("trial_status") not in ENDED
         ]
         for trial in cut:
             self.ctx.tracking.kill(trial)
@@ -444,7 +445,7 @@ class FinishCallback(tune.Callback):
 
 def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
     primary = space.objective.primary
-    ok = frame[frame["status"] == "ok"] if not frame.empty else frame
+    ok = frame[frame["status"] == TrialStatus.OK] if not frame.empty else frame
     if ok.empty:
         return None
     ranked = ok.sort_values(primary.metric, ascending=primary.mode == "min")
@@ -646,7 +647,7 @@ def recorded_results(ctx: SweepContext) -> dict[str, dict[str, Any]]:
             recorded[tune_id] = attrs["result"]
         elif not trial.state.is_finished() and ctx.tracking.attempts.get(tune_id, 0) >= 2:
             recorded[tune_id] = failure_result(
-                "crashed",
+                FailureClass.CRASHED,
                 "interrupted twice (the sweep's driver died while it ran); not retried again",
             )
     return recorded

@@ -8,6 +8,7 @@ from ray import tune
 from rich.console import Console
 
 from sweeper.space import Space
+from trainer.events import TrialStatus
 
 
 class ProgressCallback(tune.Callback):
@@ -42,14 +43,14 @@ class ProgressCallback(tune.Callback):
         self.done += 1
         result = trial.last_result or {}
         status = result.get("trial_status")
-        if status == "ok":
+        if status == TrialStatus.OK:
             value = result.get(self.metric)
             if value is not None and math.isfinite(value) and self._better(value):
                 self.best = value
             self._line(
                 f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity {result.get('fidelity', '?')})"
             )
-        elif status == "failed":
+        elif status == TrialStatus.FAILED:
             self.failed += 1
             self._line(
                 f"[red]{result.get('failure_class')}[/red] {trial.trial_id}: {str(result.get('failure_message', ''))[:120]}"

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
 from sweeper.space import Knob, Space, active, assemble
+from trainer.events import FailureClass, TrialStatus
 
 OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
 # A point measured before in this study: its stored result, reused instead of run again.
@@ -61,9 +62,16 @@ def durable_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # A failure that is a property of the point: the search must learn to avoid the region.
-INFEASIBLE_CLASSES = frozenset({"invalid_config", "oom_hbm", "oom_vmem", "diverged"})
+INFEASIBLE_CLASSES = frozenset(
+    {
+        FailureClass.INVALID_CONFIG,
+        FailureClass.OOM_HBM,
+        FailureClass.OOM_VMEM,
+        FailureClass.DIVERGED,
+    }
+)
 # Failures that say nothing certain about the point (a flaky host, a bug): not learned from.
-FAILED_CLASSES = frozenset({"compile_error", "timeout", "crashed"})
+FAILED_CLASSES = frozenset(FailureClass) - INFEASIBLE_CLASSES
 
 
 def to_distribution(knob: Knob) -> BaseDistribution:
@@ -178,9 +186,9 @@ def check_sampler(space: Space) -> None:
 def outcome(result: dict[str, Any] | None, error: bool) -> str:
     """ok | infeasible | failed | pruned, from the last result Tune saw for a trial."""
     status = (result or {}).get("trial_status")
-    if status == "ok":
+    if status == TrialStatus.OK:
         return "ok"
-    if status == "failed":
+    if status == TrialStatus.FAILED:
         return "infeasible" if result.get("failure_class") in INFEASIBLE_CLASSES else "failed"
     return "failed" if error or not result else "pruned"
 
@@ -191,16 +199,16 @@ CONSTRAINTS = ("validity", "memory", "convergence")
 def constraint_vector(result: dict[str, Any]) -> list[float]:
     """Values for CONSTRAINTS; each <= 0 when satisfied (Optuna's convention)."""
     failure = result.get("failure_class") or ""
-    validity = 1.0 if failure == "invalid_config" else 0.0
+    validity = 1.0 if failure == FailureClass.INVALID_CONFIG else 0.0
     needed, budget = result.get("needed_gib"), result.get("budget_gib")
-    memory = 1.0 if failure in ("oom_hbm", "oom_vmem") else 0.0
+    memory = 1.0 if failure in (FailureClass.OOM_HBM, FailureClass.OOM_VMEM) else 0.0
     if needed and budget:
         memory = needed / budget - 1.0
     convergence = 0.0
     delta, tol = result.get("convergence_relative_delta"), result.get("convergence_tolerance")
     if delta is not None and tol is not None and math.isfinite(delta):
         convergence = abs(delta) - tol
-    elif failure == "diverged":
+    elif failure == FailureClass.DIVERGED:
         convergence = 1.0
     return [validity, memory, convergence]
 
@@ -246,7 +254,11 @@ class SweepSearch(OptunaSearch):
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
             return
         value = result.get(self.metric)
-        if result.get("trial_status") == "running" and value is not None and math.isfinite(value):
+        if (
+            result.get("trial_status") == TrialStatus.RUNNING
+            and value is not None
+            and math.isfinite(value)
+        ):
             self._ot_trials[trial_id].report(value, result.get("training_iteration", 0))
 
     def fail_unfinished(self, reason: str) -> None:
@@ -273,7 +285,7 @@ class SweepSearch(OptunaSearch):
             return
         ot_trial.set_user_attr("outcome", kind)
         ot_trial.set_user_attr("failure_class", result.get("failure_class") or "")
-        if result.get("trial_status") in ("ok", "failed") and kind != "failed":
+        if result.get("trial_status") in (TrialStatus.OK, TrialStatus.FAILED) and kind != "failed":
             ot_trial.set_user_attr("result", durable_result(result))
         # Constraint-aware samplers (TPE, GP, NSGA-II) read these to learn infeasible regions.
         for name, value in zip(CONSTRAINTS, constraint_vector(result), strict=True):

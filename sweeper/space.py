@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sweeper.spacefile import SpaceFileError, read_space_file
 from trainer.config import ConfigError, TrialConfig, check_static, load_config
+from trainer.events import MEASURED_METRICS
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 KEY_SEPARATOR = "."
@@ -95,17 +96,6 @@ class Knob(_Strict):
             n = math.floor((self.high - self.low) / self.step + 1e-9) + 1
             return [self.low + i * self.step for i in range(n)] if n <= MAX_CANDIDATES else None
         return None
-
-
-MEASURED_METRICS = (
-    "tokens_per_sec",
-    "tokens_per_sec_per_chip",
-    "tokens_per_sec_per_device",
-    "tflops_per_sec_per_chip",
-    "mfu",
-    "step_time_median_s",
-    "step_time_p90_s",
-)
 
 
 class Objective(_Strict):

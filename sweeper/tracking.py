@@ -20,28 +20,20 @@ from ray import tune
 
 from sweeper.journal import TrackingJournal, is_outage
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
-from sweeper.space import MEASURED_METRICS, Space, assemble
+from sweeper.space import Space, assemble
+from trainer.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
+from trainer.events import STEP_METRICS as TRAINER_STEP_METRICS
 
 log = logging.getLogger("sweeper")
 
-STEP_METRICS = ("loss", "aux_loss", "grad_norm", "step_time_s", "tokens_per_sec_per_chip_running")
+STEP_METRICS = (*TRAINER_STEP_METRICS, "tokens_per_sec_per_chip_running")
+# The trainer's summary numbers, and what the engine adds to them.
 FINAL_METRICS = (
-    *MEASURED_METRICS,
-    "hbm_per_device_gib",
-    "compile_s",
-    "final_loss",
+    *SUMMARY_NUMBERS,
     "convergence_delta",
     "convergence_relative_delta",
     "trial_wall_s",
     "trainer_wall_s",
-    "est_step_time_s",
-    "est_tokens_per_sec_per_chip",
-    "est_mfu",
-    "est_compute_s",
-    "est_hbm_s",
-    "est_ici_s",
-    "arithmetic_intensity_ici",
-    "train_s",
 )
 # Where a trial ran (Ray node ids of its processes, slice name, process count, JAX device kind).
 LAYOUT_TAGS = ("hosts", "slice", "processes", "device_kind")
@@ -232,7 +224,7 @@ class Tracker:
                 "sweeper.trial_id": trial_id,
                 "sweeper.optuna_trial": str(optuna_number),
                 "sweeper.kind": "trial",
-                "status": "running",
+                "status": TrialStatus.RUNNING,
                 **tags,
             },
         )
@@ -260,7 +252,7 @@ class Tracker:
             self._write("log_batch", run_id=run_id, metrics=metrics[i : i + MAX_METRICS])
 
     def finish_trial(self, run_id: str, final: dict[str, Any]) -> None:
-        status = final.get("trial_status", "failed")
+        status = final.get("trial_status", TrialStatus.FAILED)
         metrics = {name: _number(final.get(name)) for name in FINAL_METRICS}
         if "convergence_passed" in final:
             metrics["convergence_passed"] = float(bool(final["convergence_passed"]))
@@ -285,7 +277,7 @@ class Tracker:
         if final.get("effects"):
             text = json.dumps(json.loads(final["effects"]), indent=1)
             self._write("log_text", run_id=run_id, text=text, path="knob_effects.json")
-        if status == "failed":
+        if status == TrialStatus.FAILED:
             self._write(
                 "log_text",
                 run_id=run_id,
@@ -340,7 +332,7 @@ class Tracker:
         for run in runs:
             if run.info.run_id == self.parent_run_id:
                 continue
-            self.tag(run.info.run_id, {"status": "killed"})
+            self.tag(run.info.run_id, {"status": TrialStatus.KILLED})
             self.terminate(run.info.run_id, "KILLED")
             closed += 1
         return closed
@@ -362,7 +354,11 @@ class Tracker:
             p, m, t = p[MAX_PARAMS:], m[MAX_METRICS:], t[MAX_TAGS:]
 
 
-RUN_STATUS = {"ok": "FINISHED", "stopped": "KILLED", "killed": "KILLED"}
+RUN_STATUS = {
+    TrialStatus.OK: "FINISHED",
+    TrialStatus.STOPPED: "KILLED",
+    TrialStatus.KILLED: "KILLED",
+}
 
 
 class TrackingCallback(tune.Callback):
@@ -408,7 +404,7 @@ class TrackingCallback(tune.Callback):
         if trial.trial_id in self.run_ids:  # retried or resumed: reattach, do not duplicate
             self.tracker.tag(
                 self.run_ids[trial.trial_id],
-                {"attempts": str(self.attempts[trial.trial_id]), "status": "running"},
+                {"attempts": str(self.attempts[trial.trial_id]), "status": TrialStatus.RUNNING},
             )
         else:
             number = trial.config.get(OPTUNA_NUMBER_KEY)
@@ -421,7 +417,7 @@ class TrackingCallback(tune.Callback):
         self._flush(trial.trial_id)  # Tune retries it after an infrastructure fault
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("trial_status") != "running":
+        if result.get("trial_status") != TrialStatus.RUNNING:
             return
         pending = self.pending.setdefault(trial.trial_id, [])
         pending.append(result)
@@ -449,7 +445,7 @@ class TrackingCallback(tune.Callback):
             trial,
             error=False,
             ending={
-                "trial_status": "killed",
+                "trial_status": TrialStatus.KILLED,
                 "failure_class": "",
                 "failure_message": "the sweep was interrupted (Ctrl-C / SIGTERM) while it ran",
             },
@@ -497,10 +493,10 @@ class TrackingCallback(tune.Callback):
 def final_of(trial, error: bool, ending: dict[str, Any] | None = None) -> dict[str, Any]:
     """A trial's final result: its last report, or what its ending says when it never made one."""
     final = {**(trial.last_result or {}), **(ending or {})}
-    if final.get("trial_status") not in ("ok", "failed", "killed"):
+    if final.get("trial_status") not in ENDED:
         # The trainable never made its final report: stopped by the scheduler, or the worker died.
-        final = {**final, "trial_status": "failed" if error else "stopped"}
-        final["failure_class"] = "crashed" if error else ""
+        final = {**final, "trial_status": TrialStatus.FAILED if error else TrialStatus.STOPPED}
+        final["failure_class"] = FailureClass.CRASHED if error else ""
         final["failure_message"] = (
             "the trial's worker failed" if error else "stopped early by the scheduler"
         )

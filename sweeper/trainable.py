@@ -38,7 +38,19 @@ from sweeper.placement import Placement
 from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
 from trainer.config import ConfigError
-from trainer.events import EXIT_CODES, parse_line
+from trainer.events import (
+    EXIT_CODES,
+    STEP_METRICS,
+    Accepted,
+    Compiled,
+    Failure,
+    FailureClass,
+    ProtocolError,
+    Step,
+    Summary,
+    TrialStatus,
+    parse_event,
+)
 
 LOG_TAIL_LINES = 60
 # Where and when a trial's processes ran: not copied when a trial reuses an earlier result.
@@ -60,10 +72,10 @@ class TrialRuntime:
     python: str = sys.executable
 
 
-def failure_result(failure_class: str, message: str, **extra: Any) -> dict[str, Any]:
+def failure_result(failure_class: FailureClass | str, message: str, **extra: Any) -> dict[str, Any]:
     return {
-        "trial_status": "failed",
-        "failure_class": failure_class,
+        "trial_status": TrialStatus.FAILED,
+        "failure_class": FailureClass(failure_class),
         "failure_message": message[:2000],
         **extra,
     }
@@ -77,50 +89,48 @@ class TrialRun:
         self.placement = runtime.placement
         self.objectives = space.objective.metrics
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self.accepted: dict[str, Any] = {}
-        self.compiled: dict[str, Any] = {}
-        self.summary: dict[str, Any] | None = None
-        self.failure: dict[str, Any] | None = None
+        self.accepted: Accepted | None = None
+        self.compiled: Compiled | None = None
+        self.summary: Summary | None = None
+        self.failure: Failure | None = None
         self.step_times: list[float] = []
         self.config = None  # the validated TrialConfig, set when the trial starts
         self.timed_out = False
         self.where: list[dict[str, Any]] = []  # one entry per process: node, slice, pid
         self.lost: tuple[int, int] | None = None  # (process, exit code) the trial failed by
-        self.failures: dict[int, dict[str, Any]] = {}  # each process's own failure event
+        self.failures: dict[int, Failure] = {}  # each process's own failure event
         self.started_at = self.ended_at = None
 
     def base_fields(self) -> dict[str, Any]:
-        return {"trial_status": "running", **{m: 0.0 for m in self.objectives}}
+        return {"trial_status": TrialStatus.RUNNING, **{m: 0.0 for m in self.objectives}}
 
     def running_throughput(self) -> float:
+        if self.accepted is None:
+            return 0.0
         skip = self.config.measure.skip_steps
         timed = self.step_times[skip:] or self.step_times
-        chips = self.accepted.get("chips") or 1
-        return self.accepted.get("tokens_per_step", 0) / statistics.median(timed) / chips
+        return self.accepted.tokens_per_step / statistics.median(timed) / (self.accepted.chips or 1)
 
-    def on_event(self, event: dict[str, Any], report) -> None:
-        kind = event["event"]
-        if kind == "accepted":
+    def on_event(self, event: Accepted | Compiled | Step | Summary | Failure, report) -> None:
+        if isinstance(event, Accepted):
             self.accepted = event
-        elif kind == "compiled":
+        elif isinstance(event, Compiled):
             self.compiled = event
-        elif kind == "step":
-            self.step_times.append(event["step_time_s"])
-            metrics = {
-                k: event[k] for k in ("step", "loss", "aux_loss", "grad_norm", "step_time_s")
-            }
+        elif isinstance(event, Step):
+            self.step_times.append(event.step_time_s)
             running = self.running_throughput()
             report(
                 {
                     **self.base_fields(),
-                    **metrics,
+                    "step": event.step,
+                    **{k: getattr(event, k) for k in STEP_METRICS},
                     "tokens_per_sec_per_chip_running": running,
                     "tokens_per_sec_per_chip": running,
                 }
             )
-        elif kind == "summary":
+        elif isinstance(event, Summary):
             self.summary = event
-        elif kind == "failure" and self.failure is None:
+        elif isinstance(event, Failure) and self.failure is None:
             self.failure = event
 
     def layout(self) -> dict[str, Any]:
@@ -131,7 +141,7 @@ class TrialRun:
             "slice": ",".join(slices),
             "processes": len(self.where),
             "pids": ",".join(str(w["pid"]) for w in self.where if "pid" in w),
-            "device_kind": self.accepted.get("device_kind", ""),
+            "device_kind": self.accepted.device_kind if self.accepted else "",
             # Cores a local CPU trainer was pinned to (slice hosts are held whole).
             "cores": self.where[0].get("cores", "") if self.where else "",
             "started_at": self.started_at,
@@ -139,24 +149,29 @@ class TrialRun:
         }
 
     def final(self, returncode: int | None) -> dict[str, Any]:
+        accepted, summary = self.accepted, self.summary
         common = {
             "log_tail": "\n".join(self.tail),
-            "effects": json.dumps(self.accepted.get("effects", {})),
-            "hardware": self.accepted.get("hardware", ""),
-            "backend": self.accepted.get("backend", ""),
-            "fidelity": (self.summary or {}).get("fidelity") or self.space.effective_fidelity,
-            "bound": (self.summary or {}).get("bound", ""),
-            "compile_s": self.compiled.get("compile_s"),
+            "effects": json.dumps(
+                {k: e.model_dump(mode="json") for k, e in accepted.effects.items()}
+                if accepted
+                else {}
+            ),
+            "hardware": accepted.hardware if accepted else "",
+            "backend": accepted.backend if accepted else "",
+            "fidelity": summary.fidelity if summary else self.space.effective_fidelity,
+            "bound": (summary.bound or "") if summary else "",
+            "compile_s": self.compiled.compile_s if self.compiled else None,
             "trial_config": self.config.to_json() if self.config else "",
             **self.layout(),
         }
-        summary = self.summary or {}
+        figures = summary.model_dump(exclude={"event", "time"}) if summary else {}
         numbers = {
             k: v
-            for k, v in summary.items()
+            for k, v in figures.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and k not in common
         }
-        conv = summary.get("convergence") or {}
+        conv = figures.get("convergence") or {}
         if conv:
             numbers.update(
                 convergence_passed=conv["passed"],
@@ -170,25 +185,21 @@ class TrialRun:
                 **common,
                 **numbers,
                 **failure_result(
-                    "timeout",
+                    FailureClass.TIMEOUT,
                     f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
                 ),
             }
         if self.failure is not None and not self.died_silently():
-            extra = {
-                k: self.failure[k]
-                for k in ("field", "step", "needed_gib", "budget_gib")
-                if k in self.failure
-            }
+            extra = self.failure.model_dump(
+                include={"field", "step", "needed_gib", "budget_gib"}, exclude_none=True
+            )
             return {
                 **common,
                 **numbers,
-                **failure_result(
-                    self.failure["failure_class"], self.failure.get("message", ""), **extra
-                ),
+                **failure_result(self.failure.failure_class, self.failure.message, **extra),
             }
-        if returncode != 0 or not summary:
-            cls = _CODE_TO_CLASS.get(returncode, "crashed")
+        if returncode != 0 or summary is None:
+            cls = _CODE_TO_CLASS.get(returncode, FailureClass.CRASHED)
             who = ""
             if self.lost and len(self.where) > 1:
                 host = self.where[self.lost[0]]
@@ -202,7 +213,7 @@ class TrialRun:
                     + ("; the trial's other processes were killed" if who else ""),
                 ),
             }
-        return {**common, **numbers, "trial_status": "ok", "failure_class": ""}
+        return {**common, **numbers, "trial_status": TrialStatus.OK, "failure_class": ""}
 
     def extra_args(self) -> list[str]:
         return ["--estimate-only"] if self.space.effective_fidelity == "estimate" else []
@@ -258,11 +269,14 @@ class TrialRun:
                 lines, code = handle.drain()
                 for line in lines:
                     self.tail.append((f"[p{i}] " if i else "") + line.rstrip()[:500])
-                    event = parse_line(line)
-                    if event is not None and event["event"] == "failure":
+                    try:
+                        event = parse_event(line)
+                    except ProtocolError as exc:  # a trainer of another protocol: said, not lost
+                        event = Failure(failure_class=FailureClass.CRASHED, message=str(exc))
+                    if isinstance(event, Failure):
                         self.failures.setdefault(i, event)
                     # Process 0 speaks for the trial; the others are heard when they fail.
-                    if event is not None and (i == 0 or event["event"] == "failure"):
+                    if event is not None and (i == 0 or isinstance(event, Failure)):
                         self.on_event(event, report)
                 if code is not None:
                     codes[i] = code
@@ -300,7 +314,7 @@ class TrialRun:
         try:
             config = self.config = static_check(self.space, self.point, self.placement.num_devices)
         except ConfigError as exc:
-            return failure_result("invalid_config", exc.message, field=exc.field)
+            return failure_result(FailureClass.INVALID_CONFIG, exc.message, field=exc.field)
         config_json = config.to_json()
         (self.trial_dir / "trial.json").write_text(config_json)
         spawned = time.time()
@@ -319,7 +333,7 @@ class TrialRun:
             self.ended_at = time.time()
             return {
                 **self.final(None),
-                **failure_result("crashed", f"{type(exc).__name__}: {str(exc)[:1500]}"),
+                **failure_result(FailureClass.CRASHED, f"{type(exc).__name__}: {str(exc)[:1500]}"),
             }
         self.ended_at = time.time()
         return {**self.final(returncode), "trainer_wall_s": time.time() - spawned}
@@ -357,7 +371,7 @@ def run_trial(
     result = trial.run(lambda metrics: tune.report(metrics))
     # Tune needs the objective keys in every result; a failed trial has no value (NaN).
     objectives = {
-        m: result.get(m, math.nan) if result["trial_status"] == "ok" else math.nan
+        m: result.get(m, math.nan) if result["trial_status"] == TrialStatus.OK else math.nan
         for m in space.objective.metrics
     }
     tune.report({**result, **objectives, "trial_wall_s": time.time() - started, "done": True})

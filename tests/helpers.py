@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.events import parse_event, parse_line
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,7 +53,9 @@ def run_trainer(
         cwd=REPO,
         timeout=timeout,
     )
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # Every line that claims to be an event must be a valid one (parse_event raises if not).
+    typed = [parse_event(line) for line in proc.stdout.splitlines() if parse_line(line)]
+    events = [e.model_dump(mode="json", exclude_none=True) for e in typed]
     return proc.returncode, events, proc.stderr
 
 

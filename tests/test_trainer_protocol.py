@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from sweeper.space import Objective
 from tests.helpers import run_trainer, trial
-from trainer.events import EXIT_CODES
+from trainer.events import (
+    EXIT_CODES,
+    MEASURED_METRICS,
+    STEP_METRICS,
+    FailureClass,
+    ProtocolError,
+    Step,
+    parse_event,
+)
 
 
 def _failure(events):
@@ -26,6 +35,27 @@ def test_success_streams_accepted_compiled_steps_summary(tmp_path, cache_dir):
     assert summary["tokens_per_sec"] == pytest.approx(512 / summary["step_time_median_s"])
     assert 0 < summary["mfu"] < 1 and summary["peak_source"] == "measured"
     assert events[1]["memory_per_device"]["temp_size_in_bytes"] > 0
+    # The metric lists the engine logs and optimizes are the protocol's, and a run fills them.
+    assert all(summary[m] > 0 for m in MEASURED_METRICS)
+    assert all(isinstance(events[2][m], float) for m in STEP_METRICS)
+
+
+def test_a_line_that_breaks_the_protocol_is_refused_not_guessed():
+    assert parse_event("I1130 12:00:00 a log line") is None
+    assert parse_event('{"not": "an event"}') is None
+    step = parse_event('{"event": "step", "step": 3, "step_time_s": 0.5, "loss": 2.0, '
+                       '"aux_loss": 0.0, "grad_norm": 1.0}')  # fmt: skip
+    assert isinstance(step, Step) and step.loss == 2.0
+    with pytest.raises(ProtocolError, match="step"):
+        parse_event('{"event": "step", "step": 3}')  # figures missing
+    with pytest.raises(ProtocolError, match="failure"):
+        parse_event('{"event": "failure", "failure_class": "melted", "message": "x"}')
+    with pytest.raises(ProtocolError, match="summary"):
+        parse_event('{"event": "summary", "fidelity": "run", "hardware": "cpu", "chips": 1, '
+                    '"tokens_per_sec_per_chp": 5}')  # fmt: skip
+    assert set(EXIT_CODES) == set(FailureClass) and len(set(EXIT_CODES.values())) == 7
+    # A space's default objective is a figure the protocol marks as measured.
+    assert Objective().metric in MEASURED_METRICS and "est_mfu" not in MEASURED_METRICS
 
 
 @pytest.mark.parametrize(

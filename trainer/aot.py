@@ -10,11 +10,18 @@ from jax.experimental import topologies
 
 from trainer import metrics
 from trainer.config import ConfigError, TrialConfig
-from trainer.effects import knob_effects
 from trainer.estimate import estimate
-from trainer.events import PROTOCOL_VERSION, Emitter, TrialFailure, classify_exception
+from trainer.events import (
+    Compiled,
+    Emitter,
+    FailureClass,
+    Fidelity,
+    TrialFailure,
+    classify_exception,
+    hbm_overflow,
+)
 from trainer.hardware import accelerator_for, chips_in
-from trainer.run import build_program, compile_step
+from trainer.run import accepted_event, build_program, compile_step
 
 COLLECTIVES = (
     "all-gather",
@@ -67,35 +74,35 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     devices = topology_devices(target)
     program = build_program(config, devices)
     emitter.emit(
-        "accepted",
-        protocol=PROTOCOL_VERSION,
-        config=config.model_dump(mode="json"),
-        fidelity="compile",
-        backend="tpu (AOT, no device)",
-        device_kind=devices[0].device_kind,
-        hardware=accel.name,
-        target=target,
-        num_devices=len(devices),
-        chips=len(devices) / accel.devices_per_chip,
-        mesh=program.degrees,
-        global_batch=program.global_batch,
-        libtpu_init_args=config.xla.libtpu_init_args(),
-        effects=knob_effects(config, "tpu", program.degrees),
+        accepted_event(
+            config,
+            program,
+            devices,
+            accel.name,
+            accel.devices_per_chip,
+            "tpu",
+            backend="tpu (AOT, no device)",
+            fidelity=Fidelity.COMPILE,
+            target=target,
+            libtpu_init_args=config.xla.libtpu_init_args(),
+        )
     )
     try:
         compiled, compile_s = compile_step(program)
     except Exception as exc:
         failure_class = classify_exception(exc, "compile")
-        if failure_class == "compile_error" and isinstance(exc, ValueError):
-            failure_class = "invalid_config"  # e.g. kernel blocks the kernel itself rejects
+        if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):
+            failure_class = (
+                FailureClass.INVALID_CONFIG
+            )  # e.g. kernel blocks the kernel itself rejects
         raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
     memory = metrics.memory_per_device(compiled)
     collectives = count_collectives(compiled.as_text())
-    emitter.emit("compiled", compile_s=compile_s, memory_per_device=memory, collectives=collectives)
+    emitter.emit(Compiled(compile_s=compile_s, memory_per_device=memory, collectives=collectives))
     est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])
     summary = {
         **est,
-        "fidelity": "compile",
+        "fidelity": Fidelity.COMPILE,
         "figure_fidelity": {
             "compile": [
                 "compile_s",
@@ -119,11 +126,5 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         "collectives": collectives,
     }
     if not summary["fits"]:
-        raise TrialFailure(
-            "oom_hbm",
-            f"compiled program needs {summary['hbm_per_device_gib']:.2f} GiB per device; {accel.name} offers "
-            f"{accel.usable_hbm_per_device / 2**30:.2f} GiB",
-            needed_gib=summary["hbm_per_device_gib"],
-            budget_gib=accel.usable_hbm_per_device / 2**30,
-        )
+        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
     return summary

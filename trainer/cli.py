@@ -10,7 +10,15 @@ import traceback
 from pathlib import Path
 
 from trainer.config import ConfigError, TrialConfig, load_config
-from trainer.events import EXIT_CODES, Emitter, TrialFailure, classify_exception
+from trainer.events import (
+    EXIT_CODES,
+    Emitter,
+    Failure,
+    FailureClass,
+    Summary,
+    TrialFailure,
+    classify_exception,
+)
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         _prepare_environment(config)
         if args.estimate_only:
-            emitter.emit("summary", **_estimate(config))
+            emitter.emit(Summary(**_estimate(config)))
             return 0
         if config.compile_target:
             from trainer.aot import (
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             phase = "compile"
-            emitter.emit("summary", **compile_for_target(config, emitter))
+            emitter.emit(Summary(**compile_for_target(config, emitter)))
             return 0
         if args.num_processes > 1:
             from trainer.distributed import initialize
@@ -110,27 +118,30 @@ def main(argv: list[str] | None = None) -> int:
         phase = "compile"
         result = train(config, emitter)
         phase = "report"
-        emitter.emit("summary", **result.summary)
+        emitter.emit(Summary(**result.summary))
         judged = result.summary.get("convergence")
         if judged and not judged["passed"]:
-            raise TrialFailure("diverged", f"convergence check failed: {judged['reason']}")
+            raise TrialFailure(
+                FailureClass.DIVERGED, f"convergence check failed: {judged['reason']}"
+            )
         return 0
     except ConfigError as exc:
         emitter.emit(
-            "failure", failure_class="invalid_config", field=exc.field, message=exc.message
+            Failure(failure_class=FailureClass.INVALID_CONFIG, field=exc.field, message=exc.message)
         )
-        return EXIT_CODES["invalid_config"]
+        return EXIT_CODES[FailureClass.INVALID_CONFIG]
     except TrialFailure as exc:
-        emitter.emit("failure", failure_class=exc.failure_class, message=exc.message, **exc.details)
+        emitter.emit(exc.event())
         return EXIT_CODES[exc.failure_class]
     except Exception as exc:  # classified, never lost
         if any(e["event"] == "step" for e in emitter.events):
             phase = "run"
         failure_class = classify_exception(exc, phase)
         emitter.emit(
-            "failure",
-            failure_class=failure_class,
-            message=f"{type(exc).__name__}: {exc}"[:4000],
-            traceback=traceback.format_exc()[-4000:],
+            Failure(
+                failure_class=failure_class,
+                message=f"{type(exc).__name__}: {exc}"[:4000],
+                traceback=traceback.format_exc()[-4000:],
+            )
         )
         return EXIT_CODES[failure_class]

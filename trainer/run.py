@@ -19,7 +19,16 @@ from trainer.config import BATCH_AXES, ConfigError, TrialConfig, check_static, g
 from trainer.data import BatchSource
 from trainer.distributed import agree
 from trainer.effects import knob_effects
-from trainer.events import PROTOCOL_VERSION, Emitter, TrialFailure
+from trainer.events import (
+    Accepted,
+    Compiled,
+    Emitter,
+    FailureClass,
+    Fidelity,
+    Step,
+    TrialFailure,
+    hbm_overflow,
+)
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -149,6 +158,32 @@ def _cost(compiled) -> dict[str, float]:
     }
 
 
+def accepted_event(
+    config: TrialConfig,
+    program: Program,
+    devices: list,
+    hardware: str,
+    devices_per_chip: int,
+    platform: str,
+    **extra: Any,
+) -> Accepted:
+    """The `accepted` event of a run or a compile: the program as built, and its knobs' effects."""
+    return Accepted(
+        config=config.model_dump(mode="json"),
+        backend=extra.pop("backend", platform),
+        device_kind=devices[0].device_kind,
+        hardware=hardware,
+        processes=jax.process_count(),
+        num_devices=len(devices),
+        chips=len(devices) / devices_per_chip,
+        tokens_per_step=program.global_batch * config.seq_len,
+        mesh=program.degrees,
+        global_batch=program.global_batch,
+        effects=knob_effects(config, platform, program.degrees),
+        **extra,
+    )
+
+
 def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     devices = select_devices(config)
     program = build_program(config, devices)
@@ -158,35 +193,17 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     local_devices = sum(d.process_index == jax.process_index() for d in devices)
     chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache)
     emitter.emit(
-        "accepted",
-        protocol=PROTOCOL_VERSION,
-        config=config.model_dump(mode="json"),
-        backend=platform,
-        device_kind=devices[0].device_kind,
-        hardware=chip.name,
-        processes=jax.process_count(),
-        num_devices=len(devices),
-        chips=len(devices) / chip.devices_per_chip,
-        tokens_per_step=program.global_batch * config.seq_len,
-        mesh=program.degrees,
-        global_batch=program.global_batch,
-        effects=knob_effects(config, platform, program.degrees),
+        accepted_event(config, program, devices, chip.name, chip.devices_per_chip, platform)
     )
 
     compiled, compile_s = compile_step(program)
     memory = metrics.memory_per_device(compiled)
     emitter.emit(
-        "compiled", compile_s=compile_s, memory_per_device=memory, cost_per_device=_cost(compiled)
+        Compiled(compile_s=compile_s, memory_per_device=memory, cost_per_device=_cost(compiled))
     )
     budget = config.limits.device_memory_gib
     if budget is not None and memory.get("total_bytes", 0) > budget * 2**30:
-        raise TrialFailure(
-            "oom_hbm",
-            f"compiled program needs {memory['total_bytes'] / 2**30:.3f} GiB per device, "
-            f"more than the configured limits.device_memory_gib = {budget}",
-            needed_gib=memory["total_bytes"] / 2**30,
-            budget_gib=budget,
-        )
+        raise hbm_overflow(memory["total_bytes"], budget * 2**30, "limits.device_memory_gib")
 
     source = BatchSource(config, program.global_batch, program.degrees["context"])
 
@@ -214,15 +231,15 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         result.losses.append(values["loss"])
         if step >= config.measure.skip_steps:
             step_times.append(step_time)
-        emitter.emit("step", step=step, step_time_s=step_time, **values)
+        emitter.emit(Step(step=step, step_time_s=step_time, **values))
         if not all(math.isfinite(v) for v in values.values()):
             raise TrialFailure(
-                "diverged", f"non-finite metrics at step {step}: {values}", step=step
+                FailureClass.DIVERGED, f"non-finite metrics at step {step}: {values}", step=step
             )
         limit = config.limits.time_limit_s
         if limit is not None and done - loop_start > limit:
             raise TrialFailure(
-                "timeout", f"time limit {limit}s reached after step {step}", step=step
+                FailureClass.TIMEOUT, f"time limit {limit}s reached after step {step}", step=step
             )
 
     # The host never waits on the step it just dispatched: the next batch is placed while the
@@ -259,7 +276,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     precision = "fp8" if config.precision.mode == "fp8" else "bf16"
     peak = metrics.peak_for(chip, precision)
     result.summary = {
-        "fidelity": "run",
+        "fidelity": Fidelity.RUN,
         "hardware": chip.name,
         "backend": platform,
         "device_kind": devices[0].device_kind,
