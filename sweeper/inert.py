@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 from sweeper.space import Knob, Space, gpus_in
+from trainer.effects import FP8_EMULATED, NO_HOST_OFFLOAD, PALLAS_NATIVE
+from trainer.policies import OFFLOAD_TWINS
 
-# Offload policies and their remat twins (what they compile to when host placement is dropped).
-OFFLOAD_TWINS = {"qkv_proj_offloaded": "save_qkv_proj", "minimal_offloaded": "minimal"}
+NOT_PALLAS = tuple(b for b in ("cpu", "gpu") if b not in PALLAS_NATIVE)
 
 
 # Values whose throughput on a backend says nothing about the target: measuring them would
@@ -20,22 +21,20 @@ OFFLOAD_TWINS = {"qkv_proj_offloaded": "save_qkv_proj", "minimal_offloaded": "mi
 THROUGHPUT_MEANINGLESS = {
     "precision.mode": (
         "bf16",
-        ("cpu",),
+        FP8_EMULATED,
         "XLA on {b} upcasts fp8 to f32: fp8 speed there is emulation",
     ),
     "kernels.attention": (
         "xla",
-        ("cpu", "gpu"),
+        NOT_PALLAS,
         "Pallas Splash is a TPU kernel: interpreted on {b}",
     ),
     "kernels.moe_gmm": (
         "ragged_dot",
-        ("cpu", "gpu"),
+        NOT_PALLAS,
         "Pallas Megablox is a TPU kernel: interpreted on {b}",
     ),
 }
-# Backends that drop host placement, so offload compiles to its remat twin.
-NO_HOST_OFFLOAD = ("cpu",)
 
 
 def target_backend(space: Space) -> str:

@@ -231,7 +231,7 @@ def test_every_shipped_space_validates(path):
     ],
 )
 def test_decision_table_rows(model, seq, workload, primary, secondary):
-    from sweeper.plan import recommend
+    from trainer.plan import recommend
 
     rec = recommend(model, seq, "tpu7x:4x4x4")
     assert (rec.workload, rec.primary, rec.secondary) == (workload, primary, secondary)

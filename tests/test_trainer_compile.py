@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tests.helpers import run_trainer
-from trainer.config import ASYNC_FUSION, SPARSECORE_OFFLOAD, SPLASH_BLOCKS, load_config
+from trainer.config import SPLASH_BLOCKS, load_config
 from trainer.estimate import estimate, memory_per_device
 from trainer.events import EXIT_CODES
-from trainer.flags import unknown_flag
+from trainer.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD, unknown_flag
 from trainer.hardware import ACCELERATORS
 
 pytestmark = pytest.mark.tpu_compile

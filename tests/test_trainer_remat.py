@@ -59,7 +59,7 @@ def test_offload_reported_inert_on_cpu():
 def test_custom_placements_shape_the_compiled_program(by_policy):
     """`custom` keeps what it names: naming minimal's tensors compiles minimal's program, naming
     only the layer input compiles full remat's (memory and FLOPs both)."""
-    from trainer.remat import placements
+    from trainer.policies import placements
 
     minimal_names = placements(load_config(trial(remat={"policy": "minimal"})).remat)["device"]
     known = {n for n in minimal_names if n != "mlpwi"}  # mlpwi: the fused name, absent here

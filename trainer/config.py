@@ -8,34 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainer.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD
+from trainer.policies import REMAT_POLICIES
 from trainer.presets import MODEL_PRESETS
 
-REMAT_POLICIES = (
-    "full",
-    "minimal",
-    "minimal_with_context",
-    "save_dot_with_context_except_mlp",
-    "save_dot_except_mlpwi",
-    "save_dot_except_mlp",
-    "save_qkv_proj",
-    "save_out_proj",
-    "qkv_proj_offloaded",
-    "minimal_offloaded",
-    "custom",
-)
-RematPolicy = Literal[
-    "full",
-    "minimal",
-    "minimal_with_context",
-    "save_dot_with_context_except_mlp",
-    "save_dot_except_mlpwi",
-    "save_dot_except_mlp",
-    "save_qkv_proj",
-    "save_out_proj",
-    "qkv_proj_offloaded",
-    "minimal_offloaded",
-    "custom",
-]
+RematPolicy = Literal[REMAT_POLICIES]  # the names of trainer.policies.POLICIES
 # Tensors a `custom` policy may place; everything not listed is recomputed.
 CUSTOM_REMAT_TENSORS = (
     "decoder_layer_input",
@@ -269,25 +246,6 @@ SPLASH_BLOCKS = (
     "block_q_dkv",
     "block_kv_dkv",
     "block_kv_dkv_compute",
-)
-
-
-SPARSECORE_OFFLOAD = (
-    "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
-    "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",
-    "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
-    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=false",
-    "--xla_tpu_enable_async_collective_fusion_fuse_reduce_scatter=false",
-    "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=false",
-    "--xla_tpu_use_tc_device_shape_on_sc=true",
-    "--xla_sc_disable_megacore_partitioning=true",
-)
-ASYNC_FUSION = (
-    "--xla_tpu_enable_async_collective_fusion=true",
-    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
-    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
-    "--xla_tpu_overlap_compute_collective_tc=true",
-    "--xla_enable_async_all_gather=true",
 )
 
 

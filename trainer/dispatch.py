@@ -29,7 +29,6 @@ from trainer.capacity import expert_capacity, receive_buffer_groups
 EXPERT, TENSOR = "expert", "tensor"
 
 # Platforms whose XLA backend implements the ragged-all-to-all HLO.
-NATIVE_RAGGED_A2A = ("tpu", "gpu")
 
 
 def ragged_all_to_all(

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from trainer.config import TrialConfig
-from trainer.dispatch import NATIVE_RAGGED_A2A
-from trainer.remat import uses_offload
+from trainer.policies import uses_offload
+
+# What each backend does natively (JAX-free: the trainer's report and the engine's pinning
+# of inert values both read these).
+NATIVE_RAGGED_A2A = ("tpu", "gpu")  # XLA ragged all-to-all; elsewhere an all-gather
+NO_HOST_OFFLOAD = ("cpu",)  # host placement dropped: offload compiles to remat
+FP8_EMULATED = ("cpu",)  # XLA upcasts fp8 dots to f32
+PALLAS_NATIVE = ("tpu",)  # Pallas TPU kernels run compiled; elsewhere interpreted
+LIBTPU = ("tpu",)  # LIBTPU_INIT_ARGS reach only libtpu
 
 
 def knob_effects(
@@ -32,7 +39,7 @@ def knob_effects(
             }
         )
     if uses_offload(config.remat):
-        if platform == "cpu":
+        if platform in NO_HOST_OFFLOAD:
             effects["remat.offload"] = {
                 "status": "inert",
                 "reason": "the CPU backend drops host placement: offload behaves as remat",
@@ -48,7 +55,7 @@ def knob_effects(
                 "status": "active",
                 "reason": "LIBTPU_INIT_ARGS: " + " ".join(config.xla.libtpu_init_args()),
             }
-            if platform == "tpu"
+            if platform in LIBTPU
             else {"status": "inert", "reason": f"LIBTPU flags do not reach the {platform} backend"}
         )
     if config.precision.mode == "fp8":
@@ -57,7 +64,7 @@ def knob_effects(
                 "status": "emulated",
                 "reason": "XLA on CPU upcasts fp8 to f32: numerics are real, speed is not a TPU finding",
             }
-            if platform == "cpu"
+            if platform in FP8_EMULATED
             else {"status": "active", "reason": "fp8 dot operands via qwix"}
         )
     attention = config.kernels.resolved_attention(platform)
@@ -79,7 +86,7 @@ def knob_effects(
 
 
 def _kernel_effect(platform: str, name: str) -> dict[str, str]:
-    if platform == "tpu":
+    if platform in PALLAS_NATIVE:
         return {"status": "active", "reason": f"{name} Pallas kernel with these tiles"}
     return {
         "status": "interpreted",

@@ -10,26 +10,14 @@ from typing import Any
 
 from trainer.capacity import receive_buffer_groups
 from trainer.config import TrialConfig, check_static, global_batch_size
+from trainer.flops import training_flops_per_step
 from trainer.hardware import Accelerator
-from trainer.metrics import training_flops_per_step
+from trainer.policies import POLICIES
 
 BF16, F32 = 2, 4
+
+
 # Share of a layer's forward FLOPs recomputed in the backward pass, by what a policy saves.
-RECOMPUTE_SHARE = {
-    "full": 1.0,
-    "minimal": 0.15,
-    "minimal_with_context": 0.1,
-    "save_dot_with_context_except_mlp": 0.6,
-    "save_dot_except_mlpwi": 0.45,
-    "save_dot_except_mlp": 0.65,
-    "save_qkv_proj": 0.75,
-    "save_out_proj": 0.9,
-    "qkv_proj_offloaded": 0.75,
-    "minimal_offloaded": 0.15,
-    "custom": 0.5,
-}
-
-
 def parameter_count(config: TrialConfig) -> int:
     m = config.model
     attention = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
@@ -157,7 +145,7 @@ def estimate(
         - (2 * global_batch * config.seq_len * config.model.d_model * config.model.vocab_size * 3)
         / model_flops
     )
-    recompute = model_flops / 3 * layer_share * RECOMPUTE_SHARE[config.remat.policy]
+    recompute = model_flops / 3 * layer_share * POLICIES[config.remat.policy].recompute_share
     precision = "fp8" if config.precision.mode == "fp8" else "bf16"
     peak = accel.peak_tflops[precision] * 1e12
     mem = memory_per_device(config, degrees, global_batch)

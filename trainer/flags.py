@@ -8,6 +8,25 @@ import re
 import subprocess
 import sys
 
+# Flag bundles a trial's xla.collective_mode names (KNOBS.md).
+SPARSECORE_OFFLOAD = (
+    "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_reduce_scatter=false",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_reduce=false",
+    "--xla_tpu_use_tc_device_shape_on_sc=true",
+    "--xla_sc_disable_megacore_partitioning=true",
+)
+ASYNC_FUSION = (
+    "--xla_tpu_enable_async_collective_fusion=true",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+    "--xla_tpu_overlap_compute_collective_tc=true",
+    "--xla_enable_async_all_gather=true",
+)
+
 _PROBE = (
     "from jax.experimental import topologies\n"
     "topologies.get_topology_desc(platform='tpu', topology_name='tpu7x:2x2x1')\n"

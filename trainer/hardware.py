@@ -21,6 +21,7 @@ class Accelerator:
     ici_links: int
     usable_hbm_per_device: float  # what one device offers a program (compiler limit)
     source: str
+    device_kind: str = ""  # prefix of JAX's Device.device_kind for this chip
 
     @property
     def hbm_bytes_per_device(self) -> float:
@@ -47,6 +48,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         usable_hbm_per_device=94.75
         * GIB,  # libtpu: "exceeds available HBM (94.75G)"; XLA's G is GiB
         source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
+        device_kind="TPU7x",
     ),
     "v5p": Accelerator(
         name="TPU v5p",
@@ -59,6 +61,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_links=6,
         usable_hbm_per_device=95 * GIB,
         source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak)",
+        device_kind="TPU v5p",
     ),
     "v6e": Accelerator(
         name="TPU v6e",
@@ -71,6 +74,35 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_links=4,
         usable_hbm_per_device=31.25 * GIB,
         source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights)",
+        device_kind="TPU v6",
+    ),
+    # GPUs: measured runs only, never compile targets. No fp8 peak until the trainer's fp8
+    # path on GPU is measured (ACCELERATORS.md); MFU of an fp8 step there is then unknown.
+    "h100": Accelerator(
+        name="H100",
+        topology_prefix="",
+        devices_per_chip=1,
+        peak_tflops={"bf16": 989.0},
+        hbm_bytes_per_chip=80 * GIB,
+        hbm_bytes_per_s=3.35e12,
+        ici_link_bytes_per_s=450e9,  # NVLink 4: 900 GB/s both directions
+        ici_links=1,
+        usable_hbm_per_device=80 * GIB,
+        source="H100 SXM datasheet (bf16 dense)",
+        device_kind="NVIDIA H100",
+    ),
+    "h200": Accelerator(
+        name="H200",
+        topology_prefix="",
+        devices_per_chip=1,
+        peak_tflops={"bf16": 989.0},
+        hbm_bytes_per_chip=141e9,
+        hbm_bytes_per_s=4.8e12,
+        ici_link_bytes_per_s=450e9,
+        ici_links=1,
+        usable_hbm_per_device=139 * GIB,  # ACCELERATORS.md: about 139 GiB visible
+        source="H200 SXM datasheet (bf16 dense)",
+        device_kind="NVIDIA H200",
     ),
 }
 
@@ -78,11 +110,12 @@ ACCELERATORS: dict[str, Accelerator] = {
 def accelerator_for(target: str) -> Accelerator:
     """`tpu7x:4x4x4` -> TPU7x figures; raises ValueError naming the known prefixes."""
     prefix = target.split(":", 1)[0]
-    if prefix not in ACCELERATORS:
+    targets = {a.topology_prefix: a for a in ACCELERATORS.values() if a.topology_prefix}
+    if prefix not in targets:
         raise ValueError(
-            f"unknown accelerator {prefix!r} in target {target!r}; known: {', '.join(ACCELERATORS)}"
+            f"unknown accelerator {prefix!r} in target {target!r}; known: {', '.join(targets)}"
         )
-    return ACCELERATORS[prefix]
+    return targets[prefix]
 
 
 def chips_in(target: str) -> int:

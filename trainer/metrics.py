@@ -12,29 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.config import ModelConfig
 from trainer.hardware import ACCELERATORS
-
-
-def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int) -> float:
-    """MaxText's calculate_tflops_training_per_device, for the whole step (not per device).
-
-    3 x (FFN + QKV + output projection) per layer + embedding, plus 3 x causal attention;
-    MoE counts the router and the top-k experts. Remat recompute is not counted.
-    """
-    tokens = global_batch * seq_len
-    ffn_one = 2 * tokens * model.mlp_dim * model.d_model * 3  # wi_0, wi_1, wo
-    if model.is_moe:
-        ffn = 2 * tokens * model.d_model * model.num_experts + ffn_one * model.experts_per_token
-    else:
-        ffn = ffn_one
-    qkv = 2 * tokens * model.d_model * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-    projection = 2 * tokens * model.d_model * model.num_heads * model.head_dim
-    embedding = 2 * tokens * model.d_model * model.vocab_size
-    causal_attention = 4 * global_batch * seq_len**2 * model.num_heads * model.head_dim / 2
-    learnable = ((ffn + qkv + projection) * model.num_layers + embedding) * 3
-    attention = causal_attention * model.num_layers * 3
-    return float(learnable + attention)
 
 
 @dataclass(frozen=True)
@@ -47,18 +25,11 @@ class Chip:
     source: str
 
 
-def _tpu(key: str) -> Chip:
-    accel = ACCELERATORS[key]  # one datasheet table for estimates and measurements
-    return Chip(accel.name, dict(accel.peak_tflops), accel.devices_per_chip, "datasheet")
-
-
-# Vendor peaks (KNOBS.md, Measurement). Keys are jax Device.device_kind prefixes.
+# Vendor peaks (KNOBS.md, Measurement), from the datasheet table the estimate uses too.
+# Keys are jax Device.device_kind prefixes.
 CHIPS: dict[str, Chip] = {
-    "TPU7x": _tpu("tpu7x"),
-    "TPU v5p": _tpu("v5p"),
-    "TPU v6": _tpu("v6e"),
-    "NVIDIA H100": Chip("H100", {"bf16": 989.0}, 1, "datasheet"),
-    "NVIDIA H200": Chip("H200", {"bf16": 989.0}, 1, "datasheet"),
+    a.device_kind: Chip(a.name, dict(a.peak_tflops), a.devices_per_chip, "datasheet")
+    for a in ACCELERATORS.values()
 }
 
 

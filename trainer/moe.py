@@ -12,7 +12,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig
-from trainer.dispatch import NATIVE_RAGGED_A2A, expert_parallel, local_experts
+from trainer.dispatch import expert_parallel, local_experts
+from trainer.effects import NATIVE_RAGGED_A2A
 from trainer.kernels import grouped_matmul
 
 

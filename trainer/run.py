@@ -29,6 +29,7 @@ from trainer.events import (
     TrialFailure,
     hbm_overflow,
 )
+from trainer.flops import training_flops_per_step
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -271,7 +272,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     tokens_per_step = program.global_batch * config.seq_len
     tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
     chips = len(devices) / chip.devices_per_chip
-    flops = metrics.training_flops_per_step(config.model, program.global_batch, config.seq_len)
+    flops = training_flops_per_step(config.model, program.global_batch, config.seq_len)
     tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
     precision = "fp8" if config.precision.mode == "fp8" else "bf16"
     peak = metrics.peak_for(chip, precision)
