@@ -40,18 +40,24 @@ class SpaceError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Knob(_Strict):
     """One searchable trial-config key: categorical `values`, or an int/float range."""
 
     values: list[Any] | None = Field(default=None, max_length=MAX_CANDIDATES)
+    """categorical choices."""
     low: float | None = Field(default=None, allow_inf_nan=False)
+    """range low end (inclusive)."""
     high: float | None = Field(default=None, allow_inf_nan=False)
+    """range high end (inclusive)."""
     step: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """range step."""
     log: bool = False
+    """sample the range on a log scale."""
     type: Literal["categorical", "int", "float"] | None = None
+    """force int or float for a range (default: int when every bound is whole)."""
     when: dict[str, Any] = Field(
         default_factory=dict, description="active only when these knobs have these values"
     )
@@ -100,12 +106,16 @@ class Knob(_Strict):
 
 class Objective(_Strict):
     metric: str = "tokens_per_sec_per_chip"
+    """a trial result to optimize (measured by runs, est_* by estimate/compile)."""
     mode: Literal["max", "min"] = "max"
+    """max or min."""
 
 
 class Objectives(_Strict):
     primary: Objective = Objective()
+    """what Optuna optimizes."""
     secondary: Objective | None = None
+    """a second objective: makes a multi-objective (Pareto) study."""
 
     @property
     def metrics(self) -> list[str]:
@@ -122,20 +132,32 @@ class Objectives(_Strict):
 
 class Constraints(_Strict):
     convergence: bool = True
+    """trials must pass the loss check (sets trial convergence.enabled)."""
     tolerance: float = Field(default=0.05, gt=0)
+    """relative loss tolerance of the check."""
     max_memory_per_device_gib: float | None = Field(default=None, gt=0)
+    """memory budget per device; more is oom_hbm."""
 
 
 class Search(_Strict):
     sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "nsga2"] = "tpe"
+    """Optuna sampler."""
     trials: int = Field(default=8, gt=0, le=MAX_TRIALS)
+    """trials to run."""
     concurrency: int = Field(default=1, gt=0, le=4096)
+    """trials at once."""
     seed: int = Field(default=0, ge=0, lt=2**32)
+    """sampler seed."""
     startup_trials: int | None = Field(default=None, ge=0, le=MAX_TRIALS)
+    """random trials before the model-based sampler takes over (default trials/3, at most 10)."""
     time_budget_s: float | None = Field(default=None, gt=0, le=365 * 86400)
+    """stop starting trials after this long."""
     trial_timeout_s: float = Field(default=900, gt=0, le=7 * 86400)
+    """a trial running longer is killed (failure class timeout)."""
     early_stopping: bool = False
+    """ASHA: stop trials whose running throughput trails (single objective only)."""
     warm_start: list[dict[str, Any]] = Field(default_factory=list)
+    """points (knob -> value) evaluated first."""
 
 
 def gpus_in(target: str) -> int | None:
@@ -160,8 +182,11 @@ class Resources(_Strict):
 
 class Space(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """the sweep's name (MLflow experiment, Optuna study)."""
     description: str = ""
+    """free text."""
     target: str = "local"
+    """local, gpu:N, or a TPU topology such as tpu7x:4x4x4."""
     devices: int | None = Field(
         default=None,
         gt=0,
@@ -170,13 +195,21 @@ class Space(_Strict):
         "or GPUs/TPU chips of the driver host (default all)",
     )
     fidelity: Literal["auto", "estimate", "compile", "run"] = "auto"
+    """estimate, compile (AOT for the TPU target), run; auto: run where the hardware is, else compile."""
     model: dict[str, Any]
+    """the model config every trial starts from (trainer ModelConfig)."""
     trial: dict[str, Any] = Field(default_factory=dict)
+    """trial config every trial starts from (trainer TrialConfig, minus model)."""
     objective: Objectives = Objectives()
+    """what to optimize."""
     constraints: Constraints = Constraints()
+    """what a trial must satisfy."""
     search: Search = Search()
+    """how the search runs."""
     resources: Resources = Resources()
+    """what each trial holds."""
     knobs: dict[str, Knob] = Field(default_factory=dict)
+    """trial config keys (dotted paths) to search, and their values."""
 
     @model_validator(mode="before")
     @classmethod

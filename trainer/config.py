@@ -43,27 +43,42 @@ class ConfigError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(_Frozen):
     """Decoder-only transformer shape; `preset` fills every field not given explicitly."""
 
     preset: str | None = None
+    """named shape (tiny-dense, tiny-moe, llama3-8b, mixtral-8x7b, ...) filling every field not given."""
     vocab_size: int = Field(gt=0)
+    """vocabulary size (embedding and output projection rows)."""
     d_model: int = Field(gt=0)
+    """hidden width."""
     num_layers: int = Field(gt=0)
+    """decoder layers."""
     num_heads: int = Field(gt=0)
+    """query heads."""
     num_kv_heads: int = Field(gt=0)
+    """key/value heads (grouped-query attention when fewer than num_heads)."""
     head_dim: int = Field(gt=0)
+    """width of one head (TPU pads below 128 lanes)."""
     mlp_dim: int = Field(gt=0)
+    """feed-forward width (per expert for MoE)."""
     num_experts: int = Field(default=0, ge=0)
+    """MoE experts; 0 is a dense model."""
     experts_per_token: int = Field(default=0, ge=0)
+    """top-k experts each token is routed to (MoE)."""
     capacity_factor: float = -1.0
+    """-1: dropless (ragged groups); > 0: each expert takes at most factor x its fair share of tokens, the rest are dropped."""
     load_balance_loss_weight: float = Field(default=0.01, ge=0)
+    """weight of the MoE load-balance auxiliary loss."""
     fused_qkv: bool = False
+    """one fused QKV projection instead of three."""
     rope_theta: float = Field(default=10000.0, gt=0)
+    """RoPE base frequency."""
     norm_eps: float = Field(default=1e-5, gt=0)
+    """RMSNorm epsilon."""
 
     @model_validator(mode="before")
     @classmethod
@@ -107,11 +122,17 @@ class MeshConfig(_Frozen):
     """ICI parallelism degrees; their product is the device count; one may be -1 (fill)."""
 
     data: int = 1
+    """pure data-parallel degree (replicated weights)."""
     fsdp: int = -1
+    """fully sharded data-parallel degree (weights all-gathered, gradients reduce-scattered); -1 fills."""
     context: int = 1
+    """context-parallel degree: the sequence is split, keys and values all-gathered."""
     expert: int = 1
+    """expert-parallel degree: experts split over devices, tokens sent by all-to-all."""
     tensor: int = 1
+    """tensor-parallel degree: heads and MLP width split over devices."""
     context_load_balance: bool = True
+    """pair early and late sequence chunks per context shard, so causal attention work is even."""
 
     @model_validator(mode="after")
     def _check(self) -> MeshConfig:
@@ -155,7 +176,9 @@ class MeshConfig(_Frozen):
 
 class RematConfig(_Frozen):
     policy: RematPolicy = "full"
+    """which activations are kept, offloaded to host or recomputed in the backward pass (trainer.policies)."""
     custom: dict[str, Literal["device", "remat", "offload"]] = Field(default_factory=dict)
+    """policy custom only: tensor name -> device (keep), offload (pinned host) or remat (recompute)."""
 
     @model_validator(mode="after")
     def _check(self) -> RematConfig:
@@ -180,18 +203,25 @@ class PrecisionConfig(_Frozen):
     """FP8 training through qwix; every sub-knob is read only when mode is fp8."""
 
     mode: Literal["bf16", "fp8"] = "bf16"
+    """bf16, or fp8 dot operands through qwix."""
     granularity: Literal["per_tensor", "per_axis", "subchannel"] = "per_tensor"
+    """one scale per tensor, per axis, or per subchannel tile."""
     tile_size: int | None = Field(
         default=None, gt=0, description="subchannel tile along the contraction axis"
     )
     scaling: Literal["dynamic", "static", "fixed"] = "dynamic"
+    """dynamic (from the tensor's current max), static (calibrated), or fixed (fixed_bound)."""
     fixed_bound: float = Field(
         default=224.0, gt=0, description="fixed scaling range is [-bound, bound]"
     )
     forward_format: Literal["e4m3", "e5m2"] = "e4m3"
+    """fp8 format of forward-pass operands."""
     backward_format: Literal["e4m3", "e5m2"] = "e5m2"
+    """fp8 format of backward-pass (gradient) operands."""
     targets: Literal["dense", "dense+moe"] = "dense+moe"
+    """quantize dense layers only, or the MoE experts too."""
     rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
+    """fp8 rounding; stochastic is refused (qwix ignores it for float8)."""
 
     @model_validator(mode="after")
     def _check(self) -> PrecisionConfig:
@@ -217,17 +247,29 @@ class KernelsConfig(_Frozen):
     """Attention and MoE grouped-matmul implementations, their tiles, and the max-logit estimate."""
 
     attention: Literal["auto", "xla", "splash"] = "xla"
+    """xla (reference), splash (Pallas TPU kernel; interpreted elsewhere), or auto (splash on TPU)."""
     block_q: int = 512
+    """Splash forward query block."""
     block_kv: int = 512
+    """Splash forward key/value block."""
     block_kv_compute: int = 512
+    """Splash forward key/value compute block."""
     block_q_dkv: int = 512
+    """Splash backward (dK/dV) query block."""
     block_kv_dkv: int = 512
+    """Splash backward (dK/dV) key/value block."""
     block_kv_dkv_compute: int = 512
+    """Splash backward (dK/dV) key/value compute block."""
     max_logit_const: float | None = None
+    """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
     moe_gmm: Literal["ragged_dot", "megablox"] = "ragged_dot"
+    """MoE grouped matmul: ragged_dot (XLA) or megablox (Pallas TPU kernel)."""
     gmm_tm: int = Field(default=512, gt=0)
+    """Megablox tile along tokens."""
     gmm_tk: int = Field(default=1024, gt=0)
+    """Megablox tile along the contraction."""
     gmm_tn: int = Field(default=1024, gt=0)
+    """Megablox tile along the output."""
 
     def blocks(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in SPLASH_BLOCKS}
@@ -253,8 +295,11 @@ class XlaFlagsConfig(_Frozen):
     """LIBTPU_INIT_ARGS of the trial (TPU only; inert elsewhere)."""
 
     scoped_vmem_kib: int | None = Field(default=None, gt=0)
+    """--xla_tpu_scoped_vmem_limit_kib: VMEM a kernel may use."""
     collective_mode: Literal["default", "sparsecore_offload", "async_fusion"] = "default"
+    """a flag bundle for collectives: SparseCore offload, or async collective fusion (flags.py)."""
     extra: list[str] = Field(default_factory=list)
+    """more LIBTPU flags, each --name=value; libtpu must know them."""
 
     @model_validator(mode="after")
     def _check(self) -> XlaFlagsConfig:
@@ -281,16 +326,20 @@ class XlaFlagsConfig(_Frozen):
 
 class DataConfig(_Frozen):
     source: Literal["stdlib", "synthetic"] = "stdlib"
+    """stdlib: bytes of the Python standard library's sources (learnable); synthetic: random tokens."""
     max_corpus_mib: float = Field(default=16.0, gt=0)
+    """how much of the stdlib corpus is read."""
 
 
 class ConvergenceConfig(_Frozen):
     """Compare this run's losses with the baseline-numerics reference of the same recipe."""
 
     enabled: bool = True
+    """check the loss against the baseline-numerics reference."""
     tolerance: float = Field(default=0.05, gt=0, description="allowed |final - ref| / ref")
     window: int = Field(default=5, gt=0, description="final loss = mean of the last `window` steps")
     cache_dir: str | None = None
+    """where references are cached (default: results/cache)."""
 
 
 class MeasureConfig(_Frozen):
@@ -299,6 +348,7 @@ class MeasureConfig(_Frozen):
 
 class LimitsConfig(_Frozen):
     time_limit_s: float | None = Field(default=None, gt=0)
+    """stop with failure class timeout after this long in the training loop."""
     device_memory_gib: float | None = Field(
         default=None,
         gt=0,
@@ -310,7 +360,9 @@ class FaultConfig(_Frozen):
     """Fault injection, for testing the engine's failure handling and the convergence check."""
 
     nan_at_step: int | None = Field(default=None, ge=0)
+    """inject a NaN loss at this step (the trial must end diverged)."""
     grad_scale: float = 1.0
+    """multiply gradients (sabotage for the convergence check)."""
     crash_at_step: int | None = Field(
         default=None, ge=0, description="the process `crash_process` kills itself (SIGKILL) here"
     )
@@ -326,30 +378,51 @@ class TrialConfig(_Frozen):
     """One trial: a model, a mesh, a remat policy, a data source and a training recipe."""
 
     model: ModelConfig
+    """the model's shape."""
     mesh: MeshConfig = MeshConfig()
+    """how devices split the work."""
     remat: RematConfig = RematConfig()
+    """activation memory against recompute."""
     precision: PrecisionConfig = PrecisionConfig()
+    """bf16 or fp8."""
     kernels: KernelsConfig = KernelsConfig()
+    """attention and MoE kernels and their tiles."""
     xla: XlaFlagsConfig = XlaFlagsConfig()
+    """LIBTPU_INIT_ARGS (TPU only)."""
     data: DataConfig = DataConfig()
+    """training tokens."""
     seq_len: int = Field(default=128, ge=2)
+    """tokens per sequence."""
     per_device_batch: float = Field(default=1.0, gt=0)
+    """sequences per device (may be fractional when the batch axes are fewer than devices)."""
     steps: int = Field(default=20, gt=0)
+    """training steps."""
     warmup_steps: int = Field(default=5, ge=0)
+    """linear learning-rate warm-up steps."""
     learning_rate: float = Field(default=3e-3, gt=0)
+    """peak AdamW learning rate."""
     weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay."""
     grad_clip: float = Field(default=1.0, gt=0)
+    """global gradient-norm clip."""
     seed: int = 0
+    """parameter initialization and data order."""
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    """JAX platform to run on; auto takes what is there."""
     compile_target: str | None = Field(
         default=None,
         description="AOT-compile for this TPU topology (e.g. tpu7x:4x4x4) instead of running",
     )
     num_devices: int | None = Field(default=None, gt=0)
+    """devices to use (default: all the backend shows)."""
     measure: MeasureConfig = MeasureConfig()
+    """how step time is measured."""
     convergence: ConvergenceConfig = ConvergenceConfig()
+    """the loss check."""
     limits: LimitsConfig = LimitsConfig()
+    """time and memory budgets."""
     fault: FaultConfig = FaultConfig()
+    """fault injection, for tests."""
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
