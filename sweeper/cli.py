@@ -12,8 +12,6 @@ from rich.table import Table
 
 from sweeper.space import (
     SpaceError,
-    check_feasible,
-    check_warm_start,
     count_points,
     load_space,
     space_overrides,
@@ -82,17 +80,11 @@ def validate(
     set_: SetOpt = None,
 ) -> None:
     """Check a space (schema, knob values, sampler, fidelity) and count its points."""
-    from sweeper.engine import check_flags
-    from sweeper.inert import pin_inert
-    from sweeper.search import check_sampler
+    from sweeper.engine import check_space
 
     try:
         loaded = load_space(space, _overrides(trials, concurrency, fidelity, target, set_))
-        check_sampler(loaded)
-        check_flags(loaded)
-        pinned, notes = pin_inert(loaded)
-        check_warm_start(pinned, why=" once inert values are pinned away")
-        check_feasible(pinned)
+        pinned, notes = check_space(loaded)
     except (SpaceError, ValueError) as exc:
         _fail(str(exc))
     points = count_points(pinned)

@@ -211,6 +211,26 @@ def check_flags(space: Space) -> None:
                 raise SpaceError(f"{rejected}; libtpu would abort every trial with it", field=field)
 
 
+def check_space(
+    space: Space, backend: str | None = None, num_devices: int | None = None
+) -> tuple[Space, list[str]]:
+    """The one validation path of a space, for `sweeper validate` and for every sweep: LIBTPU
+    flags, values inert on `backend` pinned away (with a note each), then warm-start points,
+    feasibility on `num_devices` and the sampler, on the space as it will be sampled.
+    Raises SpaceError naming the field."""
+    check_flags(space)
+    pinned, notes = pin_inert(space, backend)
+    on = f" on {backend}" if backend else ""
+    check_warm_start(pinned, why=f" once values inert{on} are pinned away")
+    check_feasible(pinned, num_devices)
+    try:
+        check_sampler(pinned)
+    except ValueError as exc:
+        message = str(exc).removeprefix("search.sampler: ")
+        raise SpaceError(message, field="search.sampler") from None
+    return pinned, notes
+
+
 def new_sweep_id() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -224,17 +244,10 @@ def prepare(
     storage: str | None = None,
     study: str | None = None,
 ) -> SweepContext:
-    check_flags(space)
     start_ray()
     space, placement = place(space)
     backend = placement.backend if space.effective_fidelity == "run" else None
-    space, inert_notes = pin_inert(space, backend)
-    check_warm_start(space, why=f" once values inert on {placement.backend} are pinned away")
-    check_feasible(space, placement.num_devices)
-    try:
-        check_sampler(space)
-    except ValueError as exc:
-        raise SpaceError(str(exc), field="search.sampler") from None
+    space, inert_notes = check_space(space, backend, placement.num_devices)
     space, grid_note = cap_grid(space)
     results_dir = Path(results_dir or REPO_RESULTS).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
