@@ -18,6 +18,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from sweeper import results
 from sweeper.inert import effect_caveats, pin_inert
 from sweeper.placement import (
     Placement,
@@ -481,7 +482,13 @@ def close_leftovers(ctx: SweepContext) -> list[str]:
 
 def finish(ctx: SweepContext, trials: list | None = None) -> SweepResult:
     """Summary files, notes and the parent run, from Tune's trials (restored ones included)."""
-    rows = ctx.tracking.rows(trials if trials is not None else ctx.tracking.seen.values())
+    tracking = ctx.tracking
+    rows = results.rows(
+        trials if trials is not None else tracking.seen.values(),
+        tracking.finals,
+        tracking.run_id,
+        tracking.attempts,
+    )
     frame = pd.DataFrame(rows)
     counts = {"total": len(frame)}
     if not frame.empty:

@@ -19,24 +19,13 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from sweeper.journal import TrackingJournal, is_outage
+from sweeper.results import FINAL_METRICS, LAYOUT_TAGS, STEP_METRICS, final_of
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import Space, assemble
-from trainer.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
-from trainer.events import STEP_METRICS as TRAINER_STEP_METRICS
+from trainer.events import TrialStatus
 
 log = logging.getLogger("sweeper")
 
-STEP_METRICS = (*TRAINER_STEP_METRICS, "tokens_per_sec_per_chip_running")
-# The trainer's summary numbers, and what the engine adds to them.
-FINAL_METRICS = (
-    *SUMMARY_NUMBERS,
-    "convergence_delta",
-    "convergence_relative_delta",
-    "trial_wall_s",
-    "trainer_wall_s",
-)
-# Where a trial ran (Ray node ids of its processes, slice name, process count, JAX device kind).
-LAYOUT_TAGS = ("hosts", "slice", "processes", "device_kind")
 # Bounded MLflow HTTP calls: an unreachable store costs seconds, then the journal takes over.
 MLFLOW_REQUEST_BOUNDS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
@@ -451,56 +440,15 @@ class TrackingCallback(tune.Callback):
             },
         )
 
+    def run_id(self, trial_id: str) -> str | None:
+        """The MLflow run of a trial (its server id once a journaled run was replayed)."""
+        return self.tracker.resolve(self.run_ids.get(trial_id))
+
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._finish(trial, error=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._finish(trial, error=True)
-
-    def rows(self, trials) -> list[dict[str, Any]]:
-        """One row per trial that started, from what this process recorded or, for trials a
-        resumed sweep restored as finished, from Tune's stored result."""
-        rows = []
-        for trial in trials:
-            final = self.finals.get(trial.trial_id)
-            if final is None and trial.status in ("TERMINATED", "ERROR"):
-                final = final_of(trial, trial.status == "ERROR")
-            if final is None or (trial.trial_id not in self.run_ids and not trial.last_result):
-                continue
-            rows.append(self.row(trial, final))
-        return rows
-
-    def row(self, trial, final: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "trial_id": trial.trial_id,
-            "optuna_trial": trial.config.get(OPTUNA_NUMBER_KEY),
-            "mlflow_run_id": self.tracker.resolve(self.run_ids.get(trial.trial_id)),
-            "status": final.get("trial_status"),
-            "failure_class": final.get("failure_class") or "",
-            "failure_message": (final.get("failure_message") or "")[:300],
-            **{k: final.get(k) for k in FINAL_METRICS},
-            "convergence_passed": final.get("convergence_passed"),
-            "hardware": final.get("hardware", ""),
-            "fidelity": final.get("fidelity", ""),
-            **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")},
-            "attempts": self.attempts.get(trial.trial_id, 0),
-            "reused_from": final.get("reused_from"),
-            "effects": final.get("effects", ""),
-            **{f"knob:{k}": v for k, v in knob_point(trial.config).items()},
-        }
-
-
-def final_of(trial, error: bool, ending: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A trial's final result: its last report, or what its ending says when it never made one."""
-    final = {**(trial.last_result or {}), **(ending or {})}
-    if final.get("trial_status") not in ENDED:
-        # The trainable never made its final report: stopped by the scheduler, or the worker died.
-        final = {**final, "trial_status": TrialStatus.FAILED if error else TrialStatus.STOPPED}
-        final["failure_class"] = FailureClass.CRASHED if error else ""
-        final["failure_message"] = (
-            "the trial's worker failed" if error else "stopped early by the scheduler"
-        )
-    return final
 
 
 def bound_mlflow_requests() -> None:
