@@ -2,7 +2,7 @@
 
 Public API (imported lazily so `sweeper validate` stays fast):
 `run_sweep`, `build_tuner`, `load_space`, `Space`, `SweepResult`, `run_trial` (the Tune
-trainable), `SweepSearch` (the Optuna searcher), `DefineByRun` (the search space).
+trainable), `SweepSearch` (Ray Tune's Searcher on Optuna ask/tell), `DefineByRun` (the search space).
 """
 
 from __future__ import annotations

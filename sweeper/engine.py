@@ -1,4 +1,4 @@
-"""The sweep engine: a configured Ray Tune Tuner (OptunaSearch + trainer trials + MLflow)."""
+"""The sweep engine: a configured Ray Tune Tuner (Optuna ask/tell searcher + trainer trials + MLflow)."""
 
 from __future__ import annotations
 

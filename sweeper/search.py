@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import warnings
 from typing import Any
 
@@ -16,7 +17,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.trial import TrialState
-from ray.tune.search.optuna import OptunaSearch
+from ray.tune.search import Searcher
 
 from sweeper.space import Knob, Space, active, assemble
 from trainer.events import FailureClass, TrialStatus
@@ -213,26 +214,54 @@ def constraint_vector(result: dict[str, Any]) -> list[float]:
     return [validity, memory, convergence]
 
 
-class SweepSearch(OptunaSearch):
-    """OptunaSearch that tells Optuna what really happened to each trial.
+class SweepSearch(Searcher):
+    """Ray Tune's documented Searcher interface on Optuna's ask/tell.
 
-    Stock OptunaSearch tells COMPLETE with the last reported value, which records a
-    crashed trial's partial throughput as a result and a NaN as a RUNNING trial. Here:
-    ok -> COMPLETE with feasible constraints; an infeasible point (invalid, OOM,
-    diverged) -> COMPLETE with violated constraints, so constraint-aware samplers learn
-    the region; crashed/timeout/compile error -> FAIL; stopped early -> PRUNED.
+    Each Tune trial asks the study for a point (define-by-run: conditional knobs are asked
+    only when active) and tells it what really happened: ok -> COMPLETE with feasible
+    constraints; an infeasible point (invalid, OOM, diverged) -> COMPLETE with violated
+    constraints, so constraint-aware samplers learn the region; crashed/timeout/compile
+    error -> FAIL; stopped early -> PRUNED. A running trial's throughput is reported as an
+    intermediate value, never told as a result.
     """
 
-    def __init__(self, space: Space, sweep_id: str = "", **kwargs: Any):
+    def __init__(
+        self,
+        space: Space,
+        *,
+        sweep_id: str = "",
+        metric: str | list[str],
+        mode: str | list[str],
+        sampler: optuna.samplers.BaseSampler,
+        study_name: str,
+        storage: optuna.storages.BaseStorage | str,
+        points_to_evaluate: list[dict[str, Any]] | None = None,
+    ):
+        super().__init__()
+        self._metric, self._mode = metric, mode  # lists for a multi-objective study
         self._sweep_space = space
         self._sweep_id = sweep_id
-        super().__init__(space=DefineByRun(space), **kwargs)
+        self._define = DefineByRun(space)
+        modes = mode if isinstance(mode, list) else [mode]
+        self._ot_study = optuna.create_study(
+            storage=storage,
+            sampler=sampler,
+            pruner=optuna.pruners.NopPruner(),
+            study_name=study_name,
+            load_if_exists=True,
+            directions=["minimize" if m == "min" else "maximize" for m in modes],
+        )
+        for point in points_to_evaluate or []:
+            self._ot_study.enqueue_trial(point)
+        self._ot_trials: dict[str, optuna.Trial] = {}  # Tune trial id -> its Optuna trial
+        self._completed_trials: set[str] = set()
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        config = super().suggest(trial_id)
-        if config is None:
-            return None
+        if trial_id not in self._ot_trials:
+            self._ot_trials[trial_id] = self._ot_study.ask()
         ot_trial = self._ot_trials[trial_id]
+        control = self._define(ot_trial)
+        config = {**ot_trial.params, **control}
         key = point_key(self._sweep_space, knob_point(config))
         ot_trial.set_user_attr("sweep_id", self._sweep_id)
         ot_trial.set_user_attr("tune_trial_id", trial_id)
@@ -243,6 +272,15 @@ class SweepSearch(OptunaSearch):
             ot_trial.set_user_attr("reused_from", earlier.number)
         return config
 
+    def save(self, checkpoint_path: str) -> None:
+        """Tune checkpoints the searcher with the experiment (the study lives in its RDB)."""
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__dict__.copy(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))
+
     def measured(self, key: str) -> optuna.trial.FrozenTrial | None:
         """The first finished trial of the study with this point key and a stored result."""
         for trial in self._ot_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -252,7 +290,7 @@ class SweepSearch(OptunaSearch):
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
-            return
+            return  # Optuna has no intermediate values for multi-objective studies
         value = result.get(self.metric)
         if (
             result.get("trial_status") == TrialStatus.RUNNING
