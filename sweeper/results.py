@@ -52,9 +52,10 @@ def rows(
         final = finals.get(trial.trial_id)
         if final is None and trial.status in ("TERMINATED", "ERROR"):
             final = final_of(trial, trial.status == "ERROR")
-        if final is None or (run_id(trial.trial_id) is None and not trial.last_result):
+        run = run_id(trial.trial_id)
+        if final is None or (run is None and not trial.last_result):
             continue
-        out.append(row(trial, final, run_id(trial.trial_id), attempts.get(trial.trial_id, 0)))
+        out.append(row(trial, final, run, attempts.get(trial.trial_id, 0)))
     return out
 
 

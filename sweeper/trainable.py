@@ -92,7 +92,7 @@ class TrialRun:
         self.accepted: Accepted | None = None
         self.compiled: Compiled | None = None
         self.summary: Summary | None = None
-        self.failure: Failure | None = None
+        self.failure: Failure | None = None  # the event that tells why, chosen in watch()
         self.step_times: list[float] = []
         self.config = None  # the validated TrialConfig, set when the trial starts
         self.timed_out = False
@@ -111,7 +111,7 @@ class TrialRun:
         timed = self.step_times[skip:] or self.step_times
         return self.accepted.tokens_per_step / statistics.median(timed) / (self.accepted.chips or 1)
 
-    def on_event(self, event: Accepted | Compiled | Step | Summary | Failure, report) -> None:
+    def on_event(self, event: Accepted | Compiled | Step | Summary, report) -> None:
         if isinstance(event, Accepted):
             self.accepted = event
         elif isinstance(event, Compiled):
@@ -130,8 +130,6 @@ class TrialRun:
             )
         elif isinstance(event, Summary):
             self.summary = event
-        elif isinstance(event, Failure) and self.failure is None:
-            self.failure = event
 
     def layout(self) -> dict[str, Any]:
         """Where the trial ran: recorded in results, summary.csv and MLflow tags."""
@@ -189,7 +187,7 @@ class TrialRun:
                     f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
                 ),
             }
-        if self.failure is not None and not self.died_silently():
+        if self.failure is not None:
             extra = self.failure.model_dump(
                 include={"field", "step", "needed_gib", "budget_gib"}, exclude_none=True
             )
@@ -273,10 +271,10 @@ class TrialRun:
                         event = parse_event(line)
                     except ProtocolError as exc:  # a trainer of another protocol: said, not lost
                         event = Failure(failure_class=FailureClass.CRASHED, message=str(exc))
+                    # Process 0 speaks for the trial; the others are heard when they fail.
                     if isinstance(event, Failure):
                         self.failures.setdefault(i, event)
-                    # Process 0 speaks for the trial; the others are heard when they fail.
-                    if event is not None and (i == 0 or isinstance(event, Failure)):
+                    elif event is not None and i == 0:
                         self.on_event(event, report)
                 if code is not None:
                     codes[i] = code
@@ -296,19 +294,18 @@ class TrialRun:
         for handle in handles:
             handle.kill()
         failed = [i for i, code in codes.items() if code != 0]
+        # A process that died without a failure event of its own (killed, segfault) is the
+        # cause, and its exit code the story; its peers' errors (a broken all-gather) are
+        # the effect. Otherwise the first failing process's event says why, or, with no
+        # process failing, the first failure any process sent (a protocol error).
+        silent = [i for i in failed if i not in self.failures]
         if failed:
-            # A process that died without a failure event of its own (killed, segfault) is
-            # the cause; its peers' errors (a broken all-gather) are the effect.
-            silent = [i for i in failed if i not in self.failures]
             cause = (silent or failed)[0]
             self.lost = (cause, codes[cause])
-            if not silent:
-                self.failure = self.failures.get(cause, self.failure)
+        if not silent:
+            first = next(iter(self.failures.values()), None)
+            self.failure = self.failures.get(self.lost[0], first) if self.lost else first
         return self.lost[1] if self.lost else codes.get(0)
-
-    def died_silently(self) -> bool:
-        """The trial's failing process left no failure event: its exit code is the story."""
-        return self.lost is not None and self.lost[0] not in self.failures
 
     def run(self, report) -> dict[str, Any]:
         try:
