@@ -1,8 +1,10 @@
 """sweeper: performance sweeps for JAX training on TPU7x.
 
 Public API (imported lazily so `sweeper validate` stays fast):
-`run_sweep`, `build_tuner`, `load_space`, `Space`, `SweepResult`, `run_trial` (the Tune
-trainable), `SweepSearch` (Ray Tune's Searcher on Optuna ask/tell), `DefineByRun` (the search space).
+`run_sweep`, `Sweep` (the lifecycle: prepare -> tuner -> finish), `load_space`, `Space`,
+`SweepResult`, `run_trial` (the Tune trainable), `SweepSearch` (Ray Tune's Searcher on
+Optuna ask/tell), `DefineByRun` (the search space), `MemoryStore`/`MlflowStore` (where
+records are kept; `tracking_uri="memory:NAME"` selects the first).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "run_sweep": "sweeper.engine",
-    "build_tuner": "sweeper.engine",
-    "SweepResult": "sweeper.engine",
+    "run_sweep": "sweeper.sweep",
+    "Sweep": "sweeper.sweep",
+    "SweepResult": "sweeper.sweep",
+    "MemoryStore": "sweeper.stores",
+    "MlflowStore": "sweeper.stores",
     "load_space": "sweeper.space",
     "Space": "sweeper.space",
     "SpaceError": "sweeper.space",

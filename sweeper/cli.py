@@ -196,7 +196,8 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     import os
     import signal
 
-    from sweeper.engine import run_sweep, start_ray
+    from sweeper.engine import start_ray
+    from sweeper.sweep import run_sweep
 
     try:
         start_ray(address)
@@ -285,10 +286,15 @@ def _print_result(result, space) -> None:
     for note in result.notes:
         console.print(f"[yellow]note[/yellow] {note}")
     console.print(f"results: {result.sweep_dir}")
+    from sweeper.stores import MEMORY_SCHEME
+
     db = result.tracking_uri
-    console.print(
-        f"compare in MLflow: mlflow ui --backend-store-uri {db}  (experiment {space.name!r})"
-    )
+    if db.startswith(MEMORY_SCHEME):
+        console.print(f"tracking records in this process's memory ({db}): gone at exit")
+    else:
+        console.print(
+            f"compare in MLflow: mlflow ui --backend-store-uri {db}  (experiment {space.name!r})"
+        )
     console.print(
         f"Optuna study {result.study_name!r} in {result.optuna_storage} (optuna-dashboard {result.optuna_storage})"
     )

@@ -592,7 +592,7 @@ def count_points(space: Space) -> int | None:
         return None
 
 
-# Keyword overrides of run_sweep/build_tuner and the space keys they set.
+# Keyword overrides of run_sweep/Sweep.prepare and the space keys they set.
 OVERRIDE_KEYS = {
     "trials": "search.trials",
     "concurrency": "search.concurrency",

@@ -1,7 +1,8 @@
-"""MLflow records of a sweep: one experiment per space, a parent run per sweep, a child run per trial.
+"""What a sweep records, and when: one experiment per space, a parent run per sweep, a child
+run per trial, kept in a tracking store (sweeper/stores.py: MLflow, or in memory).
 
 All writes happen in the driver (a Tune callback), in batches; trial workers never touch
-MLflow, so an embedded SQLite store has a single writer and a server sees few requests.
+the store, so an embedded SQLite store has a single writer and a server sees few requests.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 from ray import tune
 
 from sweeper.journal import TrackingJournal, is_outage
 from sweeper.results import FINAL_METRICS, LAYOUT_TAGS, STEP_METRICS, final_of
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import Space, assemble
+from sweeper.stores import PARENT, store_for
 from trainer.events import TrialStatus
 
 log = logging.getLogger("sweeper")
@@ -56,11 +56,11 @@ def _number(value: Any) -> float | None:
 
 
 class Tracker:
-    """Owner of one sweep's MLflow ids and writes.
+    """Owner of one sweep's run ids and writes, in the store `tracking_uri` names.
 
     Every write goes through `_write`: calls have bounded retries and timeouts, and while
     the store is unreachable writes go to the sweep's journal (sweeper/journal.py) and are
-    replayed, in order, once it answers again. The sweep never waits on MLflow.
+    replayed, in order, once it answers again. The sweep never waits on the store.
     """
 
     RETRY_EVERY_S = 10.0
@@ -75,37 +75,17 @@ class Tracker:
         parent_run_id: str | None = None,
     ):
         bound_mlflow_requests()
-        self._client: MlflowClient | None = None
+        self.store = store_for(tracking_uri)
         self.tracking_uri = tracking_uri
         self.space, self.sweep_id = space, sweep_id
         self.journal = TrackingJournal(journal)
         self.outages: list[str] = []  # outages survived, for the sweep's notes
         self._down_since: float | None = None
         self._last_try = 0.0
-        experiment = self.client.get_experiment_by_name(space.name)
-        if experiment is None:
-            # A server keeps artifacts in its own store (the UI anywhere shows them);
-            # the embedded SQLite store keeps them next to it.
-            served = tracking_uri.startswith(("http://", "https://"))
-            location = None if served else artifact_root.resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(
-                space.name, artifact_location=location
-            )
-        else:
-            self.experiment_id = experiment.experiment_id
+        self.experiment_id = self.store.experiment(space.name, artifact_root)
         self.parent_run_id = parent_run_id
         if len(self.journal):
             self._reconnect(force=True)
-
-    @property
-    def client(self) -> MlflowClient:
-        if self._client is None:
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        return self._client
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles callbacks with the experiment state; the client holds locks.
-        return {**self.__dict__, "_client": None}
 
     def resolve(self, run_id: str | None) -> str | None:
         """The real MLflow id of a run (a run created during an outage has a local id first)."""
@@ -114,21 +94,19 @@ class Tracker:
     def _apply(self, entry: dict[str, Any]) -> str | None:
         op, run_id = entry["op"], self.resolve(entry.get("run_id"))
         if op == "create_run":
-            tags = {k: self.resolve(v) if k == "mlflow.parentRunId" else v
-                    for k, v in entry["tags"].items()}  # fmt: skip
-            run = self.client.create_run(self.experiment_id, run_name=entry["name"], tags=tags)
-            return run.info.run_id
+            tags = {k: self.resolve(v) if k == PARENT else v for k, v in entry["tags"].items()}
+            return self.store.create_run(self.experiment_id, entry["name"], tags)
         if op == "log_batch":
-            self.client.log_batch(
+            self.store.log_batch(
                 run_id,
-                metrics=[Metric(*m) for m in entry.get("metrics", [])],
-                params=[Param(*p) for p in entry.get("params", [])],
-                tags=[RunTag(*t) for t in entry.get("tags", [])],
+                metrics=[tuple(m) for m in entry.get("metrics", [])],
+                params=[tuple(p) for p in entry.get("params", [])],
+                tags=[tuple(t) for t in entry.get("tags", [])],
             )
         elif op == "log_text":
-            self.client.log_text(run_id, entry["text"], entry["path"])
+            self.store.log_text(run_id, entry["text"], entry["path"])
         elif op == "set_terminated":
-            self.client.set_terminated(run_id, entry["status"], end_time=entry["end_time"])
+            self.store.set_terminated(run_id, entry["status"], entry["end_time"])
         return None
 
     def _write(self, op: str, **args: Any) -> str | None:
@@ -208,7 +186,7 @@ class Tracker:
             "create_run",
             name=f"trial-{optuna_number if optuna_number is not None else trial_id}",
             tags={
-                "mlflow.parentRunId": self.parent_run_id,
+                PARENT: self.parent_run_id,
                 "sweeper.sweep_id": self.sweep_id,
                 "sweeper.trial_id": trial_id,
                 "sweeper.optuna_trial": str(optuna_number),
@@ -313,16 +291,15 @@ class Tracker:
 
         A driver killed mid-sweep leaves them; `sweeper resume` closes them.
         """
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`sweeper.sweep_id` = '{self.sweep_id}' and attributes.status = 'RUNNING'",
+        running = self.store.search(
+            self.experiment_id, {"sweeper.sweep_id": self.sweep_id}, status="RUNNING"
         )
         closed = 0
-        for run in runs:
-            if run.info.run_id == self.parent_run_id:
+        for run_id in running:
+            if run_id == self.parent_run_id:
                 continue
-            self.tag(run.info.run_id, {"status": TrialStatus.KILLED})
-            self.terminate(run.info.run_id, "KILLED")
+            self.tag(run_id, {"status": TrialStatus.KILLED})
+            self.terminate(run_id, "KILLED")
             closed += 1
         return closed
 
@@ -468,22 +445,5 @@ def default_tracking_uri(results_dir: Path) -> str:
 
 
 def check_tracking_server(uri: str) -> None:
-    """Fail early, with the fix, when a tracking server cannot be reached."""
-    saved = {
-        k: os.environ.get(k)
-        for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
-    }
-    os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
-    try:
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-    except Exception as exc:
-        raise ConnectionError(
-            f"cannot reach the MLflow tracking store {uri!r} ({type(exc).__name__}: {str(exc)[:200]}); "
-            "start the server, fix --tracking-uri / MLFLOW_TRACKING_URI, or omit it to use results/mlflow.db"
-        ) from None
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """Fail early, with the fix, when the tracking store cannot be reached."""
+    store_for(uri).check()

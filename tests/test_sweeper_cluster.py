@@ -20,9 +20,10 @@ import ray
 from mlflow.tracking import MlflowClient
 from ray.cluster_utils import Cluster
 
-from sweeper.engine import place, run_sweep, shipped_code
+from sweeper.engine import place, shipped_code
 from sweeper.placement import LABEL_SLICE
 from sweeper.space import SpaceError, load_space
+from sweeper.sweep import run_sweep
 from tests.helpers import run_trainer
 
 STEPS = 5

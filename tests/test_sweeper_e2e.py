@@ -16,8 +16,9 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from ray import tune
 
-from sweeper.engine import build_tuner, finish, run_sweep
 from sweeper.space import load_space
+from sweeper.stores import store_for
+from sweeper.sweep import Sweep, run_sweep
 from tests.helpers import MlflowServer, free_port
 
 STEPS = 6
@@ -159,17 +160,33 @@ class CountingCallback(tune.Callback):
         self.completed.append(trial.last_result["trial_status"])
 
 
-def test_build_tuner_serves_another_pipeline(tmp_path):
-    counter = CountingCallback()
-    tuner = build_tuner(
-        "smoke", results_dir=tmp_path, callbacks=[counter], trials=2, set={"trial.steps": 4}
+def test_a_pipeline_drives_the_lifecycle_with_its_own_callback_and_store(tmp_path):
+    """prepare -> tuner -> finish, as another pipeline uses it: its own Tune callback, records
+    in memory; tuner() builds without side effects, finish() happens once."""
+    uri = f"memory:{tmp_path.name}"
+    store = store_for(uri)
+    sweep = Sweep.prepare(
+        "smoke", results_dir=tmp_path, tracking_uri=uri, trials=2, set={"trial.steps": 4}
     )
-    grid = tuner.fit()
+    assert [r.name for r in store.runs.values()] == [f"sweep-{sweep.sweep_id}"]  # opened here
+    counter = CountingCallback()
+    sweep.tuner()  # built and dropped: it starts nothing and records nothing
+    assert len(store.runs) == 1
+    grid = sweep.tuner(callbacks=[counter]).fit()
     assert len(grid) == 2 and not grid.errors
     assert counter.completed == ["ok", "ok"]
-    ctx = tuner.sweep_context
-    result = ctx.result or finish(ctx)
-    assert len(_children(MlflowClient(result.tracking_uri), result)) == 2
+    result = sweep.finish()
+    assert result is sweep.finish()  # once: Tune's experiment end already finished it
+    assert store.read(result.parent_run_id).status == "FINISHED"
+    children = store.search(result.experiment_id, {"sweeper.kind": "trial"})
+    assert sorted(children) == sorted(result.trials["mlflow_run_id"])
+    for _, row in result.trials.iterrows():
+        run = store.read(row["mlflow_run_id"])
+        assert run.status == "FINISHED" and run.tags["status"] == "ok"
+        assert run.metrics["tokens_per_sec_per_chip"] == pytest.approx(
+            row["tokens_per_sec_per_chip"]
+        )
+        assert len(run.history["loss"]) >= 4  # every step
     assert json.loads((result.sweep_dir / "mlflow_runs.json").read_text())["runs"].keys() == {
         r.trial_id for r in grid._experiment_analysis.trials
     }
@@ -312,13 +329,12 @@ def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
 
 
 def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):
-    from sweeper.engine import prepare
     from sweeper.space import SpaceError
 
     bad = {**AOT, "knobs": {**AOT["knobs"], "xla.extra": {"values": [[], ["--xla_tpu_bogus=1"]]}}}
     bad["search"] = {**AOT["search"], "warm_start": []}
     with pytest.raises(SpaceError) as err:
-        prepare(load_space(bad), results_dir=tmp_path)
+        Sweep.prepare(load_space(bad), results_dir=tmp_path)
     assert err.value.field == "knobs.xla.extra" and "xla_tpu_bogus" in str(err.value)
 
 

@@ -1,0 +1,582 @@
+"""A sweep's lifecycle, the same for the CLI and the Python API: prepare -> tuner -> finish.
+
+    sweep = Sweep.prepare("moe_short", trials=8)   # checks, reads the cluster, opens the records
+    tuner = sweep.tuner(callbacks=[mine])           # a plain ray.tune.Tuner; builds, starts nothing
+    tuner.fit()
+    result = sweep.finish()                         # summary.csv, best.yaml, the parent run closed
+
+`Sweep.resume(SWEEP_ID)` takes the place of `prepare` for a sweep whose driver died or was
+stopped; `sweep.run()` is the three steps in one, and `run_sweep` is that for a space or
+an id. Every side effect is in `prepare`/`resume` (Ray, the tracking store's parent run,
+the Optuna study, the sweep folder), in Tune's `fit`, or in `finish`; `tuner()` only builds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import yaml
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from sweeper import results
+from sweeper.engine import cap_grid, check_space, new_sweep_id, place, start_ray
+from sweeper.inert import effect_caveats
+from sweeper.placement import Placement
+from sweeper.progress import ProgressCallback
+from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler
+from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
+from sweeper.tracking import (
+    Tracker,
+    TrackingCallback,
+    check_tracking_server,
+    default_tracking_uri,
+)
+from sweeper.trainable import TrialRuntime, failure_result, run_trial
+from trainer.events import ENDED, FailureClass, TrialStatus
+
+REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
+MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach
+JOURNAL = "tracking_journal.json"  # tracking writes waiting for the store to come back
+ID_MAP = "mlflow_runs.json"  # trial -> tracking run, and each trial's attempts
+# A trial whose Ray worker or host died is retried this many times (a trial fault never is).
+INFRA_RETRIES = 2
+# Seconds between saves of Tune's experiment state (Tune's default: 10 s or more). A trial
+# started within this window of a driver's death is unknown to a resume; its records are
+# closed as killed and Tune runs another in its place.
+TUNE_STATE_EVERY_S = "2"
+
+
+@dataclass
+class SweepResult:
+    """What a sweep produced: every trial (one row each), the best feasible one, and the record ids."""
+
+    space: str
+    sweep_id: str
+    trials: pd.DataFrame
+    best: dict[str, Any] | None
+    experiment_id: str
+    parent_run_id: str
+    tracking_uri: str
+    study_name: str
+    optuna_storage: str
+    sweep_dir: Path
+    counts: dict[str, int] = field(default_factory=dict)
+    # Values pinned before sampling, and knobs the trials reported inert/emulated/interpreted.
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C / SIGTERM ended it; its running trials were killed
+    journaled: int = 0  # tracking records still waiting in the journal (the store was down)
+    space_used: Space | None = None  # the space as run: fidelity resolved, inert values pinned
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+
+
+@dataclass
+class Sweep:
+    """One sweep: its checked space, where its trials run, and where its records live."""
+
+    space: Space
+    sweep_id: str
+    results_dir: Path
+    tracking_uri: str
+    tracker: Tracker
+    tracking: TrackingCallback
+    study_name: str
+    optuna_storage: str
+    placement: Placement
+    storage: str
+    concurrency: int
+    inert_notes: list[str] = field(default_factory=list)
+    placement_notes: list[str] = field(default_factory=list)
+    own_study: bool = True  # False when --study continues a study shared with other sweeps
+    resumed: bool = False  # reattached by `resume`: the tuner restores Tune's experiment
+    result: SweepResult | None = None  # set once, by finish()
+    # Made by prepare (it opens the Optuna study); None once resumed, when Tune restores
+    # its pickled searcher. Kept to close trials an interruption cut off.
+    searcher: SweepSearch | None = None
+    interrupted: bool = False
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.results_dir / self.space.name / self.sweep_id
+
+    # -- prepare ------------------------------------------------------------------------
+
+    @classmethod
+    def prepare(
+        cls,
+        space: Space | str | Path,
+        *,
+        results_dir: Path | None = None,
+        tracking_uri: str | None = None,
+        sweep_id: str | None = None,
+        storage: str | None = None,
+        study: str | None = None,
+        **overrides: Any,
+    ) -> Sweep:
+        """Check the space, read the Ray cluster, open the sweep's records.
+
+        Uses the Ray the caller initialized (its own cluster), or starts a private local
+        one. Trials reserve what the placement says (a whole TPU slice, the driver host's
+        GPUs, or its CPU cores); a target the cluster lacks is refused (SpaceError). A
+        tracking store that cannot be reached is a ConnectionError. `storage` is a path
+        every node sees (Tune's state, the convergence cache; default results_dir);
+        `study` continues an existing Optuna study. `overrides` are dotted space keys
+        (`trials=4`, `set={"trial.steps": 10}`) applied when the space is loaded.
+        """
+        if not isinstance(space, Space):
+            space = load_space(space, space_overrides(overrides))
+        elif overrides:
+            raise TypeError(
+                "overrides apply when the space is loaded: pass a path or name, or edit the Space"
+            )
+        start_ray()
+        space, placement = place(space)
+        backend = placement.backend if space.effective_fidelity == "run" else None
+        space, inert_notes = check_space(space, backend, placement.num_devices)
+        space, grid_note = cap_grid(space)
+        results_dir = Path(results_dir or REPO_RESULTS).resolve()
+        results_dir.mkdir(parents=True, exist_ok=True)
+        tracking_uri = tracking_uri or default_tracking_uri(results_dir)
+        check_tracking_server(tracking_uri)
+        sweep_id = sweep_id or new_sweep_id()
+        optuna_storage = f"sqlite:///{results_dir / 'optuna.db'}"
+        study_name = study or f"{space.name}-{sweep_id}"
+        try:
+            check_study(space, study_name, optuna_storage)
+        except ValueError as exc:
+            raise SpaceError(str(exc), field="--study") from None
+        sweep_dir = results_dir / space.name / sweep_id
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        concurrency = min(space.search.concurrency, placement.capacity)
+        placement_notes = [f"placement: {placement.description}", *grid_note]
+        if concurrency < space.search.concurrency:
+            placement_notes.append(
+                f"search.concurrency {space.search.concurrency} capped at {concurrency}: "
+                f"the cluster holds {placement.capacity} such trial{'s' if placement.capacity > 1 else ''} at once"
+            )
+        tracker = Tracker(
+            tracking_uri, space, sweep_id, results_dir / "mlartifacts", sweep_dir / JOURNAL
+        )
+        tracker.start_sweep(
+            yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False),
+            {
+                "target": space.target,
+                "fidelity": space.effective_fidelity,
+                "sampler": space.search.sampler,
+                "backend": placement.backend,
+                "placement": placement.description,
+                "inert": "; ".join(inert_notes) or "none",
+            },
+        )
+        sweep = cls(
+            space=with_trial_base(space, placement, storage or str(results_dir)),
+            sweep_id=sweep_id,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            tracker=tracker,
+            tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
+            study_name=study_name,
+            optuna_storage=optuna_storage,
+            placement=placement,
+            storage=storage or str(results_dir),
+            concurrency=concurrency,
+            inert_notes=inert_notes,
+            placement_notes=placement_notes,
+            own_study=study is None,
+        )
+        sweep.searcher = sweep._searcher()  # the Optuna study, warm-start points enqueued
+        sweep.write_manifest()
+        return sweep
+
+    @classmethod
+    def resume(
+        cls, sweep_id: str, *, results_dir: Path | None = None, tracking_uri: str | None = None
+    ) -> Sweep:
+        """Reattach a sweep begun earlier: its space, study, tracking runs and Tune state.
+
+        Finished trials stay finished; trials the driver's death cut off run again once.
+        """
+        results_dir = Path(results_dir or REPO_RESULTS).resolve()
+        sweep_dir = find_sweep(sweep_id, results_dir)
+        manifest = json.loads((sweep_dir / MANIFEST).read_text())
+        space = Space.model_validate(manifest["space"])
+        start_ray()
+        _, placement = place(space)
+        tracking_uri = tracking_uri or manifest["tracking_uri"]
+        check_tracking_server(tracking_uri)
+        tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts",
+                          sweep_dir / JOURNAL, parent_run_id=manifest["parent_run_id"])  # fmt: skip
+        tracker.tag(
+            tracker.parent_run_id, {"resumed_at": dt.datetime.now().isoformat(timespec="seconds")}
+        )
+        sweep = cls(
+            space=space,
+            sweep_id=sweep_id,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            tracker=tracker,
+            tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
+            study_name=manifest["study_name"],
+            optuna_storage=manifest["optuna_storage"],
+            placement=placement,
+            storage=manifest["storage"],
+            concurrency=min(space.search.concurrency, placement.capacity),
+            inert_notes=manifest["inert_notes"],
+            placement_notes=[f"placement: {placement.description}", f"resumed sweep {sweep_id}"],
+            own_study=manifest["own_study"],
+            resumed=True,
+        )
+        sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
+        return sweep
+
+    def write_manifest(self) -> None:
+        manifest = {
+            "sweep_id": self.sweep_id,
+            "space": self.space.model_dump(mode="json"),
+            "study_name": self.study_name,
+            "own_study": self.own_study,
+            "optuna_storage": self.optuna_storage,
+            "tracking_uri": self.tracking_uri,
+            "experiment_id": self.tracker.experiment_id,
+            "parent_run_id": self.tracker.parent_run_id,
+            "storage": self.storage,
+            "inert_notes": self.inert_notes,
+        }
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        (self.sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+    # -- tuner ----------------------------------------------------------------------------
+
+    @property
+    def experiment_name(self) -> str:
+        """Tune's experiment: the study's name, plus the sweep id when a study is shared."""
+        return self.study_name if self.own_study else f"{self.study_name}-{self.sweep_id}"
+
+    def tuner_path(self) -> str:
+        path = f"{self.storage}/ray/{self.experiment_name}"
+        if self.resumed and not tune.Tuner.can_restore(path):
+            raise SpaceError(
+                f"sweep {self.sweep_id}: no Tune experiment state at {path} (did the first trial start?)",
+                file="sweeper resume",
+                field="SWEEP_ID",
+            )
+        return path
+
+    def tuner(
+        self, callbacks: list[tune.Callback] | None = None, progress: bool = False
+    ) -> tune.Tuner:
+        """A ray.tune.Tuner for this sweep (restored from Tune's state when resumed).
+
+        `callbacks` are added to the sweep's own (tracking, finish, optional progress);
+        the sweep finishes itself when Tune's experiment ends.
+        """
+        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_EVERY_S)
+        all_callbacks: list[tune.Callback] = [self.tracking, FinishCallback(self)]
+        if progress:
+            all_callbacks.append(ProgressCallback(self.space))
+        all_callbacks += callbacks or []
+        runtime = TrialRuntime(
+            placement=self.placement, timeout_s=self.space.search.trial_timeout_s
+        )
+        trainable = tune.with_resources(
+            tune.with_parameters(
+                run_trial, space=self.space, runtime=runtime, recorded=self.recorded_results()
+            ),
+            self.placement.trial_resources,
+        )
+        run_config = tune.RunConfig(
+            name=self.experiment_name,
+            storage_path=f"{self.storage}/ray",
+            callbacks=all_callbacks,
+            # A trial whose worker or host died is retried; a trial fault is a result, never raised.
+            failure_config=tune.FailureConfig(max_failures=INFRA_RETRIES, fail_fast=False),
+            verbose=0,
+        )
+        if self.resumed:
+            return self._restored_tuner(trainable, run_config)
+        return tune.Tuner(trainable, tune_config=self._tune_config(), run_config=run_config)
+
+    def _searcher(self) -> SweepSearch:
+        space, objective = self.space, self.space.objective
+        single = objective.secondary is None
+        return SweepSearch(
+            space,
+            sweep_id=self.sweep_id,
+            metric=objective.primary.metric if single else objective.metrics,
+            mode=objective.primary.mode if single else objective.modes,
+            sampler=make_sampler(space),
+            study_name=self.study_name,
+            storage=optuna.storages.RDBStorage(self.optuna_storage),
+            points_to_evaluate=space.search.warm_start or None,
+        )
+
+    def _tune_config(self) -> tune.TuneConfig:
+        space, objective = self.space, self.space.objective
+        scheduler = None
+        if space.search.early_stopping and objective.secondary is None:
+            steps = int(space.trial.get("steps", 20))
+            scheduler = ASHAScheduler(
+                time_attr="training_iteration",
+                metric=objective.primary.metric,
+                mode=objective.primary.mode,
+                max_t=steps + 1,
+                grace_period=max(3, steps // 4),
+            )
+        return tune.TuneConfig(
+            search_alg=self.searcher,
+            scheduler=scheduler,
+            num_samples=space.search.trials,
+            max_concurrent_trials=self.concurrency,
+            time_budget_s=space.search.time_budget_s,
+            reuse_actors=False,
+            trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
+        )
+
+    def _restored_tuner(self, trainable: Any, run_config: tune.RunConfig) -> tune.Tuner:
+        tuner = tune.Tuner.restore(
+            self.tuner_path(), trainable, resume_unfinished=True, resume_errored=False,
+            restart_errored=False,
+        )  # fmt: skip
+        # Tune revives the callbacks pickled when the sweep began, with their memory of then;
+        # the resumed sweep reports to callbacks rebuilt from the durable records instead.
+        restored = tuner._local_tuner.get_run_config()
+        restored.callbacks = run_config.callbacks
+        restored.failure_config = run_config.failure_config
+        return tuner
+
+    def recorded_results(self) -> dict[str, dict[str, Any]]:
+        """Trials Tune will restart that must not run again, by Tune trial id, with their result.
+
+        Told to Optuna before the driver died (Tune's checkpoint is older): their stored
+        result. Interrupted once already (attempts >= 2): a failure; a trial is retried once.
+        """
+        if not self.resumed:
+            return {}
+        recorded: dict[str, dict[str, Any]] = {}
+        study = optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+        for trial in study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            tune_id = attrs.get("tune_trial_id")
+            if not tune_id or attrs.get("sweep_id") != self.sweep_id:
+                continue
+            if trial.state.is_finished() and "result" in attrs:
+                recorded[tune_id] = attrs["result"]
+            elif not trial.state.is_finished() and self.tracking.attempts.get(tune_id, 0) >= 2:
+                recorded[tune_id] = failure_result(
+                    FailureClass.CRASHED,
+                    "interrupted twice (the sweep's driver died while it ran); not retried again",
+                )
+        return recorded
+
+    # -- finish ---------------------------------------------------------------------------
+
+    def finish(self, trials: list | None = None) -> SweepResult:
+        """Summary files, notes and the parent run, from Tune's trials (restored ones included).
+
+        Runs once, when Tune's experiment ends (the sweep's own callback); later calls
+        return that result.
+        """
+        if self.result is None:
+            self.result = self._finish(trials)
+        return self.result
+
+    def _finish(self, trials: list | None) -> SweepResult:
+        tracking, space = self.tracking, self.space
+        rows = results.rows(
+            trials if trials is not None else tracking.seen.values(),
+            tracking.finals,
+            tracking.run_id,
+            tracking.attempts,
+        )
+        frame = pd.DataFrame(rows)
+        counts = {"total": len(frame)}
+        if not frame.empty:
+            counts.update(frame["status"].value_counts().to_dict())
+        best = _best(frame, space)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(self.sweep_dir / "summary.csv", index=False)
+        if best:
+            self._write_best(best)
+        notes = [
+            *self.placement_notes,
+            *(f"pinned: {n}" for n in self.inert_notes),
+            *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
+        ]
+        if "reused_from" in frame and frame["reused_from"].notna().any():
+            reused = int(frame["reused_from"].notna().sum())
+            notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
+        if self.interrupted:
+            notes.append("interrupted: trials still running were killed and recorded as such")
+        notes += self.close_leftovers()
+        self.tracker.flush()  # a store back by now: the outage is in the notes it keeps
+        notes += self.tracker.outages
+        told = len(self.tracker.outages)
+        self.tracker.finish_sweep(
+            best, counts, status="KILLED" if self.interrupted else "FINISHED", notes=notes
+        )
+        journaled = self.tracker.flush()
+        notes += self.tracker.outages[told:]
+        if journaled:
+            notes.append(
+                f"tracking store still unreachable: {journaled} records wait in "
+                f"{self.tracker.journal.path}; `sweeper resume {self.sweep_id}` replays them once it answers"
+            )
+        return SweepResult(
+            space=space.name,
+            sweep_id=self.sweep_id,
+            trials=frame,
+            best=best,
+            experiment_id=self.tracker.experiment_id,
+            parent_run_id=self.tracker.parent_run_id,
+            tracking_uri=self.tracking_uri,
+            study_name=self.study_name,
+            optuna_storage=self.optuna_storage,
+            sweep_dir=self.sweep_dir,
+            notes=notes,
+            counts=counts,
+            interrupted=self.interrupted,
+            journaled=journaled,
+            space_used=space,
+        )
+
+    def _write_best(self, best: dict[str, Any]) -> None:
+        metric = self.space.objective.primary.metric
+        point = {
+            k.removeprefix("knob:"): v
+            for k, v in best.items()
+            if k.startswith("knob:") and not _missing(v)
+        }
+        (self.sweep_dir / "best.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "trial_id": best["trial_id"],
+                    "knobs": point,
+                    "trial": assemble(self.space, point),
+                    metric: float(best[metric]),
+                    "fidelity": best.get("fidelity"),
+                    "hardware": best.get("hardware"),
+                },
+                sort_keys=False,
+            )
+        )
+
+    def close_leftovers(self) -> list[str]:
+        """Close what a killed driver left open: Optuna trials and tracking runs still RUNNING."""
+        notes = []
+        study = optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+        closed = close_open_trials(study, self.sweep_id, self.own_study)
+        if closed:
+            notes.append(f"closed {closed} Optuna trial(s) a killed driver left RUNNING (FAIL)")
+        if not len(self.tracker.journal):
+            killed = self.tracker.close_leftovers()
+            if killed:
+                notes.append(
+                    f"closed {killed} tracking run(s) a killed driver left RUNNING (KILLED)"
+                )
+        return notes
+
+    # -- all three ------------------------------------------------------------------------
+
+    def run(
+        self, callbacks: list[tune.Callback] | None = None, progress: bool = False
+    ) -> SweepResult:
+        self.tuner(callbacks, progress).fit()
+        return self.finish()
+
+
+def with_trial_base(space: Space, placement: Placement, storage: str) -> Space:
+    """The trial base every trial of the sweep shares: where the trainers run, the cache."""
+    base = space.base_trial()
+    if space.effective_fidelity == "run":
+        base["backend"] = placement.backend  # the trainers run where the sweep reserved
+    # The convergence reference cache lives in the sweep's storage, which every node reads.
+    base.setdefault("convergence", {}).setdefault("cache_dir", f"{storage}/cache")
+    return space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
+
+
+class FinishCallback(tune.Callback):
+    """Finishes the sweep when Tune's experiment ends: summary files and the parent run."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+
+    def on_experiment_end(self, trials, **info):
+        # Trials that started and never completed were cut off by Ctrl-C / SIGTERM (Tune
+        # marks them TERMINATED when it stops them): close their records.
+        tracking = self.sweep.tracking
+        cut = [
+            t
+            for t in trials
+            if t.trial_id in tracking.run_ids
+            and t.trial_id not in tracking.finished
+            and t.status != "ERROR"
+            and (t.last_result or {}).get("trial_status") not in ENDED
+        ]
+        for trial in cut:
+            tracking.kill(trial)
+        if self.sweep.searcher is not None:
+            self.sweep.searcher.fail_unfinished("killed: the sweep was interrupted")
+        self.sweep.interrupted = bool(cut)
+        self.sweep.finish(trials)
+
+
+def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
+    primary = space.objective.primary
+    ok = frame[frame["status"] == TrialStatus.OK] if not frame.empty else frame
+    if ok.empty:
+        return None
+    ranked = ok.sort_values(primary.metric, ascending=primary.mode == "min")
+    return ranked.iloc[0].to_dict()
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def find_sweep(sweep_id: str, results_dir: Path) -> Path:
+    found = sorted(results_dir.glob(f"*/{sweep_id}/{MANIFEST}"))
+    if not found:
+        known = sorted(p.parent.name for p in results_dir.glob(f"*/*/{MANIFEST}"))[-5:]
+        raise SpaceError(
+            f"no sweep {sweep_id!r} under {results_dir} (latest: {', '.join(known) or 'none'}); "
+            "pass the id `sweeper run` printed, and the same --results-dir",
+            file="sweeper resume",
+            field="SWEEP_ID",
+        )
+    return found[0].parent
+
+
+def run_sweep(
+    space: Space | str | Path | None = None,
+    *,
+    results_dir: Path | None = None,
+    tracking_uri: str | None = None,
+    progress: bool = False,
+    callbacks: list[tune.Callback] | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    resume: str | None = None,
+    **overrides: Any,
+) -> SweepResult:
+    """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`).
+
+    `resume=SWEEP_ID` continues a sweep whose driver died or was stopped instead.
+    """
+    if resume is not None:
+        if space is not None or overrides:
+            raise TypeError("resume continues a sweep as it was: pass no space or overrides")
+        sweep = Sweep.resume(resume, results_dir=results_dir, tracking_uri=tracking_uri)
+    else:
+        sweep = Sweep.prepare(space, results_dir=results_dir, tracking_uri=tracking_uri,
+                              storage=storage, study=study, **overrides)  # fmt: skip
+    return sweep.run(callbacks, progress)
