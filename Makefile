@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SPACE ?= moe_short
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-slow lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ run: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Real-size checks (the published 70B recipe against MaxText): about 15 minutes each here.
+test-slow: setup
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

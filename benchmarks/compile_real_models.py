@@ -55,6 +55,28 @@ CASES = {
 }
 
 
+def compile_trial(config: dict, target: str) -> tuple[dict[str, dict], float]:
+    """`python -m trainer --compile-only` in a child, as a sweep trial; its events by kind, wall s."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trial.json"
+        path.write_text(json.dumps({**config, "convergence": {"enabled": False}}))
+        start = time.time()
+        command = [sys.executable, "-m", "trainer", "--config", str(path), "--compile-only",
+                   "--target", target]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True)
+        wall = time.time() - start
+    events = {
+        e["event"]: e
+        for e in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+    }
+    if not events:
+        events["failure"] = {
+            "failure_class": f"exit {proc.returncode}",
+            "message": proc.stderr[-400:],
+        }
+    return events, wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,31 +103,9 @@ def main() -> None:
     for name, (target, config) in CASES.items():
         if args.only and name != args.only:
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trial.json"
-            path.write_text(json.dumps({**config, "convergence": {"enabled": False}}))
-            start = time.time()
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainer",
-                    "--config",
-                    str(path),
-                    "--compile-only",
-                    "--target",
-                    target,
-                ],
-                capture_output=True,
-                text=True,
-            )
-            wall = time.time() - start
-        events = {
-            e["event"]: e
-            for e in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
-        }
+        events, wall = compile_trial(config, target)
         s, c, f = events.get("summary", {}), events.get("compiled", {}), events.get("failure", {})
-        status = "ok" if s else f.get("failure_class", f"exit {proc.returncode}")
+        status = "ok" if s else f.get("failure_class", "no events")
         col = c.get("collectives", {})
         table.add_row(
             name,

@@ -405,6 +405,11 @@ class TrialConfig(_Frozen):
     """AdamW weight decay."""
     grad_clip: float = Field(default=1.0, gt=0)
     """global gradient-norm clip."""
+    mu_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of AdamW's first moment (MaxText `mu_dtype`); bfloat16 halves its memory."""
+    vocab_tiling: int = Field(default=1, ge=1, le=1024)
+    """tiles the loss is computed in along the sequence (MaxText `num_vocab_tiling`): above 1,
+    only one tile's float32 logits is live, for one more unembedding matmul per step."""
     seed: int = 0
     """parameter initialization and data order."""
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
@@ -500,6 +505,12 @@ def check_batch_and_sequence(
     if config.seq_len % chunks:
         what = "2 x context (load balancing)" if chunks != degrees["context"] else "context"
         raise ConfigError("seq_len", f"{config.seq_len} is not divisible by {what} = {chunks}")
+    if config.seq_len % config.vocab_tiling:
+        raise ConfigError(
+            "vocab_tiling",
+            f"{config.vocab_tiling} does not divide seq_len {config.seq_len}: the loss is tiled "
+            "along the sequence; use a divisor of seq_len",
+        )
 
 
 def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int) -> None:

@@ -121,10 +121,12 @@ def memory_per_device(
             "save_qkv_proj": qkv,
             "save_out_proj": tokens_local * m.d_model * BF16,
         }.get(policy, qkv + mlp)
-    logits = tokens_local * m.vocab_size / degrees["tensor"] * F32 * 2
+    # float32 logits and their gradient, one tile of them at a time when the loss is tiled.
+    logits = tokens_local * m.vocab_size / degrees["tensor"] * F32 * 2 / config.vocab_tiling
+    mu_bytes = BF16 if config.mu_dtype == "bfloat16" else F32
     memory = {
         "params_f32": params * F32,
-        "optimizer_f32": 2 * params * F32,
+        "optimizer_state": params * (mu_bytes + F32),
         "gradients_f32": params * F32,
         "activations": m.num_layers * saved_per_layer + logits,
     }
@@ -153,7 +155,7 @@ def estimate(
     flops_per_chip = (model_flops + recompute) / chips
     hbm_bytes_per_chip = accel.devices_per_chip * (
         mem["params_f32"] / F32 * BF16 * 3
-        + 2 * (mem["params_f32"] + mem["optimizer_f32"] + mem["gradients_f32"])
+        + 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"])
         + 2 * mem["activations"]
     )
     ici_bytes_per_chip = accel.devices_per_chip * comm["total"]

@@ -12,6 +12,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from trainer.config import KernelsConfig, ModelConfig
 from trainer.kernels import reference_attention, sharded_splash_attention
+from trainer.loss import mean_cross_entropy
+from trainer.loss import unembed as output_logits
 from trainer.moe import MoeBlock
 
 Dtype = Any
@@ -150,7 +152,8 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Returns (logits_BxSxV in float32, summed MoE load-balancing loss)."""
+    """Returns (logits_BxSxV in float32, summed MoE load-balancing loss); given targets,
+    (mean token cross entropy, that loss) instead, over `vocab_tiling` tiles (trainer/loss.py)."""
 
     cfg: ModelConfig
     remat_policy: Callable[..., Any] | None = None
@@ -158,9 +161,10 @@ class Transformer(nn.Module):
     kernels: KernelsConfig = KernelsConfig()
     platform: str = "cpu"  # Pallas kernels run interpreted unless on tpu
     load_balanced: bool = False  # the sequence arrives in causal load-balanced order (context > 1)
+    vocab_tiling: int = 1
 
     @nn.compact
-    def __call__(self, tokens_BxS, positions_BxS):
+    def __call__(self, tokens_BxS, positions_BxS, targets_BxS=None):
         cfg = self.cfg
         embedding = weight(self, "embedding", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), 1)
         x = jnp.take(embedding.astype(self.dtype), tokens_BxS, axis=0)
@@ -181,8 +185,8 @@ class Transformer(nn.Module):
         unembed = weight(
             self, "unembed", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model
         )
-        logits = dense(x, unembed.astype(self.dtype)).astype(jnp.float32)
-        logits = nn.with_logical_constraint(
-            logits, ("activation_batch", "activation_length", "activation_vocab")
-        )
-        return logits, jnp.sum(aux_per_layer)
+        w = unembed.astype(self.dtype)
+        if targets_BxS is None:
+            return output_logits(x, w), jnp.sum(aux_per_layer)
+        loss = mean_cross_entropy(x, w, targets_BxS, self.vocab_tiling)
+        return loss, jnp.sum(aux_per_layer)

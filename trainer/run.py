@@ -91,6 +91,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
         kernels=kernels,
         platform=platform,
         load_balanced=degrees["context"] > 1 and config.mesh.context_load_balance,
+        vocab_tiling=config.vocab_tiling,
     )
     model, provider = quantize(model, config.precision)
     tx = make_optimizer(config)

@@ -32,7 +32,13 @@ def make_optimizer(config: TrialConfig) -> optax.GradientTransformation:
     )
     return optax.chain(
         optax.clip_by_global_norm(config.grad_clip),
-        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay),
+        optax.adamw(
+            schedule,
+            b1=0.9,
+            b2=0.95,
+            weight_decay=config.weight_decay,
+            mu_dtype=jnp.dtype(config.mu_dtype),
+        ),
     )
 
 
@@ -63,12 +69,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, config: 
         def loss_fn(params):
             variables = {"params": params, **state.model_state}
             if state.model_state:
-                (logits, aux_loss), model_state = model.apply(
-                    variables, inputs, positions, mutable=list(state.model_state)
+                (ce, aux_loss), model_state = model.apply(
+                    variables, inputs, positions, targets, mutable=list(state.model_state)
                 )
             else:
-                (logits, aux_loss), model_state = model.apply(variables, inputs, positions), {}
-            ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+                (ce, aux_loss), model_state = model.apply(variables, inputs, positions, targets), {}
             if nan_at_step is not None:
                 ce = ce * jnp.where(state.step == nan_at_step, jnp.nan, 1.0)
             return ce + aux_loss, (ce, aux_loss, model_state)

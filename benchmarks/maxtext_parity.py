@@ -1,0 +1,172 @@
+"""Our trainer against MaxText on the published llama3.1-70b 8k recipe, compiled for tpu7x:4x4x4.
+
+    python -m benchmarks.maxtext_parity [--maxtext-python PATH] [--only NAME]
+
+The recipe is trial 0 of search_spaces/llama31_70b_8k_tpu7x.yaml (AI-Hypercomputer/
+tpu-recipes, training/ironwood: in production 12.20 s/step on 64 chips). Each row is
+the compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU):
+
+- ours as published (loss untiled, as MaxText's default; AdamW first moment in bf16);
+- ours with the loss in 8 vocabulary tiles (`vocab_tiling: 8`);
+- ours with a float32 first moment (the trainer's default before `mu_dtype`);
+- MaxText 0.2.5's own `train_compile` of the same recipe, when `--maxtext-python` names
+  the Python of a MaxText environment; without one, the figure recorded on this host kind
+  (docs/TPU7X.md, 2026-11-30), marked "recorded".
+
+A MaxText environment (it needs Python >= 3.12; never a dependency of this project):
+
+    PYENV_VERSION=3.12.1 pyenv exec python -m venv ~/maxtext
+    ~/maxtext/bin/pip install 'maxtext[tpu]==0.2.5'
+    python -m benchmarks.maxtext_parity --maxtext-python ~/maxtext/bin/python
+
+One compile takes 2-4 minutes on a 2-core host; the table prints when all are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.compile_real_models import compile_trial
+from sweeper.space import assemble, load_space
+from trainer.hardware import accelerator_for
+
+SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "llama31_70b_8k_tpu7x.yaml"
+GIB = 2**30
+# MaxText 0.2.5 train_compile of the recipe on this host kind (docs/TPU7X.md, 2026-11-30).
+RECORDED_MAXTEXT = {"argument": 5_525_434_368, "temp": 86_279_028_736, "compile_s": 126.0}
+VARIANTS = {
+    "ours: as published": {},
+    "ours: vocab_tiling 8": {"vocab_tiling": 8},
+    "ours: mu_dtype float32": {"mu_dtype": "float32"},
+}
+
+
+def recipe() -> tuple[dict, str]:
+    """The recipe's trial config and target, from the space that starts with it."""
+    space = load_space(str(SPACE))
+    return assemble(space, space.search.warm_start[0]), space.target
+
+
+def maxtext_args(trial: dict) -> tuple[list[str], str]:
+    """The same recipe in MaxText's terms: its config overrides, and LIBTPU_INIT_ARGS."""
+    kernels, remat, xla = trial["kernels"], trial["remat"], trial["xla"]
+    args = [
+        "model_name=llama3.1-70b",
+        "dtype=bfloat16",
+        f"per_device_batch_size={trial['per_device_batch']}",
+        f"max_target_length={trial['seq_len']}",
+        "ici_fsdp_parallelism=-1",
+        "opt_type=adamw",
+        f"mu_dtype={trial['mu_dtype']}",
+        "remat_policy=custom",
+        *(f"{tensor}={place}" for tensor, place in remat["custom"].items()),
+        "attention=flash",
+        "sa_use_fused_bwd_kernel=True",
+        *(f"sa_{block}={kernels[block]}" for block in kernels if block.startswith("block_")),
+        "dataset_type=synthetic",
+        "enable_checkpointing=False",
+        "compile_topology=tpu7x-128",
+        "compile_topology_num_slices=1",
+    ]
+    flags = [f"--xla_tpu_scoped_vmem_limit_kib={xla['scoped_vmem_kib']}", *xla["extra"]]
+    return args, " ".join(flags)
+
+
+def maxtext_compile(python: str, trial: dict) -> dict:
+    """MaxText's train_compile in its own environment; memory parsed from its report."""
+    args, flags = maxtext_args(trial)
+    find = "import os, MaxText; print(os.path.dirname(MaxText.__file__))"
+    package = subprocess.run([python, "-c", find], capture_output=True, text=True, check=True)
+    base = Path(package.stdout.strip()) / "configs" / "base.yml"
+    env = {**os.environ, "LIBTPU_INIT_ARGS": flags, "JAX_PLATFORMS": "cpu"}
+    start = time.time()
+    proc = subprocess.run(
+        [python, "-m", "MaxText.train_compile", str(base), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    wall = time.time() - start
+    text = proc.stdout + proc.stderr
+    found = {
+        key: re.search(rf"{key}_size_in_bytes[=:]\s*(\d+)", text) for key in ("argument", "temp")
+    }
+    if proc.returncode or not all(found.values()):
+        raise RuntimeError(f"MaxText train_compile failed (exit {proc.returncode}): {text[-1500:]}")
+    return {key: int(match.group(1)) for key, match in found.items()} | {"compile_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--maxtext-python", help="the Python of a MaxText 0.2.5 environment")
+    parser.add_argument("--only", help="one row (a variant name), skipping MaxText")
+    args = parser.parse_args()
+    trial, target = recipe()
+    rows: list[tuple[str, str, dict]] = []
+    for name, change in VARIANTS.items():
+        if args.only and args.only != name:
+            continue
+        events, wall = compile_trial({**trial, **change}, target)
+        memory = events.get("compiled", {}).get("memory_per_device", {})
+        failure = events.get("failure", {})
+        row = {
+            "argument": memory.get("argument_size_in_bytes"),
+            "temp": memory.get("temp_size_in_bytes"),
+            "compile_s": events.get("compiled", {}).get("compile_s", wall),
+            "status": failure.get("failure_class", "ok") if failure or memory else "no events",
+        }
+        rows.append((name, "compile (this run)", row))
+    if not args.only:
+        if args.maxtext_python:
+            rows.append(
+                ("MaxText 0.2.5", "compile (this run)", maxtext_compile(args.maxtext_python, trial))
+            )
+        else:
+            rows.append(("MaxText 0.2.5", "compile (recorded, TPU7X.md)", RECORDED_MAXTEXT))
+    reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECORDED_MAXTEXT)
+    ref_total = reference["argument"] + reference["temp"]
+    usable = accelerator_for(target).usable_hbm_per_device
+    table = Table(
+        title=f"llama3.1-70b 8k recipe on {target}: HBM per device (usable {usable / GIB:.2f} GiB)"
+    )
+    for col in (
+        "who",
+        "figure",
+        "arguments GiB",
+        "temp GiB",
+        "total GiB",
+        "vs MaxText",
+        "fits",
+        "compile s",
+    ):
+        table.add_column(col, justify="right")
+    for name, figure, row in rows:
+        if row.get("argument") is None:
+            table.add_row(name, figure, "-", "-", "-", "-", row.get("status", "-"), "-")
+            continue
+        total = row["argument"] + row["temp"]
+        table.add_row(
+            name,
+            figure,
+            f"{row['argument'] / GIB:.2f}",
+            f"{row['temp'] / GIB:.2f}",
+            f"{total / GIB:.2f}",
+            f"{total / ref_total - 1:+.1%}",
+            str(total <= usable),
+            f"{row['compile_s']:.0f}",
+        )
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()

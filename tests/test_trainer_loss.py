@@ -1,0 +1,59 @@
+"""The loss head: tiled and whole give the same loss and gradients; memory knobs act."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trainer.config import ConfigError, check_static, load_config
+from trainer.loss import mean_cross_entropy
+from trainer.step import make_optimizer
+
+
+def _problem(seed=0, b=2, s=64, e=16, v=300):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(b, s, e)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(e, v)) * 0.3, jnp.float32)
+    t = jnp.asarray(rng.integers(0, v, size=(b, s)), jnp.int32)
+    return x, w, t
+
+
+def _numpy_cross_entropy(x, w, t):
+    """Independent of trainer/loss.py: float64 NumPy."""
+    logits = np.einsum("bse,ev->bsv", np.asarray(x, np.float64), np.asarray(w, np.float64))
+    top = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    target = np.take_along_axis(logits, np.asarray(t)[..., None], -1)[..., 0]
+    return float((lse - target).mean())
+
+
+@pytest.mark.parametrize("tiles", [1, 4, 16])
+def test_the_loss_is_the_same_in_any_number_of_tiles(tiles):
+    x, w, t = _problem()
+    assert float(mean_cross_entropy(x, w, t, tiles)) == pytest.approx(
+        _numpy_cross_entropy(x, w, t), rel=1e-5
+    )
+    whole = jax.grad(lambda x, w: mean_cross_entropy(x, w, t, 1), argnums=(0, 1))(x, w)
+    tiled = jax.grad(lambda x, w: mean_cross_entropy(x, w, t, tiles), argnums=(0, 1))(x, w)
+    for a, b in zip(whole, tiled, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_a_tiling_that_does_not_divide_the_sequence_is_refused_by_name():
+    config = load_config({"model": {"preset": "tiny-dense"}, "seq_len": 96, "vocab_tiling": 7})
+    with pytest.raises(ConfigError) as err:
+        check_static(config, 1)
+    assert err.value.field == "vocab_tiling" and "96" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("mu_dtype", "expected"), [("float32", jnp.float32), ("bfloat16", jnp.bfloat16)]
+)
+def test_mu_dtype_sets_the_first_moment_and_leaves_the_second(mu_dtype, expected):
+    config = load_config({"model": {"preset": "tiny-dense"}, "mu_dtype": mu_dtype})
+    params = {"w": jnp.zeros((4, 4), jnp.float32)}
+    adam = make_optimizer(config).init(params)[1][0]  # chain: clip, then adamw's ScaleByAdamState
+    assert adam.mu["w"].dtype == expected
+    assert adam.nu["w"].dtype == jnp.float32
