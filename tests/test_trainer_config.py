@@ -71,3 +71,12 @@ def test_convergence_reference_of_a_capacity_trial_is_dropless():
     reference = capped.baseline()
     assert reference.model.capacity_factor == -1.0 and reference.is_baseline_numerics
     assert reference.model.num_experts == capped.model.num_experts
+
+
+def test_a_bfloat16_first_moment_is_judged_against_a_float32_one():
+    """mu_dtype changes numerics: such a trial is never its own convergence reference."""
+    light = load_config(trial() | {"mu_dtype": "bfloat16", "vocab_tiling": 4})
+    assert not light.is_baseline_numerics
+    reference = light.baseline()
+    assert reference.mu_dtype == "float32" and reference.is_baseline_numerics
+    assert reference.vocab_tiling == 4  # tiling only reorders float sums: not a numerics change

@@ -453,9 +453,11 @@ class TrialConfig(_Frozen):
 
     def baseline(self) -> TrialConfig:
         """The same recipe with baseline numerics (bf16, XLA attention without a max-logit
-        estimate, ragged_dot, dropless routing) and no faults: the convergence reference."""
+        estimate, ragged_dot, dropless routing, a float32 first moment) and no faults: the
+        convergence reference."""
         return self.model_copy(
             update={
+                "mu_dtype": "float32",
                 "model": self.model.model_copy(update={"capacity_factor": -1.0}),
                 "fault": FaultConfig(),
                 "precision": PrecisionConfig(),
@@ -466,8 +468,9 @@ class TrialConfig(_Frozen):
 
     @property
     def is_baseline_numerics(self) -> bool:
-        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig(), -1.0)
-        return (self.fault, self.precision, self.kernels, self.model.capacity_factor) == baseline
+        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig(), -1.0, "float32")
+        mine = (self.fault, self.precision, self.kernels, self.model.capacity_factor, self.mu_dtype)
+        return mine == baseline
 
 
 def global_batch_size(config: TrialConfig, num_devices: int) -> int:
