@@ -146,6 +146,7 @@ class Sweep:
         space, grid_note = cap_grid(space)
         results_dir = Path(results_dir or REPO_RESULTS).resolve()
         results_dir.mkdir(parents=True, exist_ok=True)
+        storage = storage or str(results_dir)
         tracking_uri = tracking_uri or default_tracking_uri(results_dir)
         check_tracking_server(tracking_uri)
         sweep_id = sweep_id or new_sweep_id()
@@ -179,7 +180,7 @@ class Sweep:
             },
         )
         sweep = cls(
-            space=with_trial_base(space, placement, storage or str(results_dir)),
+            space=with_trial_base(space, placement, storage),
             sweep_id=sweep_id,
             results_dir=results_dir,
             tracking_uri=tracking_uri,
@@ -188,7 +189,7 @@ class Sweep:
             study_name=study_name,
             optuna_storage=optuna_storage,
             placement=placement,
-            storage=storage or str(results_dir),
+            storage=storage,
             concurrency=concurrency,
             inert_notes=inert_notes,
             placement_notes=placement_notes,
