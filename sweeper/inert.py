@@ -8,44 +8,51 @@ from __future__ import annotations
 
 import json
 
-from sweeper.space import Knob, Space, gpus_in
-from trainer.effects import FP8_EMULATED, NO_HOST_OFFLOAD, PALLAS_NATIVE
+from sweeper.space import Knob, Space, target_backend
+from trainer.config import KernelsConfig
+from trainer.effects import CUDNN, FP8_EMULATED, NO_HOST_OFFLOAD, PALLAS_NATIVE, TOKAMAX_GMM_KERNEL
 from trainer.policies import OFFLOAD_TWINS
-
-NOT_PALLAS = tuple(b for b in ("cpu", "gpu") if b not in PALLAS_NATIVE)
-
 
 # Values whose throughput on a backend says nothing about the target: measuring them would
 # rank an emulation. Their numerics are checked by the trainer's tests, not by such a sweep.
-# Each entry: the value kept, the backends where the others are pinned away, and why.
 THROUGHPUT_MEANINGLESS = {
     "precision.mode": (
         "bf16",
         FP8_EMULATED,
         "XLA on {b} upcasts fp8 to f32: fp8 speed there is emulation",
     ),
+}
+
+# Kernel choices: what each value runs as on a backend (`auto` resolved; a TPU kernel off
+# TPU is interpreted, cuDNN exists on GPUs only); values that run as another are its twin.
+KERNEL_CHOICES = {
     "kernels.attention": (
         "xla",
-        NOT_PALLAS,
-        "Pallas Splash is a TPU kernel: interpreted on {b}",
+        lambda v, b: KernelsConfig(attention=v).resolved_attention(b),
+        {"splash": PALLAS_NATIVE, "cudnn": CUDNN},
+        "Pallas Splash is a TPU kernel, interpreted elsewhere; cuDNN runs on NVIDIA GPUs only",
     ),
     "kernels.moe_gmm": (
         "ragged_dot",
-        NOT_PALLAS,
-        "Pallas Megablox is a TPU kernel: interpreted on {b}",
+        lambda v, b: v,
+        {"megablox": PALLAS_NATIVE, "tokamax": TOKAMAX_GMM_KERNEL},
+        "Pallas Megablox is a TPU kernel, interpreted elsewhere; tokamax without a kernel for "
+        "the backend runs ragged_dot",
     ),
 }
 
 
-def target_backend(space: Space) -> str:
-    """The backend of a space's trials when nothing else is known: a compile target's TPU,
-    the backend a local space asks for, else cpu (the engine passes the real one)."""
-    if space.is_tpu_target and space.effective_fidelity != "run":
-        return "tpu"
-    requested = str(space.trial.get("backend", "auto"))
-    if requested != "auto":
-        return requested
-    return "cpu" if space.target == "local" else "gpu" if gpus_in(space.target) else "tpu"
+def _kernel_twins(key: str, values: list, backend: str) -> dict:
+    """value -> the value it runs as on `backend`, for values that are not themselves there."""
+    reference, resolve, native, _ = KERNEL_CHOICES[key]
+    twins = {}
+    for value in values:
+        runs_as = resolve(value, backend)
+        if runs_as in native and backend not in native[runs_as]:
+            runs_as = reference
+        if runs_as != value:
+            twins[value] = runs_as
+    return twins
 
 
 def _drop(knob: Knob, inert: set, twin_of: dict) -> Knob:
@@ -90,6 +97,15 @@ def pin_inert(space: Space, backend: str | None = None) -> tuple[Space, list[str
             notes.append(
                 f"{key}: 'offload' is inert on {backend} (same program as 'remat'); not sampled"
             )
+        elif key in KERNEL_CHOICES and knob.values:
+            twins = _kernel_twins(key, knob.values, backend)
+            kept = _drop(knob, set(twins), twins)
+            if kept.values != knob.values:
+                knobs[key] = kept
+                notes.append(
+                    f"{key}: {list(twins)} pinned to {kept.values} on {backend} (they run as "
+                    f"{twins}: {KERNEL_CHOICES[key][3]})"
+                )
         elif key in THROUGHPUT_MEANINGLESS and knob.values:
             keep, backends, reason = THROUGHPUT_MEANINGLESS[key]
             dropped = [v for v in knob.values if v != keep]

@@ -562,12 +562,23 @@ def check_feasible(space: Space, num_devices: int | None = None, limit: int = 25
         )
 
 
+def target_backend(space: Space) -> str:
+    """The backend of a space's trials when nothing else is known: a compile target's TPU,
+    the backend a local space asks for, else cpu (the engine passes the real one)."""
+    if space.is_tpu_target and space.effective_fidelity != "run":
+        return "tpu"
+    requested = str(space.trial.get("backend", "auto"))
+    if requested != "auto":
+        return requested
+    return "cpu" if space.target == "local" else "gpu" if gpus_in(space.target) else "tpu"
+
+
 def static_check(
     space: Space, point: dict[str, Any], num_devices: int | None = None
 ) -> TrialConfig:
     """The trial config of a point, with every JAX-free check; raises ConfigError."""
     config = load_config(assemble(space, point))
-    check_static(config, num_devices or space.num_devices)
+    check_static(config, num_devices or space.num_devices, target_backend(space))
     return config
 
 

@@ -67,16 +67,33 @@ def test_mesh_fill_and_impossible_products():
 def test_convergence_reference_of_a_capacity_trial_is_dropless():
     """Dropping slots changes numerics: such a trial is judged against dropless routing."""
     capped = load_config(trial() | {"model": {"preset": "tiny-moe", "capacity_factor": 1.25}})
-    assert not capped.is_baseline_numerics
+    assert not capped.is_baseline_numerics("cpu")
     reference = capped.baseline()
-    assert reference.model.capacity_factor == -1.0 and reference.is_baseline_numerics
+    assert reference.model.capacity_factor == -1.0 and reference.is_baseline_numerics("cpu")
     assert reference.model.num_experts == capped.model.num_experts
 
 
 def test_a_bfloat16_first_moment_is_judged_against_a_float32_one():
     """mu_dtype changes numerics: such a trial is never its own convergence reference."""
     light = load_config(trial() | {"mu_dtype": "bfloat16", "vocab_tiling": 4})
-    assert not light.is_baseline_numerics
+    assert not light.is_baseline_numerics("cpu")
     reference = light.baseline()
-    assert reference.mu_dtype == "float32" and reference.is_baseline_numerics
+    assert reference.mu_dtype == "float32" and reference.is_baseline_numerics("cpu")
     assert reference.vocab_tiling == 4  # tiling only reorders float sums: not a numerics change
+
+
+def test_auto_attention_resolves_to_the_fused_kernel_of_each_backend():
+    """`auto` is the default; it is Splash on TPU, cuDNN on GPU, and the XLA reference on CPU,
+    where a default trial therefore computes the convergence baseline's numerics."""
+    config = load_config(trial() | {"model": {"preset": "tiny-moe"}})
+    assert config.kernels.attention == "auto"
+    resolved = [config.kernels.resolved(p).attention for p in ("tpu", "gpu", "cpu")]
+    assert resolved == ["splash", "cudnn", "xla"]
+    # cuDNN attends over whole causal sequences: context parallelism keeps the reference;
+    # Splash needs 128-row query blocks on each device: shorter chunks keep it too.
+    assert config.kernels.resolved_attention("gpu", context=2) == "xla"
+    assert config.kernels.resolved_attention("tpu", context=2, seq_len=512) == "splash"
+    assert config.kernels.resolved_attention("tpu", context=2, seq_len=128) == "xla"
+    assert config.is_baseline_numerics("cpu")
+    assert not config.is_baseline_numerics("gpu") and not config.is_baseline_numerics("tpu")
+    assert config.baseline().kernels.resolved("gpu").attention == "xla"

@@ -280,7 +280,7 @@ def test_bad_max_logit_constant_is_diverged(tmp_path):
             {
                 "kernels": {"attention": "splash", **BLOCKS["all_128"]},
                 "mesh": {"fsdp": 4, "context": 2},
-                "seq_len": 128,
+                "seq_len": 384,
             },
             "kernels.block_q",
             "per-device query length",
@@ -328,6 +328,7 @@ def test_convergence_reference_for_fp8_is_the_bf16_run(cache_dir):
             ),
             Emitter(quiet=True),
         ).losses,
+        "cpu",
     )
     assert first["reference_source"] == "computed"
     bf16 = train(config.baseline(), Emitter(quiet=True)).losses
@@ -388,3 +389,45 @@ def test_max_logit_const_changes_the_splash_program():
     without, with_const = jaxpr(splash), jaxpr(splash | {"max_logit_const": 8.0})
     assert "pallas_call" in without and without != with_const
     assert jaxpr(splash | {"max_logit_const": 8.0}) == with_const  # deterministic, not noise
+
+
+def test_fused_attention_call_matches_the_reference():
+    """The cuDNN path's call (jax.nn.dot_product_attention: GQA, causal, scale) through XLA
+    agrees with the reference; on an H200 cuDNN itself was held to a float32 reference
+    (benchmarks.accelerator_mfu --checks attention-check)."""
+    from trainer.kernels import fused_attention, reference_attention
+
+    b, s, h, kv, d = 2, 64, 4, 2, 16
+    q, k, v = (
+        jax.random.normal(key, (b, s, n, d))
+        for key, n in zip(jax.random.split(jax.random.key(3), 3), (h, kv, kv), strict=True)
+    )
+    pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+    np.testing.assert_allclose(
+        fused_attention(q, k, v, "xla"), reference_attention(q, k, v, pos, pos), atol=1e-5
+    )
+
+
+def test_cudnn_attention_is_refused_where_it_cannot_run():
+    """cuDNN exists on NVIDIA GPUs only, and attends whole sequences: named ConfigErrors."""
+    with pytest.raises(ConfigError, match="does not run on cpu") as err:
+        build_program(load_config(trial(kernels={"attention": "cudnn"})), jax.devices()[:8])
+    assert err.value.field == "kernels.attention"
+    config = load_config(trial(kernels={"attention": "cudnn"}, mesh={"fsdp": 4, "context": 2}))
+    with pytest.raises(ConfigError, match="context"):
+        check_static(config, 8, "gpu")
+
+
+def test_load_balanced_mask_is_lazy_and_causal_in_positions():
+    """The context-parallel Splash mask is computed from each row's position (no S x S array),
+    and undoing the pipeline's chunk order puts gathered keys back in position order."""
+    from trainer.data import load_balance_order
+    from trainer.kernels import LoadBalancedCausalMask, natural_chunk_order
+
+    s, context = 32, 2
+    order = load_balance_order(s, context)
+    mask = LoadBalancedCausalMask((s, s), context)
+    np.testing.assert_array_equal(mask[0:s, 0:s], order[:, None] >= np.arange(s)[None, :])
+    assert not any(isinstance(v, np.ndarray) and v.size >= s * s for v in vars(mask).values())
+    x = jnp.arange(s)[None, :, None]
+    np.testing.assert_array_equal(natural_chunk_order(x[:, order], context), x)

@@ -246,8 +246,10 @@ class PrecisionConfig(_Frozen):
 class KernelsConfig(_Frozen):
     """Attention and MoE grouped-matmul implementations, their tiles, and the max-logit estimate."""
 
-    attention: Literal["auto", "xla", "splash"] = "xla"
-    """xla (reference), splash (Pallas TPU kernel; interpreted elsewhere), or auto (splash on TPU)."""
+    attention: Literal["auto", "xla", "splash", "cudnn"] = "auto"
+    """auto (the fused kernel of the backend: splash on TPU, cudnn on GPU, xla elsewhere), xla
+    (the reference: materialized float32 scores), splash (Pallas TPU kernel; interpreted
+    off TPU), or cudnn (jax.nn.dot_product_attention's cuDNN flash attention; NVIDIA only)."""
     block_q: int = 512
     """Splash forward query block."""
     block_kv: int = 512
@@ -262,8 +264,9 @@ class KernelsConfig(_Frozen):
     """Splash backward (dK/dV) key/value compute block."""
     max_logit_const: float | None = None
     """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
-    moe_gmm: Literal["ragged_dot", "megablox"] = "ragged_dot"
-    """MoE grouped matmul: ragged_dot (XLA) or megablox (Pallas TPU kernel)."""
+    moe_gmm: Literal["ragged_dot", "megablox", "tokamax"] = "ragged_dot"
+    """MoE grouped matmul: ragged_dot (XLA), megablox (Pallas TPU kernel), or tokamax
+    (tokamax.ragged_dot: its Triton kernel on GPU, its Mosaic kernel on TPU, XLA on CPU)."""
     gmm_tm: int = Field(default=512, gt=0)
     """Megablox tile along tokens."""
     gmm_tk: int = Field(default=1024, gt=0)
@@ -271,16 +274,38 @@ class KernelsConfig(_Frozen):
     gmm_tn: int = Field(default=1024, gt=0)
     """Megablox tile along the output."""
 
-    def blocks(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in SPLASH_BLOCKS}
+    def blocks(self, q_len: int | None = None, kv_len: int | None = None) -> dict[str, int]:
+        """Splash blocks; given the kernel's query and key lengths, a block longer than its
+        sequence is that sequence (as MaxText clamps them)."""
+        blocks = {k: getattr(self, k) for k in SPLASH_BLOCKS}
+        if q_len is None or kv_len is None:
+            return blocks
+        return {k: min(v, q_len if k in Q_BLOCKS else kv_len) for k, v in blocks.items()}
 
-    def resolved_attention(self, platform: str) -> str:
-        """`auto` is the Splash kernel where it is a real kernel (TPU), the XLA reference elsewhere."""
+    def resolved_attention(
+        self, platform: str, context: int = 1, seq_len: int | None = None
+    ) -> str:
+        """`auto` is the fused kernel of the backend: Splash on TPU (where each device's query
+        chunk fills 128-row blocks), cuDNN on GPU (whole sequences: not with context
+        parallelism), and the XLA reference wherever those do not apply."""
         if self.attention != "auto":
             return self.attention
-        return "splash" if platform == "tpu" else "xla"
+        if platform == "tpu":
+            fits = seq_len is None or (seq_len // context) % 128 == 0
+            return "splash" if fits else "xla"
+        return "cudnn" if platform == "gpu" and context == 1 else "xla"
+
+    def resolved(
+        self, platform: str, context: int = 1, seq_len: int | None = None
+    ) -> KernelsConfig:
+        """The concrete implementations this config runs on `platform`."""
+        attention = self.resolved_attention(platform, context, seq_len)
+        return self.model_copy(update={"attention": attention})
 
 
+# The convergence reference's kernels: XLA attention and XLA's grouped matmul.
+BASELINE_KERNELS = KernelsConfig(attention="xla", moe_gmm="ragged_dot")
+Q_BLOCKS = ("block_q", "block_q_dkv")
 SPLASH_BLOCKS = (
     "block_q",
     "block_kv",
@@ -461,15 +486,16 @@ class TrialConfig(_Frozen):
                 "model": self.model.model_copy(update={"capacity_factor": -1.0}),
                 "fault": FaultConfig(),
                 "precision": PrecisionConfig(),
-                "kernels": KernelsConfig(),
+                "kernels": BASELINE_KERNELS,
                 "convergence": self.convergence.model_copy(update={"enabled": False}),
             }
         )
 
-    @property
-    def is_baseline_numerics(self) -> bool:
-        baseline = (FaultConfig(), PrecisionConfig(), KernelsConfig(), -1.0, "float32")
-        mine = (self.fault, self.precision, self.kernels, self.model.capacity_factor, self.mu_dtype)
+    def is_baseline_numerics(self, platform: str) -> bool:
+        """Whether this trial, as it runs on `platform`, computes the baseline's numerics."""
+        baseline = (FaultConfig(), PrecisionConfig(), BASELINE_KERNELS, -1.0, "float32")
+        kernels = self.kernels.resolved(platform)
+        mine = (self.fault, self.precision, kernels, self.model.capacity_factor, self.mu_dtype)
         return mine == baseline
 
 
@@ -516,13 +542,37 @@ def check_batch_and_sequence(
         )
 
 
-def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int) -> None:
-    """Kernel tiles the kernels would reject, caught before anything compiles."""
+def check_kernels(
+    config: TrialConfig, degrees: dict[str, int], num_devices: int, platform: str | None
+) -> None:
+    """Kernel tiles the kernels would reject, and kernels the backend cannot run, caught
+    before anything compiles. With no platform, `auto` is left to the run that resolves it."""
     kernels = config.kernels
-    if kernels.attention != "xla":
-        for name, block in kernels.blocks().items():
+    if platform is not None:
+        kernels = config.kernels.resolved(platform, degrees["context"], config.seq_len)
+    if kernels.attention == "cudnn":
+        if platform is not None and platform != "gpu":
+            raise ConfigError(
+                "kernels.attention",
+                f"cudnn is NVIDIA's fused attention and does not run on {platform}; use auto or xla",
+            )
+        if degrees["context"] > 1:
+            raise ConfigError(
+                "kernels.attention",
+                "cudnn attends over whole causal sequences, not context shards; with "
+                "mesh.context > 1 use auto (which keeps xla there) or xla",
+            )
+    if kernels.attention == "splash":
+        local = config.seq_len // degrees["context"]
+        clamped = kernels.blocks(local, config.seq_len)
+        for name, block in clamped.items():
             if block % 128:
-                raise ConfigError(f"kernels.{name}", f"{block} must be a multiple of 128")
+                was = (
+                    ""
+                    if block == getattr(kernels, name)
+                    else f" (clamped from {getattr(kernels, name)} to its sequence)"
+                )
+                raise ConfigError(f"kernels.{name}", f"{block}{was} must be a multiple of 128")
             if config.seq_len % block:
                 raise ConfigError(
                     f"kernels.{name}", f"{block} must divide seq_len ({config.seq_len})"
@@ -531,26 +581,26 @@ def check_kernels(config: TrialConfig, degrees: dict[str, int], num_devices: int
             ("block_kv_compute", "block_kv"),
             ("block_kv_dkv_compute", "block_kv_dkv"),
         ):
-            if getattr(kernels, block) % getattr(kernels, compute):
+            if clamped[block] % clamped[compute]:
                 raise ConfigError(
                     f"kernels.{compute}",
-                    f"{getattr(kernels, compute)} must divide {block} ({getattr(kernels, block)})",
+                    f"{clamped[compute]} must divide {block} ({clamped[block]})",
                 )
-        local = config.seq_len // degrees["context"]
-        for name in ("block_q", "block_q_dkv"):  # queries are split over the context axis
-            if local % getattr(kernels, name):
+        for name in Q_BLOCKS:  # queries are split over the context axis
+            if local % clamped[name]:
                 raise ConfigError(
                     f"kernels.{name}",
-                    f"{getattr(kernels, name)} must divide the per-device query length "
+                    f"{clamped[name]} must divide the per-device query length "
                     f"(seq_len / context = {local})",
                 )
+    fp8_experts = config.precision.mode == "fp8" and config.precision.targets == "dense+moe"
+    if config.model.is_moe and fp8_experts and kernels.moe_gmm in ("megablox", "tokamax"):
+        raise ConfigError(
+            "kernels.moe_gmm",
+            f"fp8 of the MoE grouped matmul is wired through ragged_dot only; with {kernels.moe_gmm} "
+            "the experts would silently stay bf16. Use moe_gmm ragged_dot, or precision.targets dense",
+        )
     if config.model.is_moe and kernels.moe_gmm == "megablox":
-        if config.precision.mode == "fp8" and config.precision.targets == "dense+moe":
-            raise ConfigError(
-                "kernels.moe_gmm",
-                "fp8 of the MoE grouped matmul is wired through ragged_dot only; with megablox the experts "
-                "would silently stay bf16. Use moe_gmm ragged_dot, or precision.targets dense",
-            )
         # On TPU each device runs the kernel on its own tokens (shard_map), so the tile must
         # divide the per-device routed rows (which also divide the global count used off TPU).
         shards = math.prod(degrees[a] for a in BATCH_AXES) * degrees["context"]
@@ -582,11 +632,14 @@ def check_precision(config: TrialConfig) -> None:
         )
 
 
-def check_static(config: TrialConfig, num_devices: int) -> dict[str, int]:
-    """Every check that needs no JAX: mesh, batch, sequence and kernel tiles."""
+def check_static(
+    config: TrialConfig, num_devices: int, platform: str | None = None
+) -> dict[str, int]:
+    """Every check that needs no JAX: mesh, batch, sequence and kernel tiles (those `auto`
+    resolves to on `platform`, when it is known)."""
     degrees = config.mesh.resolve(num_devices)
     check_batch_and_sequence(config, degrees, num_devices)
-    check_kernels(config, degrees, num_devices)
+    check_kernels(config, degrees, num_devices, platform)
     check_precision(config)
     return degrees
 

@@ -12,6 +12,8 @@ NO_HOST_OFFLOAD = ("cpu",)  # host placement dropped: offload compiles to remat
 FP8_EMULATED = ("cpu",)  # XLA upcasts fp8 dots to f32
 PALLAS_NATIVE = ("tpu",)  # Pallas TPU kernels run compiled; elsewhere interpreted
 LIBTPU = ("tpu",)  # LIBTPU_INIT_ARGS reach only libtpu
+TOKAMAX_GMM_KERNEL = ("gpu", "tpu")  # tokamax.ragged_dot has a kernel; elsewhere XLA's
+CUDNN = ("gpu",)  # cuDNN fused attention
 
 
 def knob_effects(
@@ -67,16 +69,24 @@ def knob_effects(
             if platform in FP8_EMULATED
             else {"status": "active", "reason": "fp8 dot operands via qwix"}
         )
-    attention = config.kernels.resolved_attention(platform)
+    context = degrees["context"] if degrees else config.mesh.context
+    kernels = config.kernels.resolved(platform, context, config.seq_len)
     if config.kernels.attention == "auto":
         effects["kernels.attention"] = {
             "status": "active",
-            "reason": f"auto resolved to {attention} on {platform}",
+            "reason": f"auto resolved to {kernels.attention} on {platform}",
         }
-    if attention == "splash":
+    if kernels.attention == "splash":
         effects["kernels.splash_blocks"] = _kernel_effect(platform, "Splash attention")
-    if config.model.is_moe and config.kernels.moe_gmm == "megablox":
-        effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
+    if config.model.is_moe:
+        if kernels.moe_gmm == "megablox":
+            effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
+        if kernels.moe_gmm == "tokamax" and platform not in TOKAMAX_GMM_KERNEL:
+            effects["kernels.moe_gmm"] = {
+                "status": "inert",
+                "reason": f"tokamax has no grouped-matmul kernel for {platform}: it runs XLA's "
+                "ragged_dot, the same program as moe_gmm ragged_dot",
+            }
     if config.kernels.max_logit_const is not None:
         effects["kernels.max_logit_const"] = {
             "status": "active",

@@ -1,4 +1,5 @@
-"""Attention and MoE grouped-matmul implementations: XLA references and Pallas TPU kernels.
+"""Attention and MoE grouped-matmul implementations: XLA references, Pallas TPU kernels,
+and the GPU's fused kernels (cuDNN attention, tokamax's grouped matmul).
 
 On TPU the Pallas kernels run compiled; elsewhere they run with interpret=True, which
 proves wiring, tile validation and numerics, and says nothing about speed.
@@ -11,12 +12,19 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tokamax
+from absl import flags
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from trainer.config import KernelsConfig
 from trainer.data import load_balance_order
+
+# tokamax reads its absl flags on first use, parsing sys.argv if nobody has: our own command
+# lines (the trainer's, a benchmark's) are not absl's, so its defaults are taken as parsed.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 def reference_attention(
@@ -43,9 +51,29 @@ def reference_attention(
     return out.reshape(b, s, h, d)
 
 
-def _splash_config(kernels: KernelsConfig, interpret: bool) -> splash.SplashConfig:
+def fused_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, implementation: str | None = "cudnn"):
+    """Causal grouped-query attention through jax.nn.dot_product_attention: cuDNN's flash
+    attention on NVIDIA GPUs (no S x S scores in memory). Positions are the natural order
+    (no context sharding, no load-balanced permutation); `implementation="xla"` is the same
+    call through XLA, which lets a CPU test check everything around the cuDNN kernel."""
+    d = q_BxSxHxD.shape[-1]
+    return jax.nn.dot_product_attention(
+        q_BxSxHxD,
+        k_BxSxKxD,
+        v_BxSxKxD,
+        scale=d**-0.5,
+        is_causal=True,
+        implementation=implementation,
+    )
+
+
+def _splash_config(
+    kernels: KernelsConfig, interpret: bool, q_len: int, kv_len: int
+) -> splash.SplashConfig:
     return splash.SplashConfig(
-        **kernels.blocks(), max_logit_const=kernels.max_logit_const, interpret=interpret
+        **kernels.blocks(q_len, kv_len),
+        max_logit_const=kernels.max_logit_const,
+        interpret=interpret,
     )
 
 
@@ -66,7 +94,7 @@ def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, in
     s = q_BxSxHxD.shape[1]
     # Built per trace, not cached: the kernel holds arrays made inside the current trace.
     kernel = splash.make_splash_mqa_single_device(
-        mask=splash_mask.CausalMask((s, s)), config=_splash_config(kernels, interpret)
+        mask=splash_mask.CausalMask((s, s)), config=_splash_config(kernels, interpret, s, s)
     )
     return _run_kernel(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
@@ -102,11 +130,10 @@ def sharded_splash_attention(
             body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
         )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
     s = q_BxSxHxD.shape[1]
-    # The sequence arrives in the data pipeline's order (trainer.data.load_balance_order).
-    order = load_balance_order(s, context) if load_balanced else np.arange(s)
-    mask = splash_mask.NumpyMask(order[:, None] >= order[None, :])  # causal in original positions
+    # Lazy: the kernel computes causality from each row's position; no S x S array exists.
+    mask = LoadBalancedCausalMask((s, s), context if load_balanced else 1)
     kernel = splash.make_splash_mqa(
-        mask=mask, config=_splash_config(kernels, interpret), q_seq_shards=context
+        mask=mask, config=_splash_config(kernels, interpret, s // context, s), q_seq_shards=context
     )
     kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("context")))
     spec = P(BATCH_AXES, "context", "tensor", None)
@@ -114,6 +141,8 @@ def sharded_splash_attention(
     def body(kernel, q, k, v):
         k = jax.lax.all_gather(k, "context", axis=1, tiled=True)
         v = jax.lax.all_gather(v, "context", axis=1, tiled=True)
+        if load_balanced:  # gathered in the pipeline's order; the mask's columns are positions
+            k, v = (natural_chunk_order(x, context) for x in (k, v))
         return _run_kernel(kernel, q, k, v)
 
     return jax.shard_map(
@@ -121,10 +150,47 @@ def sharded_splash_attention(
     )(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
 
+def natural_chunk_order(x_BxSx___, context: int):
+    """Undo the load-balancing permutation along axis 1 (trainer.data.load_balance_order):
+    chunk pairs (i, 2c-1-i) back to chunks 0..2c-1, by static slices."""
+    chunks = jnp.split(x_BxSx___, 2 * context, axis=1)  # [0, 2c-1, 1, 2c-2, ...]
+    first, second = chunks[0::2], chunks[1::2]
+    return jnp.concatenate(first + second[::-1], axis=1)
+
+
+class LoadBalancedCausalMask(splash_mask._ComputableMask):
+    """Causal attention for queries in load-balanced order, computed inside the kernel (as
+    MaxText's mask of the same name): row r is the query at position order[r], columns are
+    key positions. `context` 1 is the plain causal mask."""
+
+    def __init__(self, shape: tuple[int, int], context: int):
+        super().__init__(shape=shape, mask_function=lambda q, kv: q >= kv)
+        self.context = context
+        self.order = load_balance_order(shape[0], context) if context > 1 else np.arange(shape[0])
+        self.q_sequence = self.order.astype(np.int32)
+
+    def __eq__(self, other: object):
+        if not isinstance(other, LoadBalancedCausalMask):
+            return NotImplemented
+        return self.shape == other.shape and self.context == other.context
+
+    def __hash__(self):
+        return hash((type(self), self.shape, self.context))
+
+
+# tokamax's Mosaic GPU grouped matmul (0.0.12) does not build on jax 0.11.2 (seen on an
+# H200: Mesh(out_shape=) rejected), and tokamax falls through only on NotImplementedError:
+# Triton first, XLA where Triton cannot. Unmeasured on GPU; ragged_dot is the default.
+TOKAMAX_GMM_ORDER = ("triton", "xla")
+
+
 def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool):
-    """Dropless grouped matmul: lax.ragged_dot (XLA) or Megablox GMM (Pallas)."""
+    """Dropless grouped matmul: lax.ragged_dot (XLA), tokamax.ragged_dot (its best kernel for
+    the backend: Mosaic or Triton on GPU, Mosaic on TPU, XLA on CPU) or Megablox GMM (Pallas)."""
     if kernels.moe_gmm == "ragged_dot":
         return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
+    if kernels.moe_gmm == "tokamax":
+        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=TOKAMAX_GMM_ORDER)
     tiling = (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn)
     # ops.gmm is the differentiable (custom_vjp) entry; its static arguments are positional.
     return megablox.gmm(

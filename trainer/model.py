@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from trainer.config import KernelsConfig, ModelConfig
-from trainer.kernels import reference_attention, sharded_splash_attention
+from trainer.kernels import fused_attention, reference_attention, sharded_splash_attention
 from trainer.loss import mean_cross_entropy
 from trainer.loss import unembed as output_logits
 from trainer.moe import MoeBlock
@@ -95,6 +95,8 @@ class Attention(nn.Module):
             ctx = sharded_splash_attention(
                 q, k, v, self.kernels, self.interpret, self.load_balanced
             )
+        elif self.kernels.attention == "cudnn":
+            ctx = fused_attention(q, k, v)
         else:
             ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
         ctx = checkpoint_name(ctx, "context")

@@ -30,6 +30,7 @@ from trainer.events import (
     hbm_overflow,
 )
 from trainer.flops import training_flops_per_step
+from trainer.hlo import count_collectives, count_matmuls
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -78,13 +79,11 @@ class Program:
 def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     """Everything up to (not including) compilation; raises ConfigError for impossible setups."""
     n = len(devices)
-    degrees = check_static(config, n)
+    platform = devices[0].platform
+    degrees = check_static(config, n, platform)
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
-    platform = devices[0].platform
-    kernels = config.kernels.model_copy(
-        update={"attention": config.kernels.resolved_attention(platform)}
-    )
+    kernels = config.kernels.resolved(platform, degrees["context"], config.seq_len)
     model = Transformer(
         config.model,
         checkpoint_policy(config.remat),
@@ -200,8 +199,16 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
 
     compiled, compile_s = compile_step(program)
     memory = metrics.memory_per_device(compiled)
+    hlo = compiled.as_text()
+    matmuls = count_matmuls(hlo)
     emitter.emit(
-        Compiled(compile_s=compile_s, memory_per_device=memory, cost_per_device=_cost(compiled))
+        Compiled(
+            compile_s=compile_s,
+            memory_per_device=memory,
+            cost_per_device=_cost(compiled),
+            collectives=count_collectives(hlo),
+            matmuls=matmuls,
+        )
     )
     budget = config.limits.device_memory_gib
     if budget is not None and memory.get("total_bytes", 0) > budget * 2**30:
@@ -300,20 +307,21 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         "train_s": train_s,
         "memory_per_device": memory,
         "hbm_per_device_gib": memory.get("total_bytes", 0) / 2**30,
+        "matmuls": matmuls,
         "final_loss": result.losses[-1],
     }
     if config.convergence.enabled:
-        result.summary["convergence"] = check_convergence(config, result.losses)
+        result.summary["convergence"] = check_convergence(config, result.losses, platform)
     return result
 
 
-def check_convergence(config: TrialConfig, losses: list[float]) -> dict[str, Any]:
+def check_convergence(config: TrialConfig, losses: list[float], platform: str) -> dict[str, Any]:
     reference = convergence.load_reference(config)
     source = "cache"
     # Every process of a multi-host trial must take the same branch (a baseline run is
     # collective): process 0's view of the cache decides.
     if not agree(reference is not None):
-        if config.is_baseline_numerics:
+        if config.is_baseline_numerics(platform):
             reference, source = losses, "this run"
         else:
             reference, source = train(config.baseline(), Emitter(quiet=True)).losses, "computed"
