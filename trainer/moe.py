@@ -72,30 +72,35 @@ class MoeBlock(nn.Module):
         gmm = functools.partial(grouped_matmul, kernels=self.kernels, interpret=interpret)
         common = {"gmm": gmm, "capacity_factor": self.cfg.capacity_factor, "tag": _tag}
         mesh = jax.sharding.get_abstract_mesh()
-        tokens_spec = P(BATCH_AXES, "context", None)
-        if not mesh.empty and mesh.shape["expert"] > 1:
+        if mesh.empty:
+            return local_experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, **common)
+        if mesh.shape["expert"] > 1:
             # Expert parallelism: tokens travel to their experts' devices (all-to-all).
             body = functools.partial(
                 expert_parallel, native=self.platform in NATIVE_RAGGED_A2A, **common
             )
-            w_in, w_out = P("expert", None, "tensor"), P("expert", "tensor", None)
-            return jax.shard_map(
-                body,
-                mesh=mesh,
-                in_specs=(tokens_spec, tokens_spec, tokens_spec, (w_in, w_in, w_out)),
-                out_specs=tokens_spec,
-                check_vma=False,
-            )(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
-        experts = functools.partial(local_experts, **common)
-        megablox_on_tpu = self.kernels.moe_gmm == "megablox" and not interpret
-        if not mesh.empty and (megablox_on_tpu or self.cfg.capacity_factor > 0):
-            # Each device routes its own tokens through all experts (weights gathered): a
-            # Pallas kernel cannot be partitioned by GSPMD, and capacity is per device group.
-            experts = jax.shard_map(
-                experts,
-                mesh=mesh,
-                in_specs=(tokens_spec, tokens_spec, tokens_spec, P()),
-                out_specs=tokens_spec,
-                check_vma=False,
-            )
-        return experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
+            experts = "expert"
+        else:
+            # Each device routes its own tokens through every expert (per-device sort and
+            # grouped matmul: no global slot order, buffers of the device's share); expert
+            # weights arrive whole over the batch axes, as FSDP gathers any weight.
+            body = functools.partial(per_device_experts, **common)
+            experts = None
+        tokens_spec = P(BATCH_AXES, "context", None)
+        w_in, w_out = P(experts, None, "tensor"), P(experts, "tensor", None)
+        return jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(tokens_spec, tokens_spec, tokens_spec, (w_in, w_in, w_out)),
+            out_specs=tokens_spec,
+            check_vma=False,
+        )(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights)
+
+
+def per_device_experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, **common):
+    """One device's tokens through all experts; the mlp dimension is split over `tensor`, so
+    each device holds a partial sum of the output."""
+    y_BxSxE = local_experts(x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights, **common)
+    if jax.lax.axis_size("tensor") > 1:
+        y_BxSxE = jax.lax.psum(y_BxSxE, "tensor")
+    return y_BxSxE

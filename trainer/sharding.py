@@ -8,7 +8,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.config import BATCH_AXES, MESH_AXES, ConfigError
@@ -34,8 +34,24 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 
 
 def build_mesh(degrees: dict[str, int], devices: Sequence[jax.Device]) -> Mesh:
+    """The mesh laid on the physical topology: `mesh_utils` places the innermost axes
+    (tensor, then expert, context) on nearest neighbours of the torus; with several slices,
+    `data` spans them (DCN) and every other axis stays inside a slice (ICI)."""
     shape = tuple(degrees[axis] for axis in MESH_AXES)
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+    slices = sorted({getattr(d, "slice_index", 0) for d in devices})
+    if len(slices) > 1:
+        if degrees["data"] % len(slices):
+            raise ConfigError(
+                "mesh.data",
+                f"{degrees['data']} must be a multiple of the {len(slices)} slices: data "
+                "parallelism is the axis that crosses slices (DCN)",
+            )
+        dcn = (len(slices),) + (1,) * (len(shape) - 1)
+        ici = (degrees["data"] // len(slices), *shape[1:])
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    else:
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES)
 
 
 def state_shardings(abstract_boxed_state: Any, mesh: Mesh) -> Any:
