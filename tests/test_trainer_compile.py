@@ -13,6 +13,7 @@ from trainer.estimate import estimate, memory_per_device
 from trainer.events import EXIT_CODES
 from trainer.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD, unknown_flag
 from trainer.hardware import ACCELERATORS
+from trainer.hlo import count_matmuls
 
 pytestmark = pytest.mark.tpu_compile
 TARGET = "tpu7x:2x2x1"  # 4 chips, 8 devices: the smallest default TPU7x topology
@@ -268,7 +269,7 @@ def test_estimate_only_needs_no_compiler_and_says_so(tmp_path):
 
 
 def test_collective_counting_reads_sync_and_async_forms():
-    from trainer.aot import count_collectives
+    from trainer.hlo import count_collectives
 
     hlo = """
   %ag = bf16[8,128]{1,0} all-gather(bf16[1,128]{1,0} %p), replica_groups={}
@@ -323,6 +324,25 @@ def test_fp8_is_in_the_compiled_tpu7x_program():
         texts[mode] = compiled.as_text().lower()
     assert "f8e4m3fn" not in texts["bf16"] and "f8e5m2" not in texts["bf16"]
     assert "f8e4m3fn" in texts["fp8"] and "f8e5m2" in texts["fp8"]
+    # The products themselves read fp8 (not only a cast next to a bf16 product).
+    bf16, fp8 = count_matmuls(texts["bf16"]), count_matmuls(texts["fp8"])
+    assert bf16["fp8"] == 0 and bf16["total"] > 0
+    assert fp8["fp8"] >= fp8["total"] // 2, fp8
+
+
+def test_matmul_counting_finds_fp8_products_in_gpu_and_tpu_forms():
+    """Compiled modules print operands by name: an fp8 product is known by its operands'
+    definitions, by a printed fp8 operand, or by cuBLAS's fp8 GEMM target (seen on an H200)."""
+    hlo = """
+  %p = f8e4m3fn[8,128]{1,0:T(8,128)(4,1)} parameter(0)
+  %w = bf16[128,8]{1,0} parameter(1)
+  %dot.1 = bf16[8,8]{1,0} dot(%w, %w), lhs_contracting_dims={1}
+  %fused = bf16[8,8]{1,0:T(8,128)(2,1)} dot(%p, %w), lhs_contracting_dims={1}
+  %gemm = (bf16[8,8]{1,0}, s8[0]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul$f8"
+  %gemm.2 = (bf16[8,8]{1,0}, s8[0]{0}) custom-call(%w, %w), custom_call_target="__cublas$lt$matmul"
+  ROOT %cast = f8e4m3fn[8,8]{1,0} convert(%dot.1)
+"""
+    assert count_matmuls(hlo) == {"total": 4, "fp8": 2}
 
 
 # The tiles, not the model, set the kernel's VMEM need: one Mixtral-style layer (8 experts,
@@ -390,3 +410,55 @@ def test_the_published_70b_recipe_fits_tpu7x_within_5_percent_of_maxtext(tmp_pat
     assert abs(ours / maxtext - 1) < 0.05
     assert memory["argument_size_in_bytes"] == pytest.approx(5_525_434_368, rel=0.01)  # mu bf16
     assert events["summary"]["fits"] is True
+
+
+def _compiled_text(config: dict, target: str = TARGET) -> str:
+    from trainer.aot import topology_devices
+    from trainer.run import build_program, compile_step
+
+    compiled, _ = compile_step(build_program(load_config(config), topology_devices(target)))
+    return compiled.as_text()
+
+
+def test_default_moe_routes_each_devices_own_tokens_on_tpu7x():
+    """Without an expert axis each device sorts and multiplies its own (token, choice) slots:
+    the compiled program holds per-device slot buffers, never the global slot order."""
+    config = {"model": SMALL_MOE, "seq_len": 256, "per_device_batch": 1, "mesh": {"fsdp": 8}}
+    text = _compiled_text(config)
+    d = SMALL_MOE["d_model"]
+    global_slots = 8 * 256 * SMALL_MOE["experts_per_token"]
+    assert f"[{global_slots // 8},{d}]" in text  # this device's slots x d_model
+    assert f"[{global_slots},{d}]" not in text, "a global slot buffer is back"
+
+
+def test_mesh_follows_the_torus():
+    """Consecutive devices of a mesh axis sit on the same or neighbouring chips of the torus
+    (mesh_utils), so ring collectives hop one link; plain device order would jump."""
+    from trainer.aot import topology_devices
+    from trainer.sharding import build_mesh
+
+    devices = topology_devices("tpu7x:2x2x2")
+    degrees = {"data": 1, "fsdp": 16, "context": 1, "expert": 1, "tensor": 1}
+    ring = list(build_mesh(degrees, devices).devices.reshape(-1))
+    hops = [
+        sum(abs(a - b) for a, b in zip(x.coords, y.coords, strict=True))
+        for x, y in zip(ring, ring[1:] + ring[:1], strict=True)
+    ]
+    assert max(hops) <= 1, hops
+
+
+@pytest.mark.timeout(1800)
+def test_128k_context_parallel_splash_compiles_for_tpu7x_4x4x4(tmp_path):
+    """seq 128k with context 16: the load-balanced causal mask is computed in the kernel (a
+    NumPy mask would be 17 GB), so the trial plans and compiles."""
+    config = {
+        "model": SMALL,
+        "seq_len": 131072,
+        "per_device_batch": 1 / 16,
+        "mesh": {"fsdp": 8, "context": 16},
+        "kernels": {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 2048)},
+    }
+    code, events, err = _compile(tmp_path, config, target="tpu7x:4x4x4", timeout=1700)
+    assert code == 0, err[-2000:]
+    assert events["accepted"]["mesh"]["context"] == 16
+    assert events["compiled"]["memory_per_device"]["total_bytes"] < 94 * 2**30

@@ -9,6 +9,7 @@ JAX_FREE_MODULES = (
     "trainer.events",
     "trainer.flags",
     "trainer.flops",
+    "trainer.hlo",
     "trainer.hardware",
     "trainer.plan",
     "trainer.policies",

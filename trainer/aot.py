@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import jax
@@ -21,16 +20,8 @@ from trainer.events import (
     hbm_overflow,
 )
 from trainer.hardware import accelerator_for, chips_in
+from trainer.hlo import count_collectives
 from trainer.run import accepted_event, build_program, compile_step
-
-COLLECTIVES = (
-    "all-gather",
-    "reduce-scatter",
-    "all-reduce",
-    "all-to-all",
-    "ragged-all-to-all",  # expert-parallel token dispatch
-    "collective-permute",
-)
 
 
 def topology_devices(target: str) -> list[jax.Device]:
@@ -44,28 +35,6 @@ def topology_devices(target: str) -> list[jax.Device]:
         raise ConfigError(
             "compile_target", f"libtpu rejected {target!r}: {str(exc)[:300]}"
         ) from None
-
-
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.-]+) = (.*)$")
-
-
-def count_collectives(hlo_text: str) -> dict[str, int]:
-    """Collectives in a compiled HLO module, each counted once in whichever form TPU emits it:
-    a sync op (`all-gather(`), an async start (`all-gather-start(`), or an async call named
-    after the collective (`%all-reduce.92.cloned.1.call-start = ... call-start(`)."""
-    counts = dict.fromkeys(COLLECTIVES, 0)
-    for line in hlo_text.splitlines():
-        match = _INSTRUCTION.match(line)
-        if not match:
-            continue
-        name, rest = match.groups()
-        for op in COLLECTIVES:
-            as_op = re.search(rf"\s{op}(?:-start)?\(", " " + rest)
-            as_call = name.startswith(op) and " call-start(" in rest
-            if as_op or as_call:
-                counts[op] += 1
-                break
-    return counts
 
 
 def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:

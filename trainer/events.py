@@ -108,6 +108,9 @@ class Compiled(_Event):
     memory_per_device: dict[str, int] = Field(description="XLA memory analysis, bytes")
     cost_per_device: dict[str, float] = Field(default_factory=dict)
     collectives: dict[str, int] = Field(default_factory=dict, description="op -> count")
+    matmuls: dict[str, int] = Field(
+        default_factory=dict, description="matrix products: total, and those with fp8 operands"
+    )
 
 
 class Step(_Event):
@@ -160,6 +163,7 @@ class Summary(_Event):
     hbm_per_device_gib: float | None = None
     fits: bool | None = None
     collectives: dict[str, int] | None = None
+    matmuls: dict[str, int] | None = None  # total, and those reading fp8 operands
     figure_fidelity: dict[Fidelity, list[str]] | None = None
     # Estimated (the analytic model).
     model_flops_per_step: float | None = None
