@@ -1,0 +1,312 @@
+"""The trainer on whatever accelerator is present, against that accelerator's limit.
+
+    python -m benchmarks.accelerator_mfu [--cases dense-1.3b,dense-3b,dense-3b-fp8,moe-8x]
+                                         [--steps 20] [--json results.jsonl]
+
+First the matmul peak measured here (8192^3, bf16 and fp8 operands, best of 10), then the
+trainer (run fidelity, synthetic data, remat minimal, kernels `auto` unless a case says
+otherwise) on the models below. Each case runs in its own process with its own timeout, so
+one that fails or runs long costs only itself. The table gives tokens/s, model TFLOP/s
+(6N + causal attention, as MaxText counts), MFU against the datasheet and against the peak
+measured in the same run, compile time, and how many of the compiled program's matrix
+products take fp8 operands.
+
+Fidelity: run, on this machine's accelerator. On a CPU host the same script runs (tiny
+steps prove the wiring) and says so; CPU figures say nothing about an accelerator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+DENSE_1B = dict(
+    vocab_size=32768,
+    d_model=2048,
+    num_layers=16,
+    num_heads=16,
+    num_kv_heads=16,
+    head_dim=128,
+    mlp_dim=8192,
+)
+DENSE_3B = {**DENSE_1B, "d_model": 3072, "num_layers": 24, "num_heads": 24, "num_kv_heads": 24}
+MOE = {**DENSE_1B, "num_layers": 8, "mlp_dim": 2048, "num_experts": 8, "experts_per_token": 2}
+
+# name -> (model, per-device batch, trial overrides)
+CASES: dict[str, tuple[dict, int, dict]] = {
+    "dense-1.3b": (DENSE_1B, 16, {}),
+    "dense-1.3b-xla-attention": (DENSE_1B, 16, {"kernels": {"attention": "xla"}}),
+    "dense-3b": (DENSE_3B, 8, {}),
+    "dense-3b-fp8": (DENSE_3B, 8, {"precision": {"mode": "fp8"}}),
+    "moe-8x": (MOE, 16, {}),
+    "moe-8x-ragged-dot": (MOE, 16, {"kernels": {"moe_gmm": "ragged_dot"}}),
+}
+# A CPU host runs the same cases at toy size: the wiring, never a finding.
+CPU_SHAPE = dict(d_model=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, mlp_dim=256)
+
+
+def trial(name: str, steps: int, cpu: bool) -> dict[str, Any]:
+    model, batch, extra = CASES[name]
+    model = {**model, **(CPU_SHAPE if cpu else {})}
+    if cpu and "num_experts" in model:
+        model["mlp_dim"] = 128
+    return {
+        "model": {"preset": "small-moe" if "num_experts" in model else "small-dense", **model},
+        "seq_len": 256 if cpu else 2048,
+        "per_device_batch": 2 if cpu else batch,
+        "steps": steps,
+        "num_devices": 1,
+        "remat": {"policy": "minimal"},
+        "measure": {"skip_steps": min(5, steps // 2)},
+        "convergence": {"enabled": False},
+        **extra,
+    }
+
+
+def measure_peak(dtype_name: str, size: int, repeats: int = 10) -> float:
+    """Best-of-`repeats` TFLOP/s of one size^3 product (bf16 out) on the default device."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn}[dtype_name]
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (size, size), jnp.bfloat16).astype(dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16))
+    matmul(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e12
+
+
+def child_peak() -> dict[str, Any]:
+    import jax
+
+    device = jax.devices()[0]
+    size = 8192 if device.platform != "cpu" else 1024
+    peaks = {"bf16": measure_peak("bf16", size)}
+    try:
+        peaks["fp8"] = measure_peak("fp8", size)
+    except Exception as exc:  # a backend without fp8 products says so in the table
+        peaks["fp8_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return {"platform": device.platform, "device_kind": device.device_kind, "size": size, **peaks}
+
+
+def child_attention_check() -> dict[str, Any]:
+    """The fused attention against a float32 reference, forward and gradients, beside the
+    bf16 XLA reference's own error: the fused kernel must be no less accurate."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from trainer.kernels import fused_attention, reference_attention
+
+    platform = jax.devices()[0].platform
+    b, s, h, kv, d = 2, 1024, 8, 4, 128
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v, g = (
+        jax.random.normal(key, (b, s, h if i in (0, 3) else kv, d)) for i, key in enumerate(keys)
+    )
+    pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+
+    def reference(q, k, v):
+        return reference_attention(q, k, v, pos, pos)
+
+    def fused(q, k, v):
+        return fused_attention(q, k, v, "cudnn" if platform == "gpu" else "xla")
+
+    def with_grads(fn, dtype):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        out, vjp = jax.vjp(jax.jit(fn), *args)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(dtype)))]
+
+    exact = with_grads(reference, jnp.float32)
+    errors = {}
+    for name, fn in (("xla_bf16", reference), ("fused_bf16", fused)):
+        got = with_grads(fn, jnp.bfloat16)
+        errors[name] = {
+            part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
+            for part, a, e in zip(("out", "dq", "dk", "dv"), got, exact, strict=True)
+        }
+    return {"platform": platform, "relative_max_error": errors}
+
+
+def child_fp8_hlo() -> dict[str, Any]:
+    """Where the fp8 of a 2-layer model goes in the compiled program: its matrix products
+    and every instruction that reads an fp8 operand, by opcode."""
+    import collections
+    import re
+
+    import jax
+
+    from trainer.config import load_config
+    from trainer.hlo import count_matmuls
+    from trainer.run import build_program, compile_step
+
+    config = load_config(trial("dense-3b-fp8", 2, jax.devices()[0].platform == "cpu"))
+    config = config.model_copy(update={"model": config.model.model_copy(update={"num_layers": 2})})
+    compiled, compile_s = compile_step(build_program(config, jax.devices()[:1]))
+    text = compiled.as_text()
+    readers = collections.Counter()
+    targets = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', text))
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:ROOT\s+)?%\S+ = .*? ([a-z-]+)\((.*)", line)
+        if m and re.search(r"\bf8e(?:4m3|5m2)\w*\[", m.group(2)):
+            readers[m.group(1)] += 1
+    return {
+        "compile_s": compile_s,
+        "matmuls": count_matmuls(text),
+        "fp8_operand_readers": dict(readers),
+        "custom_call_targets": dict(targets),
+    }
+
+
+def child_case(name: str, steps: int) -> dict[str, Any]:
+    import jax
+
+    from trainer.config import load_config
+    from trainer.events import Emitter
+    from trainer.run import train
+
+    cpu = jax.devices()[0].platform == "cpu"
+    config = load_config(trial(name, steps, cpu))
+    summary = train(config, Emitter(quiet=True)).summary
+    keep = (
+        "tokens_per_sec",
+        "tflops_per_sec_per_chip",
+        "mfu",
+        "peak_tflops_per_chip",
+        "step_time_median_s",
+        "compile_s",
+        "hbm_per_device_gib",
+        "matmuls",
+        "hardware",
+        "backend",
+        "final_loss",
+    )
+    return {"case": name, **{k: summary.get(k) for k in keep}}
+
+
+def run_child(args: list[str], timeout: float) -> dict[str, Any]:
+    """One measurement in its own process; a failure or a timeout is a row, not a crash."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.accelerator_mfu", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cases", default="dense-1.3b,dense-3b,dense-3b-fp8,moe-8x")
+    parser.add_argument("--checks", default="", help="attention-check,fp8-hlo")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per case")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all cases")
+    parser.add_argument("--json", default=None, help="append every row to this JSONL file")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        special = {
+            "peak": child_peak,
+            "attention-check": child_attention_check,
+            "fp8-hlo": child_fp8_hlo,
+        }
+        result = (
+            special[args.child]() if args.child in special else child_case(args.child, args.steps)
+        )
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    console = Console(width=200)
+    deadline = time.monotonic() + args.budget if args.budget else None
+    peak = run_child(["--child", "peak"], args.timeout)
+    console.print(f"matmul peak (fidelity: run): {peak}")
+    rows = [peak]
+    table = Table(
+        title=f"trainer on {peak.get('device_kind', '?')} (fidelity: run, "
+        f"{'CPU: wiring only, not a finding' if peak.get('platform') == 'cpu' else 'synthetic data'})"
+    )
+    for col in (
+        "case",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU datasheet",
+        "MFU measured peak",
+        "step s",
+        "compile s",
+        "HBM GiB",
+        "fp8 / matmuls",
+    ):
+        table.add_column(col, justify="right")
+    for check in args.checks.split(",") if args.checks else []:
+        row = run_child(["--child", check], args.timeout)
+        console.print(f"{check} (fidelity: run): {row}")
+        rows.append({"check": check, **row})
+    for name in args.cases.split(",") if args.cases else []:
+        timeout = args.timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout < 30:
+                rows.append({"case": name, "error": "not run: budget spent"})
+                table.add_row(name, "not run: budget spent", *[""] * 7)
+                continue
+        console.print(f"[{time.strftime('%H:%M:%S')}] {name} ...")
+        row = {"case": name, **run_child(["--child", name, "--steps", str(args.steps)], timeout)}
+        rows.append(row)
+        console.print(row)
+        if "error" in row:
+            table.add_row(name, row["error"][:60], *[""] * 7)
+            continue
+        tflops = row["tflops_per_sec_per_chip"]
+        measured = peak.get("fp8" if "fp8" in name else "bf16")
+        matmuls = row.get("matmuls") or {}
+        table.add_row(
+            name,
+            f"{row['tokens_per_sec']:,.0f}",
+            f"{tflops:.0f}",
+            _fmt(row["mfu"], ".3f"),
+            _fmt(tflops / measured if measured else None, ".3f"),
+            f"{row['step_time_median_s']:.3f}",
+            f"{row['compile_s']:.0f}",
+            f"{row['hbm_per_device_gib']:.1f}",
+            f"{matmuls.get('fp8', 0)} / {matmuls.get('total', 0)}",
+        )
+    console.print(table)
+    if args.json:
+        with open(args.json, "a") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
