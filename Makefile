@@ -6,10 +6,10 @@ SPACE ?= moe_short
 
 .PHONY: setup run test test-slow lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,tpu]"
 	touch $@
 
 setup: $(VENV)/.installed
