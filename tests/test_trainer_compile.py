@@ -457,6 +457,7 @@ def test_mesh_follows_the_torus():
     assert sum(h > 1 for h in hops(devices)) == 3 and max(hops(devices)) == 3
 
 
+@pytest.mark.slow  # 3 minutes here; the lazy mask's unit test and the 2k compile run by default
 @pytest.mark.timeout(1800)
 def test_128k_context_parallel_splash_compiles_for_tpu7x_4x4x4(tmp_path):
     """seq 128k with context 16: the load-balanced causal mask is computed in the kernel (a
@@ -467,6 +468,7 @@ def test_128k_context_parallel_splash_compiles_for_tpu7x_4x4x4(tmp_path):
         "per_device_batch": 1 / 16,
         "mesh": {"fsdp": 8, "context": 16},
         "kernels": {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 2048)},
+        "xla": {"scoped_vmem_kib": 49152},  # 2048 blocks need it (test above)
     }
     code, events, err = _compile(tmp_path, config, target="tpu7x:4x4x4", timeout=1700)
     assert code == 0, err[-2000:]
