@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -447,7 +448,7 @@ def test_mesh_follows_the_torus():
     def hops(order):
         return [
             sum(abs(a - b) for a, b in zip(x.coords, y.coords, strict=True))
-            for x, y in zip(order, order[1:], strict=False)
+            for x, y in itertools.pairwise(order)
         ]
 
     devices = topology_devices("tpu7x:2x2x2")
