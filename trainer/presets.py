@@ -50,6 +50,16 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         mlp_dim=28672,
         rope_theta=500000.0,
     ),
+    "llama3.1-405b": dict(
+        vocab_size=128256,
+        d_model=16384,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=53248,
+        rope_theta=500000.0,
+    ),
     "mixtral-8x7b": dict(
         vocab_size=32000,
         d_model=4096,
