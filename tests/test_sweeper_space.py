@@ -240,3 +240,29 @@ def test_decision_table_rows(model, seq, workload, primary, secondary):
     if "tp4_est_ici_s" in rec.figures:  # the reason states what the estimate says about TP
         more = rec.figures["tp4_est_ici_s"] > rec.figures["fsdp_est_ici_s"]
         assert ("as the guide warns" in rec.reasons[1]) == more
+
+
+def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
+    """`auto` is measured as what it resolves to; cuDNN only on GPU; tokamax's grouped matmul
+    is ragged_dot on CPU; each such value is folded into its twin, with a note."""
+    from trainer.config import load_config
+    from trainer.effects import knob_effects
+
+    extra = (
+        "  kernels.attention: {values: [auto, xla, cudnn, splash]}\n"
+        "  kernels.moe_gmm: {values: [ragged_dot, tokamax]}\n"
+    )
+    space = load_space(_write(tmp_path, GOOD + extra))
+    on_gpu, gpu_notes = pin_inert(space, "gpu")
+    assert on_gpu.knobs["kernels.attention"].values == ["cudnn", "xla"]
+    assert on_gpu.knobs["kernels.moe_gmm"].values == ["ragged_dot", "tokamax"]
+    on_cpu, cpu_notes = pin_inert(space, "cpu")
+    assert on_cpu.knobs["kernels.attention"].values == ["xla"]
+    assert on_cpu.knobs["kernels.moe_gmm"].values == ["ragged_dot"]
+    assert any("tokamax" in n for n in cpu_notes) and not any("moe_gmm" in n for n in gpu_notes)
+    moe = load_config({"model": {"preset": "tiny-moe"}, "kernels": {"moe_gmm": "tokamax"}})
+    assert knob_effects(moe, "cpu")["kernels.moe_gmm"]["status"] == "inert"
+    assert "kernels.moe_gmm" not in knob_effects(moe, "gpu")
+    assert (
+        knob_effects(moe, "gpu")["kernels.attention"]["reason"] == "auto resolved to cudnn on gpu"
+    )

@@ -178,10 +178,11 @@ class LoadBalancedCausalMask(splash_mask._ComputableMask):
         return hash((type(self), self.shape, self.context))
 
 
-# tokamax's Mosaic GPU grouped matmul (0.0.12) does not build on jax 0.11.2 (seen on an
-# H200: Mesh(out_shape=) rejected), and tokamax falls through only on NotImplementedError:
-# Triton first, XLA where Triton cannot. Unmeasured on GPU; ragged_dot is the default.
-TOKAMAX_GMM_ORDER = ("triton", "xla")
+# Off TPU: tokamax's Mosaic GPU grouped matmul (0.0.12) does not build on jax 0.11.2 (seen
+# on an H200: Mesh(out_shape=) rejected), and tokamax falls through only on
+# NotImplementedError: Triton first, XLA where Triton cannot. Unmeasured on GPU. On TPU
+# tokamax's own order (its Mosaic TPU kernel first).
+TOKAMAX_GMM_ORDER_OFF_TPU = ("triton", "xla")
 
 
 def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool):
@@ -190,7 +191,8 @@ def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interp
     if kernels.moe_gmm == "ragged_dot":
         return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     if kernels.moe_gmm == "tokamax":
-        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=TOKAMAX_GMM_ORDER)
+        order = TOKAMAX_GMM_ORDER_OFF_TPU if interpret else None
+        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=order)
     tiling = (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn)
     # ops.gmm is the differentiable (custom_vjp) entry; its static arguments are positional.
     return megablox.gmm(
