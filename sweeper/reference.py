@@ -66,7 +66,7 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
             for sub in nested:
                 out += rows(sub, f"{prefix}{name}.")
             continue
-        description = (field.description or "").rstrip(".").replace("|", "\\|")
+        description = " ".join((field.description or "").split()).rstrip(".").replace("|", "\\|")
         out.append(
             f"| `{prefix}{name}` | {_type(field.annotation)} | {_default(field)} | {description} |"
         )
