@@ -491,10 +491,14 @@ class TrialConfig(_Frozen):
             }
         )
 
-    def is_baseline_numerics(self, platform: str) -> bool:
+    def resolved_kernels(self, platform: str, context: int = 1) -> KernelsConfig:
+        """The kernels this trial runs on `platform` with `context` shards (`auto` resolved)."""
+        return self.kernels.resolved(platform, context, self.seq_len)
+
+    def is_baseline_numerics(self, platform: str, context: int = 1) -> bool:
         """Whether this trial, as it runs on `platform`, computes the baseline's numerics."""
         baseline = (FaultConfig(), PrecisionConfig(), BASELINE_KERNELS, -1.0, "float32")
-        kernels = self.kernels.resolved(platform)
+        kernels = self.resolved_kernels(platform, context)
         mine = (self.fault, self.precision, kernels, self.model.capacity_factor, self.mu_dtype)
         return mine == baseline
 
@@ -549,7 +553,7 @@ def check_kernels(
     before anything compiles. With no platform, `auto` is left to the run that resolves it."""
     kernels = config.kernels
     if platform is not None:
-        kernels = config.kernels.resolved(platform, degrees["context"], config.seq_len)
+        kernels = config.resolved_kernels(platform, degrees["context"])
     if kernels.attention == "cudnn":
         if platform is not None and platform != "gpu":
             raise ConfigError(

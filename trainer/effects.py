@@ -70,7 +70,7 @@ def knob_effects(
             else {"status": "active", "reason": "fp8 dot operands via qwix"}
         )
     context = degrees["context"] if degrees else config.mesh.context
-    kernels = config.kernels.resolved(platform, context, config.seq_len)
+    kernels = config.resolved_kernels(platform, context)
     if config.kernels.attention == "auto":
         effects["kernels.attention"] = {
             "status": "active",

@@ -83,7 +83,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     degrees = check_static(config, n, platform)
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
-    kernels = config.kernels.resolved(platform, degrees["context"], config.seq_len)
+    kernels = config.resolved_kernels(platform, degrees["context"])
     model = Transformer(
         config.model,
         checkpoint_policy(config.remat),
@@ -311,17 +311,21 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         "final_loss": result.losses[-1],
     }
     if config.convergence.enabled:
-        result.summary["convergence"] = check_convergence(config, result.losses, platform)
+        result.summary["convergence"] = check_convergence(
+            config, result.losses, platform, program.degrees["context"]
+        )
     return result
 
 
-def check_convergence(config: TrialConfig, losses: list[float], platform: str) -> dict[str, Any]:
+def check_convergence(
+    config: TrialConfig, losses: list[float], platform: str, context: int = 1
+) -> dict[str, Any]:
     reference = convergence.load_reference(config)
     source = "cache"
     # Every process of a multi-host trial must take the same branch (a baseline run is
     # collective): process 0's view of the cache decides.
     if not agree(reference is not None):
-        if config.is_baseline_numerics(platform):
+        if config.is_baseline_numerics(platform, context):
             reference, source = losses, "this run"
         else:
             reference, source = train(config.baseline(), Emitter(quiet=True)).losses, "computed"
