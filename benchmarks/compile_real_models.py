@@ -59,7 +59,11 @@ def compile_trial(config: dict, target: str) -> tuple[dict[str, dict], float]:
     """`python -m trainer --compile-only` in a child, as a sweep trial; its events by kind, wall s."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trial.json"
-        path.write_text(json.dumps({**config, "convergence": {"enabled": False}}))
+        # A fresh program cache (compile times are measured, never recalled), and no twin
+        # compiles judging the flags (they would multiply the time of a row).
+        xla = {**config.get("xla", {}), "judge": False}
+        check = {"enabled": False, "cache_dir": tmp}
+        path.write_text(json.dumps({**config, "xla": xla, "convergence": check}))
         start = time.time()
         command = [sys.executable, "-m", "trainer", "--config", str(path), "--compile-only",
                    "--target", target]  # fmt: skip

@@ -27,6 +27,8 @@ CASES = {
     "seed 0 (reference)": {"seed": 0},
     "seed 1": {"seed": 1},
     "seed 2": {"seed": 2},
+    "init seed 1 (data fixed)": {"seed": 0, "init_seed": 1},
+    "init seed 2 (data fixed)": {"seed": 0, "init_seed": 2},
     "learning rate halved": {"seed": 0, "learning_rate": 0.005},
     "resharded (tensor 2)": {"seed": 0, "mesh": {"tensor": 2}},
 }

@@ -19,6 +19,8 @@ FINAL_METRICS = (
     *SUMMARY_NUMBERS,
     "convergence_delta",
     "convergence_relative_delta",
+    "convergence_tolerance",
+    "convergence_seed_noise",
     "trial_wall_s",
     "trainer_wall_s",
 )

@@ -11,7 +11,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sweeper.spacefile import SpaceFileError, read_space_file
-from trainer.config import ConfigError, TrialConfig, check_static, load_config
+from trainer.config import (
+    RECIPE_HYPERPARAMETERS,
+    ConfigError,
+    TrialConfig,
+    check_static,
+    load_config,
+)
 from trainer.events import MEASURED_METRICS
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -133,8 +139,9 @@ class Objectives(_Strict):
 class Constraints(_Strict):
     convergence: bool = True
     """trials must pass the loss check (sets trial convergence.enabled)."""
-    tolerance: float = Field(default=0.05, gt=0)
-    """relative loss tolerance of the check."""
+    tolerance: float | None = Field(default=None, gt=0)
+    """relative loss tolerance of the check (default: 3x the recipe's seed noise, measured by
+    its reference runs)."""
     max_memory_per_device_gib: float | None = Field(default=None, gt=0)
     """memory budget per device; more is oom_hbm."""
 
@@ -287,6 +294,13 @@ class Space(_Strict):
         convergence = base.setdefault("convergence", {})
         convergence.setdefault("enabled", self.constraints.convergence)
         convergence.setdefault("tolerance", self.constraints.tolerance)
+        # A sampled hyperparameter is a deviation from the recipe, judged against its value.
+        sampled = [k for k in RECIPE_HYPERPARAMETERS if k in self.knobs]
+        if sampled:
+            defaults = TrialConfig.model_fields
+            convergence["recipe"] = {
+                k: base.get(k, defaults[k].default) for k in sampled
+            } | convergence.get("recipe", {})
         if self.constraints.max_memory_per_device_gib is not None:
             base.setdefault("limits", {})["device_memory_gib"] = (
                 self.constraints.max_memory_per_device_gib

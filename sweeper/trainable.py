@@ -146,15 +146,20 @@ class TrialRun:
             "ended_at": self.ended_at,
         }
 
+    def effects(self) -> dict[str, Any]:
+        """The knobs' effects as the trial accepted them, refined by what its compile found
+        (a flag knob whose program is the same as at its default is inert)."""
+        effects = dict(self.accepted.effects) if self.accepted else {}
+        found = self.compiled.effects if self.compiled else {}
+        if any(k.startswith("xla.") for k in found):
+            effects.pop("xla", None)  # per-flag verdicts replace "flags were passed"
+        return {k: e.model_dump(mode="json") for k, e in {**effects, **found}.items()}
+
     def final(self, returncode: int | None) -> dict[str, Any]:
         accepted, summary = self.accepted, self.summary
         common = {
             "log_tail": "\n".join(self.tail),
-            "effects": json.dumps(
-                {k: e.model_dump(mode="json") for k, e in accepted.effects.items()}
-                if accepted
-                else {}
-            ),
+            "effects": json.dumps(self.effects()),
             "hardware": accepted.hardware if accepted else "",
             "backend": accepted.backend if accepted else "",
             "fidelity": summary.fidelity if summary else self.space.effective_fidelity,
@@ -176,6 +181,7 @@ class TrialRun:
                 convergence_delta=conv["delta"],
                 convergence_relative_delta=conv["relative_delta"],
                 convergence_tolerance=conv["tolerance"],
+                convergence_seed_noise=conv.get("seed_noise"),
                 convergence_reference=conv.get("reference_source", ""),
             )
         if self.timed_out:

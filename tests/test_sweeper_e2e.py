@@ -291,7 +291,12 @@ AOT = {
         "trials": 3,
         "concurrency": 2,
         "warm_start": [
-            {"remat.policy": "full", "xla.scoped_vmem_kib": 32768, "per_device_batch": 1},
+            {
+                "remat.policy": "full",
+                "xla.scoped_vmem_kib": 32768,
+                "per_device_batch": 1,
+                "xla.collective_mode": "sparsecore_offload",
+            },
             {"remat.policy": "minimal", "xla.scoped_vmem_kib": 65536, "per_device_batch": 1},
             {"remat.policy": "full", "xla.scoped_vmem_kib": 32768, "per_device_batch": 0.5},
         ],
@@ -300,6 +305,7 @@ AOT = {
         "remat.policy": {"values": ["full", "minimal"]},
         "xla.scoped_vmem_kib": {"values": [32768, 65536]},
         "per_device_batch": {"values": [0.5, 1]},
+        "xla.collective_mode": {"values": ["default", "sparsecore_offload"]},
     },
 }
 
@@ -326,6 +332,10 @@ def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
     trials = {t.number: t for t in result.study().trials}
     assert trials[0].value == pytest.approx(frame.loc[0, "est_tokens_per_sec_per_chip"])
     assert trials[2].constraints["validity"] > 0
+    # The SparseCore bundle compiles this small program to the same bytes: said, not hidden.
+    effects = json.loads(frame.loc[0, "effects"])
+    assert effects["xla.collective_mode"]["status"] == "inert", effects
+    assert any(n.startswith("xla.collective_mode inert in 1 trial") for n in result.notes), result.notes
 
 
 def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):

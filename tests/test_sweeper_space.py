@@ -266,3 +266,23 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
     assert (
         knob_effects(moe, "gpu")["kernels.attention"]["reason"] == "auto resolved to cudnn on gpu"
     )
+
+
+def test_a_sampled_learning_rate_is_judged_against_the_recipes(tmp_path):
+    """The reference of a trial that samples a hyperparameter trains with the space's value
+    of it (or the trainer's default), never the trial's: half the rate is a deviation."""
+    from trainer.config import load_config
+    from trainer.convergence import reference_key
+
+    text = GOOD.replace("steps: 4,", "steps: 4, learning_rate: 0.01,") + (
+        "  learning_rate: {values: [0.01, 0.005]}\n  warmup_steps: {values: [0, 5]}\n"
+    )
+    space = load_space(_write(tmp_path, text))
+    point = {"mesh.tensor": 1, "remat.policy": "full", "per_device_batch": 1}
+    halved = load_config(assemble(space, point | {"learning_rate": 0.005, "warmup_steps": 0}))
+    recipe = load_config(assemble(space, point | {"learning_rate": 0.01, "warmup_steps": 5}))
+    assert halved.convergence.recipe == {"learning_rate": 0.01, "warmup_steps": 5}
+    assert halved.baseline().learning_rate == 0.01
+    assert reference_key(halved, "cpu", 8) == reference_key(recipe, "cpu", 8)
+    unswept = load_config(assemble(load_space(_write(tmp_path, GOOD)), point))
+    assert unswept.convergence.recipe == {}

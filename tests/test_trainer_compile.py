@@ -198,10 +198,33 @@ def test_splash_blocks_2048_need_more_scoped_vmem(tmp_path):
         code == EXIT_CODES["oom_vmem"]
         and "CompileTimeScopedVmemOom" in events["failure"]["message"]
     )
-    code, events, err = _compile(tmp_path, {**SPLASH_2048, "xla": {"scoped_vmem_kib": 49152}})
+    xla = {"scoped_vmem_kib": 49152, "judge": False}  # a flag's verdict: tested on its own
+    code, events, err = _compile(tmp_path, {**SPLASH_2048, "xla": xla})
     assert code == 0, err[-2000:]
     assert events["accepted"]["libtpu_init_args"] == ["--xla_tpu_scoped_vmem_limit_kib=49152"]
+    assert "xla.scoped_vmem_kib" not in events["compiled"]["effects"]
     assert events["accepted"]["effects"]["kernels.splash_blocks"]["status"] == "active"
+
+
+def test_flag_knobs_are_judged_by_the_program_they_compile_to(tmp_path):
+    """A flag bundle whose program is byte-identical to the default's is inert; a VMEM limit
+    that changes the program is active; the same trial again shares the first compile."""
+    config = {
+        "model": SMALL,
+        "convergence": {"enabled": False, "cache_dir": str(tmp_path / "cache")},
+        "xla": {"collective_mode": "sparsecore_offload", "scoped_vmem_kib": 8192},
+    }
+    code, events, err = _compile(tmp_path, config)
+    assert code == 0, err[-2000:]
+    compiled = events["compiled"]
+    effects = compiled["effects"]
+    assert effects["xla.collective_mode"]["status"] == "inert", effects
+    assert effects["xla.scoped_vmem_kib"]["status"] == "active", effects
+    assert not compiled["shared_compile"]
+    code, again, _ = _compile(tmp_path, config)
+    assert code == 0 and again["compiled"]["shared_compile"]
+    assert again["compiled"]["program_fingerprint"] == compiled["program_fingerprint"]
+    assert again["summary"]["hbm_per_device_gib"] == events["summary"]["hbm_per_device_gib"]
 
 
 def test_unknown_libtpu_flag_is_invalid_config(tmp_path):

@@ -350,6 +350,8 @@ def test_convergence_reference_for_fp8_is_the_bf16_run(cache_dir):
             Emitter(quiet=True),
         ).losses,
         "cpu",
+        global_batch=8,
+        num_devices=1,
     )
     assert first["reference_source"] == "computed"
     bf16 = train(config.baseline(), Emitter(quiet=True)).losses

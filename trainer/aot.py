@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
 from jax.experimental import topologies
 
-from trainer import metrics
+from trainer import convergence, metrics
 from trainer.config import ConfigError, TrialConfig
 from trainer.estimate import estimate
 from trainer.events import (
@@ -20,8 +21,9 @@ from trainer.events import (
     hbm_overflow,
 )
 from trainer.hardware import accelerator_for, chips_in
-from trainer.hlo import count_collectives
-from trainer.run import accepted_event, build_program, compile_step
+from trainer.hlo import count_collectives, fingerprint
+from trainer.programs import ProgramCache, cached_compile, flag_effects, program_key
+from trainer.run import accepted_event, build_program, compile_step, lower_step
 
 
 def topology_devices(target: str) -> list[jax.Device]:
@@ -56,18 +58,48 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             libtpu_init_args=config.xla.libtpu_init_args(),
         )
     )
-    try:
-        compiled, compile_s = compile_step(program)
-    except Exception as exc:
-        failure_class = classify_exception(exc, "compile")
-        if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):
-            failure_class = (
-                FailureClass.INVALID_CONFIG
-            )  # e.g. kernel blocks the kernel itself rejects
-        raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
-    memory = metrics.memory_per_device(compiled)
-    collectives = count_collectives(compiled.as_text())
-    emitter.emit(Compiled(compile_s=compile_s, memory_per_device=memory, collectives=collectives))
+    cache = ProgramCache(convergence.cache_dir(config))
+    # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
+    flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
+    key = program_key(lower_step(program).as_text(), flags, target)
+
+    def compile_now() -> dict[str, Any]:
+        try:
+            compiled, compile_s = compile_step(program)
+        except Exception as exc:
+            failure_class = classify_exception(exc, "compile")
+            if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):
+                failure_class = (
+                    FailureClass.INVALID_CONFIG
+                )  # e.g. kernel blocks the kernel itself rejects
+            raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
+        hlo = compiled.as_text()
+        return {
+            "fingerprint": fingerprint(hlo),
+            "compile_s": compile_s,
+            "memory_per_device": metrics.memory_per_device(compiled),
+            "collectives": count_collectives(hlo),
+        }
+
+    record, shared = cached_compile(key, cache, compile_now)
+    compile_s, memory, collectives = (
+        record["compile_s"],
+        record["memory_per_device"],
+        record["collectives"],
+    )
+    fits = memory["total_bytes"] <= accel.usable_hbm_per_device
+    # Whether each flag acts is worth a compile only for a program that can run.
+    effects = flag_effects(config, record["fingerprint"]) if config.xla.judge and fits else {}
+    emitter.emit(
+        Compiled(
+            compile_s=compile_s,
+            memory_per_device=memory,
+            collectives=collectives,
+            program_fingerprint=record["fingerprint"],
+            shared_compile=shared,
+            effects=effects,
+        )
+    )
     est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])
     summary = {
         **est,
@@ -75,6 +107,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         "figure_fidelity": {
             "compile": [
                 "compile_s",
+                "program_fingerprint",
                 "memory_per_device",
                 "hbm_per_device_gib",
                 "fits",
@@ -91,8 +124,10 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         "compile_s": compile_s,
         "memory_per_device": memory,
         "hbm_per_device_gib": memory["total_bytes"] / 2**30,
-        "fits": memory["total_bytes"] <= accel.usable_hbm_per_device,
+        "fits": fits,
         "collectives": collectives,
+        "program_fingerprint": record["fingerprint"],
+        "shared_compile": shared,
     }
     if not summary["fits"]:
         raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)

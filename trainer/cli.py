@@ -19,6 +19,7 @@ from trainer.events import (
     TrialFailure,
     classify_exception,
 )
+from trainer.flags import BASE_LIBTPU_ARGS
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -45,6 +46,8 @@ def _prepare_environment(config: TrialConfig) -> None:
         rejected = unknown_flag(tuple(flags))
         if rejected:
             raise ConfigError("xla", f"{rejected}; remove or fix the flag")
+    # What the host had before the trial's flags: a compile trial's twin compiles start there.
+    os.environ.setdefault(BASE_LIBTPU_ARGS, os.environ.get("LIBTPU_INIT_ARGS", ""))
     if flags:
         os.environ["LIBTPU_INIT_ARGS"] = " ".join(
             [os.environ.get("LIBTPU_INIT_ARGS", ""), *flags]

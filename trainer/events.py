@@ -111,6 +111,17 @@ class Compiled(_Event):
     matmuls: dict[str, int] = Field(
         default_factory=dict, description="matrix products: total, and those with fp8 operands"
     )
+    program_fingerprint: str = Field(
+        default="", description="hash of the optimized HLO without source metadata"
+    )
+    shared_compile: bool = Field(
+        default=False, description="another trial compiled this exact program: its figures"
+    )
+    effects: dict[str, KnobEffect] = Field(
+        default_factory=dict,
+        description="knob effects found by compiling: a flag knob is inert when the program "
+        "with it at its default is the same",
+    )
 
 
 class Step(_Event):
@@ -164,6 +175,8 @@ class Summary(_Event):
     fits: bool | None = None
     collectives: dict[str, int] | None = None
     matmuls: dict[str, int] | None = None  # total, and those reading fp8 operands
+    program_fingerprint: str | None = None  # optimized HLO without source metadata
+    shared_compile: bool | None = None  # figures of another trial's compile of this program
     figure_fidelity: dict[Fidelity, list[str]] | None = None
     # Estimated (the analytic model).
     model_flops_per_step: float | None = None

@@ -8,6 +8,9 @@ import re
 import subprocess
 import sys
 
+# The host's LIBTPU_INIT_ARGS before a trial adds its own (a twin compile starts there).
+BASE_LIBTPU_ARGS = "SWEEPER_BASE_LIBTPU_INIT_ARGS"
+
 # Flag bundles a trial's xla.collective_mode names (KNOBS.md).
 SPARSECORE_OFFLOAD = (
     "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",

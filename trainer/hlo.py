@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 COLLECTIVES = (
@@ -67,3 +68,12 @@ def count_matmuls(hlo_text: str) -> dict[str, int]:
             or fp8_values.intersection(re.findall(r"%([\w.-]+)", operands))
         )
     return {"total": len(products), "fp8": fp8}
+
+
+_METADATA = re.compile(r",? metadata=\{[^}]*\}")
+
+
+def fingerprint(hlo_text: str) -> str:
+    """Identity of a compiled program: its optimized HLO without source metadata (which
+    names the Python file and line each op came from, not what the program does)."""
+    return hashlib.sha256(_METADATA.sub("", hlo_text).encode()).hexdigest()[:16]

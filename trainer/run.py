@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -15,7 +16,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import convergence, metrics
-from trainer.config import BATCH_AXES, ConfigError, TrialConfig, check_static, global_batch_size
+from trainer.config import (
+    BATCH_AXES,
+    ConfigError,
+    MeshConfig,
+    TrialConfig,
+    check_static,
+    global_batch_size,
+)
 from trainer.data import BatchSource
 from trainer.distributed import agree
 from trainer.effects import knob_effects
@@ -30,7 +38,7 @@ from trainer.events import (
     hbm_overflow,
 )
 from trainer.flops import training_flops_per_step
-from trainer.hlo import count_collectives, count_matmuls
+from trainer.hlo import count_collectives, count_matmuls, fingerprint
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -137,13 +145,20 @@ def place_batch(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
-def compile_step(program: Program):
+def lower_step(program: Program):
+    """The train step lowered for the program's mesh (what the compiler is given)."""
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
     )
     with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
-        start = time.perf_counter()
-        lowered = program.step_fn.lower(program.abstract_state, batch, batch, batch)
+        return program.step_fn.lower(program.abstract_state, batch, batch, batch)
+
+
+def compile_step(program: Program):
+    """The compiled train step and its lowering + compile time."""
+    start = time.perf_counter()
+    lowered = lower_step(program)
+    with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
         compiled = lowered.compile()
     return compiled, time.perf_counter() - start
 
@@ -208,6 +223,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
             cost_per_device=_cost(compiled),
             collectives=count_collectives(hlo),
             matmuls=matmuls,
+            program_fingerprint=fingerprint(hlo),
         )
     )
     budget = config.limits.device_memory_gib
@@ -223,7 +239,9 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
             for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
         ]
 
-    state = program.init_fn(jax.random.key(config.seed))
+    state = program.init_fn(
+        jax.random.key(config.seed if config.init_seed is None else config.init_seed)
+    )
     result = RunResult()
     step_times: list[float] = []  # timed steps (warm-up skipped)
     every_step: list[float] = []
@@ -312,30 +330,67 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     }
     if config.convergence.enabled:
         result.summary["convergence"] = check_convergence(
-            config, result.losses, platform, program.degrees["context"]
+            config,
+            result.losses,
+            platform,
+            program.global_batch,
+            len(devices),
+            program.degrees["context"],
         )
     return result
 
 
+def canonical_mesh(config: TrialConfig, num_devices: int) -> MeshConfig:
+    """The mesh every trial's reference runs on: FSDP over all devices (the trial's own mesh
+    where the recipe's batch does not split that way)."""
+    try:
+        check_static(config.model_copy(update={"mesh": MeshConfig()}), num_devices)
+    except ConfigError:
+        return config.mesh
+    return MeshConfig()
+
+
+def baseline_reference(config: TrialConfig, num_devices: int) -> dict[str, Any]:
+    """The recipe's convergence reference: a dedicated baseline-numerics run on the canonical
+    mesh, and a second one with another initialization (same data) that measures its noise.
+    Never a trial's own losses."""
+    mesh = canonical_mesh(config, num_devices)
+    base = config.baseline().model_copy(update={"mesh": mesh})
+    init = config.seed if config.init_seed is None else config.init_seed
+    runs = [
+        train(base.model_copy(update={"init_seed": seed}), Emitter(quiet=True)).losses
+        for seed in (init, init + 1)
+    ]
+    return convergence.reference_from_runs(
+        *runs, config.convergence.window, mesh.model_dump(), [init, init + 1]
+    )
+
+
 def check_convergence(
-    config: TrialConfig, losses: list[float], platform: str, context: int = 1
+    config: TrialConfig,
+    losses: list[float],
+    platform: str,
+    global_batch: int,
+    num_devices: int,
+    context: int = 1,
 ) -> dict[str, Any]:
-    reference = convergence.load_reference(config)
-    source = "cache"
     # Every process of a multi-host trial must take the same branch (a baseline run is
-    # collective): process 0's view of the cache decides.
-    if not agree(reference is not None):
-        if config.is_baseline_numerics(platform, context):
-            reference, source = losses, "this run"
-        else:
-            reference, source = train(config.baseline(), Emitter(quiet=True)).losses, "computed"
-        if jax.process_index() == 0:
-            convergence.store_reference(config, reference)
-    elif reference is None:  # another process' cache answered; this one does not judge
-        reference = losses
+    # collective): process 0's view of the cache decides, under the recipe's lock.
+    lead = jax.process_index() == 0
+    with convergence.lock(config, platform, global_batch) if lead else contextlib.nullcontext():
+        reference = convergence.load_reference(config, platform, global_batch)
+        source = "cache"
+        if not agree(reference is not None):
+            reference, source = baseline_reference(config, num_devices), "computed"
+            if lead:
+                convergence.store_reference(config, platform, global_batch, reference)
+    if reference is None:  # process 0's cache answered; this process does not judge
+        return {"passed": True, "reason": "judged by process 0", "reference_source": "process 0"}
     judged = convergence.verdict(
         losses, reference, config.convergence.tolerance, config.convergence.window
     )
     judged["reference_source"] = source
-    judged["reference_key"] = convergence.reference_key(config)
+    # Baseline numerics: the trial differs from its reference only in how it is sharded.
+    judged["baseline_numerics"] = config.is_baseline_numerics(platform, context)
+    judged["reference_key"] = convergence.reference_key(config, platform, global_batch)
     return judged

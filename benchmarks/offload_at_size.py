@@ -1,0 +1,73 @@
+"""Host offload at a real size: the published llama3.1-70b 8k recipe on tpu7x:4x4x4 with
+its saved tensors kept on device, or offloaded to pinned host memory.
+
+    python -m benchmarks.offload_at_size [--only NAME]
+
+Each row is the recipe (trial 0 of search_spaces/llama31_70b_8k_tpu7x.yaml, with the loss
+in 8 vocabulary tiles so that it fits) compiled by libtpu on this host (fidelity compile;
+no TPU): device memory per device (arguments + temp) and the host memory the compiler
+plans (`host_temp_size_in_bytes`). One compile takes 3-6 minutes on a 2-core host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.compile_real_models import compile_trial
+from sweeper.space import assemble, load_space
+
+GIB = 2**30
+SAVED = ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "qkv_proj")
+CASES = {
+    "recipe: all six on device": {},
+    "decoder_layer_input offloaded": {"decoder_layer_input": "offload"},
+    "q/k/v projections offloaded": dict.fromkeys(
+        ("query_proj", "key_proj", "value_proj", "qkv_proj"), "offload"
+    ),
+    "all six offloaded": dict.fromkeys(SAVED, "offload"),
+}
+
+
+def recipe() -> tuple[dict, str]:
+    space = load_space("spaces/llama31_70b_8k_tpu7x.yaml")
+    return {**assemble(space, space.search.warm_start[0]), "vocab_tiling": 8}, space.target
+
+
+def with_placements(config: dict, placements: dict[str, str]) -> dict:
+    config = copy.deepcopy(config)
+    config["remat"]["custom"].update(placements)
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", help="one case name")
+    args = parser.parse_args()
+    base, target = recipe()
+    table = Table(title=f"llama3.1-70b 8k on {target}: where the saved tensors live (compile)")
+    for column in ("case", "device GiB (args + temp)", "temp GiB", "host temp GiB", "status"):
+        table.add_column(column)
+    for name, placements in CASES.items():
+        if args.only and args.only != name:
+            continue
+        events, wall = compile_trial(with_placements(base, placements), target)
+        memory = (events.get("compiled") or {}).get("memory_per_device") or {}
+        failure = events.get("failure")
+        device = memory.get("argument_size_in_bytes", 0) + memory.get("temp_size_in_bytes", 0)
+        table.add_row(
+            name,
+            f"{device / GIB:.2f}" if memory else "-",
+            f"{memory.get('temp_size_in_bytes', 0) / GIB:.2f}" if memory else "-",
+            f"{memory.get('host_temp_size_in_bytes', 0) / GIB:.2f}" if memory else "-",
+            failure["failure_class"] if failure else f"ok ({wall:.0f} s)",
+        )
+        Console().print(f"{name}: done in {wall:.0f} s")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
