@@ -335,7 +335,9 @@ def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
     # The SparseCore bundle compiles this small program to the same bytes: said, not hidden.
     effects = json.loads(frame.loc[0, "effects"])
     assert effects["xla.collective_mode"]["status"] == "inert", effects
-    assert any(n.startswith("xla.collective_mode inert in 1 trial") for n in result.notes), result.notes
+    assert any(n.startswith("xla.collective_mode inert in 1 trial") for n in result.notes), (
+        result.notes
+    )
 
 
 def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):

@@ -22,8 +22,10 @@ from trainer.events import (
 )
 from trainer.hardware import accelerator_for, chips_in
 from trainer.hlo import count_collectives, fingerprint
+from trainer.hlo_cost import program_cost
 from trainer.programs import ProgramCache, cached_compile, flag_effects, program_key
 from trainer.run import accepted_event, build_program, compile_step, lower_step
+from trainer.step_model import kernel_flops, step_time
 
 
 def topology_devices(target: str) -> list[jax.Device]:
@@ -79,6 +81,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             "compile_s": compile_s,
             "memory_per_device": metrics.memory_per_device(compiled),
             "collectives": count_collectives(hlo),
+            "cost": program_cost(hlo),
         }
 
     record, shared = cached_compile(key, cache, compile_now)
@@ -101,8 +104,24 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         )
     )
     est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])
+    # The step time read from the compiled program replaces the formula roofline's.
+    cost = record["cost"]
+    model = step_time(
+        cost,
+        accel,
+        kernel_flops(config, program.global_batch, len(devices), program.degrees["context"]),
+    )
+    tokens = program.global_batch * config.seq_len
+    peak = accel.peak_tflops["fp8" if config.precision.mode == "fp8" else "bf16"] * 1e12
+    est.update(
+        model,
+        est_model="hlo",
+        est_tokens_per_sec_per_chip=tokens / model["est_step_time_s"] / est["chips"],
+        est_mfu=est["model_flops_per_step"] / est["chips"] / model["est_step_time_s"] / peak,
+    )
     summary = {
         **est,
+        "program_cost": cost,
         "fidelity": Fidelity.COMPILE,
         "figure_fidelity": {
             "compile": [
@@ -112,6 +131,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
                 "hbm_per_device_gib",
                 "fits",
                 "collectives",
+                "program_cost",
             ],
             "estimate": [
                 k

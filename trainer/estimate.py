@@ -162,8 +162,7 @@ def estimate(
     times = {
         "compute": flops_per_chip / peak,
         "hbm": hbm_bytes_per_chip / accel.hbm_bytes_per_s,
-        "ici": ici_bytes_per_chip
-        / (2 * accel.ici_link_bytes_per_s),  # a ring uses both directions of one link pair
+        "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
     }
     step_time = max(times.values())
     tokens = global_batch * config.seq_len

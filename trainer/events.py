@@ -185,6 +185,14 @@ class Summary(_Event):
     est_compute_s: float | None = None
     est_hbm_s: float | None = None
     est_ici_s: float | None = None
+    est_host_s: float | None = None
+    est_exposed_comm_s: float | None = None
+    est_model: str | None = Field(
+        default=None, description="hlo: read from the compiled program; else the formula roofline"
+    )
+    program_cost: dict[str, Any] | None = Field(
+        default=None, description="per device per step, counted in the optimized HLO"
+    )
     bound: Literal["compute", "hbm", "ici"] | None = None
     est_tokens_per_sec_per_chip: float | None = None
     est_mfu: float | None = None

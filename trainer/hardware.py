@@ -9,7 +9,8 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Accelerator:
-    """Per-chip figures. `ici_link_bytes_per_s` is one link, one direction."""
+    """Per-chip figures. `ici_link_bytes_per_s` is one link, one direction; `sources` says
+    where each figure comes from (a datasheet page, a compiler message, or an assumption)."""
 
     name: str
     topology_prefix: str
@@ -22,14 +23,22 @@ class Accelerator:
     usable_hbm_per_device: float  # what one device offers a program (compiler limit)
     source: str
     device_kind: str = ""  # prefix of JAX's Device.device_kind for this chip
+    host_link_bytes_per_s: float = 64e9  # chip <-> host, one direction
+    sources: dict[str, str] | None = None
+
+    @property
+    def ici_axis_bytes_per_s(self) -> float:
+        """What a ring over one torus axis gets per chip: its two links, both directions."""
+        return self.ici_link_bytes_per_s * 2 * 2
 
     @property
     def hbm_bytes_per_device(self) -> float:
         return self.hbm_bytes_per_chip / self.devices_per_chip
 
     def intensity_flops_per_ici_byte(self, precision: str = "bf16") -> float:
-        """Peak FLOPs per byte over one ICI link: the guide's 'about 11.5k' for TPU7x."""
-        return self.peak_tflops[precision] * 1e12 / self.ici_link_bytes_per_s
+        """Peak FLOPs per byte over one ICI link, both directions: the guide's 'about 11.5k'
+        for TPU7x."""
+        return self.peak_tflops[precision] * 1e12 / (2 * self.ici_link_bytes_per_s)
 
     def intensity_flops_per_hbm_byte(self, precision: str = "bf16") -> float:
         return self.peak_tflops[precision] * 1e12 / self.hbm_bytes_per_s
@@ -42,13 +51,23 @@ ACCELERATORS: dict[str, Accelerator] = {
         devices_per_chip=2,
         peak_tflops={"bf16": 2307.0, "fp8": 4614.0},
         hbm_bytes_per_chip=192 * GIB,
-        hbm_bytes_per_s=7.37e12,
-        ici_link_bytes_per_s=200e9,  # 1.2 TB/s per chip over 6 links
+        hbm_bytes_per_s=7.38e12,
+        ici_link_bytes_per_s=100e9,  # 1200 GB/s bidirectional per chip / 6 links / 2
         ici_links=6,
         usable_hbm_per_device=94.75
         * GIB,  # libtpu: "exceeds available HBM (94.75G)"; XLA's G is GiB
         source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
         device_kind="TPU7x",
+        sources={
+            "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
+            "hbm": "docs.cloud.google.com/tpu/docs/tpu7x: 192 GiB, 7380 GB/s per chip",
+            "ici": "docs.cloud.google.com/tpu/docs/tpu7x: 1200 GB/s bidirectional ICI per chip; "
+            "split over the 6 links of a 3D torus (assumed even)",
+            "devices_per_chip": "docs.cloud.google.com/tpu/docs/tpu7x: two TensorCores, each "
+            "a JAX device",
+            "usable_hbm_per_device": "libtpu's OOM message: 'exceeds available HBM (94.75G)'",
+            "host_link": "assumed: PCIe Gen5 x16, 64 GB/s per direction (not in the datasheet)",
+        },
     ),
     "v5p": Accelerator(
         name="TPU v5p",

@@ -1,0 +1,248 @@
+"""What a compiled program does per step, read from its optimized HLO (fidelity: compile).
+
+XLA's own cost analysis counts a scanned layer once; this walk multiplies every op by the
+trip counts of the loops around it. It reads TPU HLO as libtpu prints it: operands by name
+(their shapes from their definitions), matrix products as `convolution`s with
+`dim_labels` (the batched-dot window trick included), loop bounds in the condition.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
+         "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}  # fmt: skip
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
+_HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
+_PARAM = re.compile(r"([\w.-]+): ((?:\([^)]*\))|[^,]+(?:\[[^\]]*\])?)")
+_CALLEES = re.compile(r"\b(calls|body|to_apply)=%([\w.-]+)")
+COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                    "ragged-all-to-all", "collective-permute")  # fmt: skip
+HOST_SPACE = "S(5)"  # TPU memory space 5: pinned host memory
+
+
+@dataclass
+class Instr:
+    name: str
+    type: str
+    opcode: str
+    operands: list[str]
+    attrs: str
+    args: str = ""  # the text between the parentheses (a constant's value)
+
+
+@dataclass
+class Cost:
+    """Per device, per step (loops unrolled by trip count)."""
+
+    flops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    hbm_bytes: float = 0.0
+    collective_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    collective_group_sizes: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    host_transfer_bytes: float = 0.0
+    custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    loop_trips: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "flops": dict(self.flops),
+            "flops_total": sum(self.flops.values()),
+            "hbm_bytes": self.hbm_bytes,
+            "collective_bytes": dict(self.collective_bytes),
+            "collective_group_sizes": {
+                k: sorted(v) for k, v in self.collective_group_sizes.items()
+            },
+            "host_transfer_bytes": self.host_transfer_bytes,
+            "custom_calls": dict(self.custom_calls),
+            "loop_trips": self.loop_trips,
+        }
+
+
+def arrays(type_str: str) -> list[tuple[str, list[int], str]]:
+    """(dtype, dims, layout) of each array in a (possibly tuple) HLO type."""
+    return [
+        (dtype, [int(d) for d in dims.split(",") if d], layout or "")
+        for dtype, dims, layout in _ARRAY.findall(type_str)
+    ]
+
+
+def nbytes(type_str: str, skip_space: str | None = None) -> float:
+    total = 0.0
+    for dtype, dims, layout in arrays(type_str):
+        if skip_space and skip_space in layout:
+            continue
+        total += math.prod(dims) * (1 if dtype.startswith("f8") else BYTES.get(dtype, 4))
+    return total
+
+
+def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
+    """Computations by name, the entry's name, and every value's type by name."""
+    computations: dict[str, list[Instr]] = {}
+    types: dict[str, str] = {}
+    entry, current = "", None
+    for line in hlo_text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            current = header.group(2)
+            computations[current] = []
+            entry = current if header.group(1) else entry
+            for pname, ptype in _PARAM.findall(header.group(3)):
+                types[pname] = ptype
+            continue
+        if current is None:
+            continue
+        if line == "}":
+            current = None
+            continue
+        match = _INSTR.match(line)
+        if match:
+            name, type_str, opcode, operands, attrs = match.groups()
+            names = re.findall(r"%([\w.-]+)", operands)
+            instr = Instr(name, type_str, opcode, names, attrs, operands)
+            computations[current].append(instr)
+            types[name] = type_str
+    return computations, entry, types
+
+
+def trip_count(condition: list[Instr]) -> int:
+    """Iterations of a counted loop: the constant its counter is compared against (LT)."""
+    constants = {}
+    for instr in condition:
+        if instr.opcode == "constant" and re.fullmatch(r"-?\d+", instr.args.strip()):
+            constants[instr.name] = int(instr.args)
+    for instr in condition:
+        if instr.opcode == "compare" and "direction=LT" in instr.attrs:
+            for operand in instr.operands:
+                if constants.get(operand):
+                    return constants[operand]
+    return 1
+
+
+def _labels(attrs: str) -> tuple[str, str, str] | None:
+    match = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+    return match.groups() if match else None
+
+
+def conv_flops(instr: Instr, types: dict[str, str]) -> float:
+    """Multiply-adds x 2 of a convolution, counting only window taps that land inside the
+    (dilated) input: the batched-dot window trick (size n, pad n-1) then costs one dot."""
+    labels = _labels(instr.attrs)
+    if not labels or len(instr.operands) < 2:
+        return 0.0
+    lhs_l, rhs_l, out_l = labels
+    (_, lhs, _), (_, rhs, _), (_, out, _) = (arrays(types.get(o, ""))[0] for o in
+                                             (*instr.operands[:2], instr.name))  # fmt: skip
+    window = re.search(r"window=\{([^}]*)\}", instr.attrs)
+    spec = window.group(1) if window else ""
+
+    def field_of(key: str, n: int, default: int) -> list[int]:
+        match = re.search(rf"{key}=([\dx_]+)", spec)
+        if not match:
+            return [default] * n
+        parts = match.group(1).split("x")
+        return [int(p.split("_")[0]) for p in parts] if key != "pad" else parts  # type: ignore[return-value]
+
+    spatial = [c for c in out_l if c.isdigit()]
+    n = len(spatial)
+    sizes = field_of("size", n, 1)
+    strides = field_of("stride", n, 1)
+    lhs_dil = field_of("lhs_dilate", n, 1)
+    rhs_dil = field_of("rhs_dilate", n, 1)
+    pads = field_of("pad", n, 0)
+    taps = 1
+    for i, d in enumerate(spatial):
+        in_size, out_size = lhs[lhs_l.index(d)], out[out_l.index(d)]
+        lo = int(str(pads[i]).split("_")[0]) if isinstance(pads[i], str) else 0
+        valid = 0
+        for o in range(out_size):
+            for k in range(sizes[i]):
+                pos = o * strides[i] + k * rhs_dil[i] - lo
+                if 0 <= pos <= (in_size - 1) * lhs_dil[i] and pos % lhs_dil[i] == 0:
+                    valid += 1
+        taps *= valid
+    non_spatial = math.prod(out[j] for j, c in enumerate(out_l) if not c.isdigit())
+    return 2.0 * non_spatial * rhs[rhs_l.index("i")] * taps
+
+
+def dot_flops(instr: Instr, types: dict[str, str]) -> float:
+    out = arrays(instr.type)[0][1]
+    lhs = arrays(types.get(instr.operands[0], ""))[0][1]
+    match = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.attrs)
+    contracted = [int(d) for d in match.group(1).split(",") if d] if match else []
+    return 2.0 * math.prod(out) * math.prod(lhs[d] for d in contracted)
+
+
+def _precision(instr: Instr, types: dict[str, str]) -> str:
+    kinds = {arrays(types.get(o, ""))[0][0] for o in instr.operands[:2] if arrays(types.get(o, ""))}
+    return (
+        "fp8" if any(k.startswith("f8") for k in kinds) else ("bf16" if "bf16" in kinds else "f32")
+    )
+
+
+def _group_size(attrs: str) -> int:
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", attrs)
+    if mesh:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)))
+    groups = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if groups:
+        return len(groups.group(1).split(","))
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]", attrs)
+    return int(iota.group(1)) if iota else 1
+
+
+def program_cost(hlo_text: str) -> dict:
+    """The per-device cost of one step of a compiled program (see module docstring)."""
+    computations, entry, types = parse(hlo_text)
+    cost = Cost()
+    fused = {m.group(1) for instrs in computations.values() for i in instrs
+             if i.opcode == "fusion" for m in [re.search(r"calls=%([\w.-]+)", i.attrs)] if m}  # fmt: skip
+
+    def walk(name: str, times: float, seen: tuple[str, ...]) -> None:
+        if name not in computations or name in seen:
+            return
+        top_level = name not in fused
+        for instr in computations[name]:
+            op = instr.opcode
+            if op in ("dot", "convolution"):
+                flops = dot_flops(instr, types) if op == "dot" else conv_flops(instr, types)
+                cost.flops[_precision(instr, types)] += flops * times
+            kind = next((k for k in COLLECTIVE_KINDS if op in (k, f"{k}-start")), None)
+            if kind:
+                operand_bytes = sum(nbytes(types.get(o, "")) for o in instr.operands)
+                moved = nbytes(instr.type) if kind == "all-gather" and op == kind else operand_bytes
+                cost.collective_bytes[kind] += moved * times
+                cost.collective_group_sizes[kind].add(_group_size(instr.attrs))
+            if op == "custom-call":
+                target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
+                if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
+                    cost.custom_calls[target.group(1)] += times
+            if top_level and op in ("fusion", "dot", "convolution", "copy", "custom-call"):
+                operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
+                cost.hbm_bytes += (operands + nbytes(instr.type, "S(1)")) * times
+            if op in ("copy-start", "copy", "dynamic-update-slice", "fusion") and (
+                HOST_SPACE in instr.type
+                or any(HOST_SPACE in types.get(o, "") for o in instr.operands)
+            ):
+                cost.host_transfer_bytes += nbytes(instr.type) * times
+            if op == "while":
+                body = re.search(r"body=%([\w.-]+)", instr.attrs)
+                cond = re.search(r"condition=%([\w.-]+)", instr.attrs)
+                trips = trip_count(computations.get(cond.group(1), [])) if cond else 1
+                cost.loop_trips.append(trips)
+                if body:
+                    walk(body.group(1), times * trips, (*seen, name))
+                continue
+            if op.endswith("-done"):
+                continue
+            for how, callee in _CALLEES.findall(instr.attrs):
+                # to_apply names a reducer (scalar) except on calls, async ones included
+                if how != "to_apply" or op in ("call", "call-start", "async-start"):
+                    walk(callee, times, (*seen, name))
+
+    walk(entry, 1.0, ())
+    return cost.as_dict()

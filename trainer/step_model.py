@@ -1,0 +1,89 @@
+"""Step time from the compiled program: its counted work (trainer/hlo_cost.py) over the
+chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a compile).
+
+- compute: matrix FLOPs by precision over the peak of that precision, at `MXU_EFFICIENCY`;
+  Splash attention (a Mosaic kernel the HLO cannot look into) adds its analytic FLOPs.
+- HBM: bytes the top-level ops read and write, VMEM-resident values excluded.
+- ICI: bytes each collective moves per device, ring-corrected by its group size, over the
+  device's share of the chip's bidirectional ICI bandwidth on one torus axis.
+- host: bytes moved to or from pinned host memory (offload), over the host link.
+- overlap: compute and HBM overlap fully (the larger counts); collectives and host
+  transfers run asynchronously and hide behind `OVERLAP` of that time; the rest is exposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.hardware import Accelerator
+
+# Efficiency constants (benchmarks/calibration.py reports how well they do against the
+# published Ironwood table). Uncalibrated values: peak MXU, full overlap.
+MXU_EFFICIENCY = 1.0
+OVERLAP = 1.0
+F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
+
+_MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "ragged-all-to-all": lambda n: (n - 1) / n,
+    "collective-permute": lambda n: 1.0,
+}
+
+
+def step_time(
+    cost: dict[str, Any],
+    accel: Accelerator,
+    kernel_flops: float = 0.0,
+    mxu_efficiency: float = MXU_EFFICIENCY,
+    overlap: float = OVERLAP,
+) -> dict[str, Any]:
+    """Seconds per step on one device of `accel` for a program of `cost` (per device)."""
+    per_device = accel.devices_per_chip
+    peak = {p: t * 1e12 / per_device for p, t in accel.peak_tflops.items()}
+    flops = cost["flops"]
+    compute = (
+        flops.get("fp8", 0.0) / peak.get("fp8", peak["bf16"])
+        + (flops.get("bf16", 0.0) + kernel_flops) / peak["bf16"]
+        + flops.get("f32", 0.0) / (peak["bf16"] * F32_MATMUL_SHARE)
+    ) / mxu_efficiency
+    hbm = cost["hbm_bytes"] / (accel.hbm_bytes_per_s / per_device)
+    ici_per_device = accel.ici_axis_bytes_per_s / per_device
+    ici = (
+        sum(
+            moved * _MOVED[kind](max(cost["collective_group_sizes"].get(kind) or [1]))
+            for kind, moved in cost["collective_bytes"].items()
+        )
+        / ici_per_device
+    )
+    host = cost["host_transfer_bytes"] / (accel.host_link_bytes_per_s / per_device)
+    busy = max(compute, hbm)
+    exposed = max(0.0, ici + host - overlap * busy)
+    step = busy + exposed
+    return {
+        "est_step_time_s": step,
+        "est_compute_s": compute,
+        "est_hbm_s": hbm,
+        "est_ici_s": ici,
+        "est_host_s": host,
+        "est_exposed_comm_s": exposed,
+        "bound": max({"compute": compute, "hbm": hbm, "ici": ici}.items(), key=lambda kv: kv[1])[0],
+    }
+
+
+def kernel_flops(config, global_batch: int, num_devices: int, context: int = 1) -> float:
+    """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show:
+    Splash attention (causal, forward and backward) and the grouped expert matmuls of
+    Megablox or tokamax (the model formula's terms for them)."""
+    m = config.model
+    kernels = config.resolved_kernels("tpu", context)
+    flops = 0.0
+    if kernels.attention == "splash":
+        causal = 4 * global_batch * config.seq_len**2 * m.num_heads * m.head_dim / 2
+        flops += causal * m.num_layers * 3
+    if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
+        tokens = global_batch * config.seq_len
+        flops += 2 * tokens * m.mlp_dim * m.d_model * 3 * m.experts_per_token * m.num_layers * 3
+    return flops / num_devices
