@@ -58,14 +58,15 @@ def main() -> None:
         memory = (events.get("compiled") or {}).get("memory_per_device") or {}
         failure = events.get("failure")
         device = memory.get("argument_size_in_bytes", 0) + memory.get("temp_size_in_bytes", 0)
-        table.add_row(
+        row = (
             name,
             f"{device / GIB:.2f}" if memory else "-",
             f"{memory.get('temp_size_in_bytes', 0) / GIB:.2f}" if memory else "-",
             f"{memory.get('host_temp_size_in_bytes', 0) / GIB:.2f}" if memory else "-",
             failure["failure_class"] if failure else f"ok ({wall:.0f} s)",
         )
-        Console().print(f"{name}: done in {wall:.0f} s")
+        table.add_row(*row)
+        Console().print(" | ".join(row))  # each row as it lands: one compile is minutes
     Console().print(table)
 
 
