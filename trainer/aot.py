@@ -63,11 +63,12 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     cache = ProgramCache(convergence.cache_dir(config))
     # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
-    key = program_key(lower_step(program).as_text(), flags, target)
+    lowered = lower_step(program)
+    key = program_key(lowered.as_text(), flags, target)
 
     def compile_now() -> dict[str, Any]:
         try:
-            compiled, compile_s = compile_step(program)
+            compiled, compile_s = compile_step(program, lowered)
         except Exception as exc:
             failure_class = classify_exception(exc, "compile")
             if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):

@@ -13,6 +13,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from trainer.hlo import COLLECTIVES
+
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}  # fmt: skip
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
@@ -20,8 +22,6 @@ _HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
 _PARAM = re.compile(r"([\w.-]+): ((?:\([^)]*\))|[^,]+(?:\[[^\]]*\])?)")
 _CALLEES = re.compile(r"\b(calls|body|to_apply)=%([\w.-]+)")
-COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
-                    "ragged-all-to-all", "collective-permute")  # fmt: skip
 HOST_SPACE = "S(5)"  # TPU memory space 5: pinned host memory
 
 
@@ -211,7 +211,7 @@ def program_cost(hlo_text: str) -> dict:
             if op in ("dot", "convolution"):
                 flops = dot_flops(instr, types) if op == "dot" else conv_flops(instr, types)
                 cost.flops[_precision(instr, types)] += flops * times
-            kind = next((k for k in COLLECTIVE_KINDS if op in (k, f"{k}-start")), None)
+            kind = next((k for k in COLLECTIVES if op in (k, f"{k}-start")), None)
             if kind:
                 operand_bytes = sum(nbytes(types.get(o, "")) for o in instr.operands)
                 moved = nbytes(instr.type) if kind == "all-gather" and op == kind else operand_bytes

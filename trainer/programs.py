@@ -20,11 +20,13 @@ from typing import Any
 
 import jax
 
-from trainer.config import TrialConfig
+from trainer.config import TrialConfig, XlaFlagsConfig
 from trainer.flags import BASE_LIBTPU_ARGS
 
 # The trial's flag knobs and their values at the default.
-FLAG_KNOBS = {"scoped_vmem_kib": None, "collective_mode": "default", "extra": []}
+FLAG_KNOBS = {
+    f: getattr(XlaFlagsConfig(), f) for f in ("scoped_vmem_kib", "collective_mode", "extra")
+}
 
 
 def _libtpu_version() -> str:
