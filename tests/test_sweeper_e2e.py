@@ -333,11 +333,14 @@ def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
     assert trials[0].value == pytest.approx(frame.loc[0, "est_tokens_per_sec_per_chip"])
     assert trials[2].constraints["validity"] > 0
     # The SparseCore bundle compiles this small program to the same bytes: said, not hidden.
+    # Trial 0 is the warm start; what the sampler draws after it varies, so count what was judged.
     effects = json.loads(frame.loc[0, "effects"])
     assert effects["xla.collective_mode"]["status"] == "inert", effects
-    assert any(n.startswith("xla.collective_mode inert in 1 trial") for n in result.notes), (
-        result.notes
-    )
+    judged = [json.loads(e) for e in frame["effects"] if isinstance(e, str) and e]
+    inert = sum(e.get("xla.collective_mode", {}).get("status") == "inert" for e in judged)
+    plural = "s" if inert > 1 else ""
+    note = f"xla.collective_mode inert in {inert} trial{plural}:"
+    assert any(n.startswith(note) for n in result.notes), (note, result.notes)
 
 
 def test_unknown_flag_in_a_space_stops_the_sweep_before_any_trial(tmp_path):
