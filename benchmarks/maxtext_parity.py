@@ -83,13 +83,26 @@ def maxtext_args(trial: dict) -> tuple[list[str], str]:
 def maxtext_compile(python: str, trial: dict) -> dict:
     """MaxText's train_compile in its own environment; memory parsed from its report."""
     args, flags = maxtext_args(trial)
-    find = "import os, MaxText; print(os.path.dirname(MaxText.__file__))"
+    # The pip package (0.2.5) is `maxtext`, its entry point under trainers/; a source checkout
+    # of older MaxText is `MaxText`, with train_compile at the top.
+    find = (
+        "import importlib, importlib.util as u, os; "
+        "m = 'maxtext' if u.find_spec('maxtext') else 'MaxText'; "
+        "e = m + ('.trainers.pre_train.train_compile' if m == 'maxtext' else '.train_compile'); "
+        "print(os.path.dirname(importlib.import_module(m).__file__), e)"
+    )
     package = subprocess.run([python, "-c", find], capture_output=True, text=True, check=True)
-    base = Path(package.stdout.strip()) / "configs" / "base.yml"
-    env = {**os.environ, "LIBTPU_INIT_ARGS": flags, "JAX_PLATFORMS": "cpu"}
+    root, entry = package.stdout.split()
+    base = Path(root) / "configs" / "base.yml"
+    env = {
+        **os.environ,
+        "LIBTPU_INIT_ARGS": flags,
+        "JAX_PLATFORMS": "cpu",
+        "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
+    }
     start = time.time()
     proc = subprocess.run(
-        [python, "-m", "MaxText.train_compile", str(base), *args],
+        [python, "-m", entry, str(base), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -97,7 +110,8 @@ def maxtext_compile(python: str, trial: dict) -> dict:
     wall = time.time() - start
     text = proc.stdout + proc.stderr
     found = {
-        key: re.search(rf"{key}_size_in_bytes[=:]\s*(\d+)", text) for key in ("argument", "temp")
+        key: re.search(rf"(?<![a-z_]){key}_size_in_bytes[=:]\s*(\d+)", text)
+        for key in ("argument", "temp", "host_temp")
     }
     if proc.returncode or not all(found.values()):
         raise RuntimeError(f"MaxText train_compile failed (exit {proc.returncode}): {text[-1500:]}")

@@ -1,12 +1,15 @@
 """Host offload at a real size: the published llama3.1-70b 8k recipe on tpu7x:4x4x4 with
 its saved tensors kept on device, or offloaded to pinned host memory.
 
-    python -m benchmarks.offload_at_size [--only NAME]
+    python -m benchmarks.offload_at_size [--only NAME] [--maxtext-python PATH]
 
 Each row is the recipe (trial 0 of search_spaces/llama31_70b_8k_tpu7x.yaml, with the loss
 in 8 vocabulary tiles so that it fits) compiled by libtpu on this host (fidelity compile;
 no TPU): device memory per device (arguments + temp) and the host memory the compiler
-plans (`host_temp_size_in_bytes`). One compile takes 3-6 minutes on a 2-core host.
+plans (`host_temp_size_in_bytes`). With `--maxtext-python` (a MaxText 0.2.5 environment,
+benchmarks/maxtext_parity.py says how to build one), each case is also compiled by MaxText's
+own train_compile with the same placements (its loss untiled, as published), the outside
+reference for what offload should save. One compile takes 3-15 minutes on a 2-core host.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
+from benchmarks.maxtext_parity import maxtext_compile
 from sweeper.space import assemble, load_space
 
 GIB = 2**30
@@ -46,6 +50,7 @@ def with_placements(config: dict, placements: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", help="one case name")
+    parser.add_argument("--maxtext-python", help="the Python of a MaxText 0.2.5 environment")
     args = parser.parse_args()
     base, target = recipe()
     table = Table(title=f"llama3.1-70b 8k on {target}: where the saved tensors live (compile)")
@@ -67,6 +72,17 @@ def main() -> None:
         )
         table.add_row(*row)
         Console().print(" | ".join(row))  # each row as it lands: one compile is minutes
+        if args.maxtext_python:
+            theirs = maxtext_compile(args.maxtext_python, with_placements(base, placements))
+            row = (
+                f"MaxText: {name}",
+                f"{(theirs['argument'] + theirs['temp']) / GIB:.2f}",
+                f"{theirs['temp'] / GIB:.2f}",
+                f"{theirs['host_temp'] / GIB:.2f}",
+                f"ok ({theirs['compile_s']:.0f} s)",
+            )
+            table.add_row(*row)
+            Console().print(" | ".join(row))
     Console().print(table)
 
 
