@@ -533,3 +533,27 @@ def test_a_program_changing_vmem_limit_changes_the_estimate(compile_once):
     assert base["bound"] != "ici"
     assert tight["summary"]["program_fingerprint"] != base["program_fingerprint"]
     assert tight["summary"]["est_step_time_s"] != base["est_step_time_s"]
+
+
+def test_offloaded_residuals_cross_the_host_link_once_each_way(compile_once):
+    """decoder_layer_input offloaded: each layer's input goes to host memory in the forward
+    pass and comes back in the backward (XLA peels one iteration of each loop to overlap the
+    transfers; the peeled loops start their counter at 1), and the FLOPs are the device
+    placement's."""
+    layers, d, seq = 3, SMALL["d_model"], 256
+    costs, memory = {}, {}
+    for place in ("device", "offload"):
+        remat = {"policy": "custom", "custom": {"decoder_layer_input": place}}
+        code, events, err = compile_once(
+            {"model": {**SMALL, "num_layers": layers}, "remat": remat, "xla": {"judge": False}}
+        )
+        assert code == 0, err[-2000:]
+        costs[place] = events["summary"]["program_cost"]
+        memory[place] = events["compiled"]["memory_per_device"]
+    residuals = layers * seq * d * 2  # bf16, one sequence per device
+    assert memory["offload"]["host_temp_size_in_bytes"] == residuals
+    assert costs["device"]["host_transfer_bytes"] == 0
+    assert costs["offload"]["host_transfer_bytes"] == 2 * residuals
+    assert costs["offload"]["flops_total"] == pytest.approx(
+        costs["device"]["flops_total"], rel=1e-3
+    )

@@ -101,24 +101,69 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
         match = _INSTR.match(line)
         if match:
             name, type_str, opcode, operands, attrs = match.groups()
-            names = re.findall(r"%([\w.-]+)", operands)
+            names = re.findall(r"%([\w.-]+(?:#\d+)?)", operands)
             instr = Instr(name, type_str, opcode, names, attrs, operands)
             computations[current].append(instr)
             types[name] = type_str
+    # Newer HLO names a tuple's element in place (`%param.0#3`): its type is that element's.
+    for ref in {o for instrs in computations.values() for i in instrs for o in i.operands}:
+        if "#" in ref:
+            name, index = ref.rsplit("#", 1)
+            elements = tuple_elements(types.get(name, ""))
+            types[ref] = elements[int(index)] if int(index) < len(elements) else ""
     return computations, entry, types
 
 
-def trip_count(condition: list[Instr]) -> int:
-    """Iterations of a counted loop: the constant its counter is compared against (LT)."""
-    constants = {}
+def tuple_elements(type_str: str) -> list[str]:
+    """The top-level element types of a tuple type (one element for an array type)."""
+    text = re.sub(r"/\*.*?\*/", "", type_str.strip())
+    if not text.startswith("("):
+        return [text]
+    elements, depth, start = [], 0, 1
+    for pos, char in enumerate(text[1:-1], start=1):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and depth == 0:
+            elements.append(text[start:pos].strip())
+            start = pos + 1
+    return [*elements, text[start:-1].strip()]
+
+
+def _constant(instr: Instr | None) -> int | None:
+    if (
+        instr is not None
+        and instr.opcode == "constant"
+        and re.fullmatch(r"-?\d+", instr.args.strip())
+    ):
+        return int(instr.args)
+    return None
+
+
+def trip_count(condition: list[Instr], init: dict[int, Instr] | None = None,
+               by_name: dict[str, Instr] | None = None) -> int:  # fmt: skip
+    """Iterations of a counted loop: the constant its counter is compared against (LT), less
+    the counter's start when the loop's init tuple shows it (a loop XLA peeled for host
+    offload starts at 1). `init` maps tuple index to the init value's instruction."""
+    local = {instr.name: instr for instr in condition}
     for instr in condition:
-        if instr.opcode == "constant" and re.fullmatch(r"-?\d+", instr.args.strip()):
-            constants[instr.name] = int(instr.args)
-    for instr in condition:
-        if instr.opcode == "compare" and "direction=LT" in instr.attrs:
-            for operand in instr.operands:
-                if constants.get(operand):
-                    return constants[operand]
+        if instr.opcode != "compare" or "direction=LT" not in instr.attrs:
+            continue
+        limit = next(
+            (v for o in instr.operands if (v := _constant(local.get(o))) is not None), None
+        )
+        if not limit:
+            continue
+        index = None
+        for operand in instr.operands:
+            if "#" in operand:  # the loop parameter's element, named in place
+                index = int(operand.rsplit("#", 1)[1])
+            elif operand in local and local[operand].opcode == "get-tuple-element":
+                found = re.search(r"index=(\d+)", local[operand].attrs)
+                index = int(found.group(1)) if found else None
+        value = (init or {}).get(index) if index is not None else None
+        while value is not None and value.opcode == "copy" and by_name:
+            value = by_name.get(value.operands[0]) if value.operands else None
+        start = _constant(value) or 0
+        return max(limit - start, 0)
     return 1
 
 
@@ -195,10 +240,31 @@ def _group_size(attrs: str) -> int:
     return int(iota.group(1)) if iota else 1
 
 
+def host_bytes(instr: Instr, types: dict[str, str]) -> float:
+    """Bytes one op moves between device and host memory (`S(5)`). Offloaded residuals of a
+    scanned layer go out as a dynamic-update-slice(-start) of one layer into the stacked host
+    buffer and come back as a dynamic-slice(-start) of one layer: the slice moves, not the
+    buffer. Copies (and fusions) to or from host move their whole value."""
+    op = instr.opcode.removesuffix("-start")
+    operand_types = [types.get(o, "") for o in instr.operands]
+    if not any(HOST_SPACE in t for t in (instr.type, *operand_types)):
+        return 0.0
+    if op == "dynamic-update-slice" and len(operand_types) > 1:
+        return nbytes(operand_types[1])
+    if op == "dynamic-slice":
+        # -start: ((operands), slice, context); the slice is the largest array off the host
+        return max((nbytes(f"{d}[{','.join(map(str, dims))}]") for d, dims, layout in
+                    arrays(instr.type) if HOST_SPACE not in layout), default=0.0)  # fmt: skip
+    if op in ("copy", "fusion"):
+        return nbytes(instr.type, HOST_SPACE) or nbytes(instr.type)
+    return 0.0
+
+
 def program_cost(hlo_text: str) -> dict:
     """The per-device cost of one step of a compiled program (see module docstring)."""
     computations, entry, types = parse(hlo_text)
     cost = Cost()
+    by_name = {i.name: i for instrs in computations.values() for i in instrs}
     fused = {m.group(1) for instrs in computations.values() for i in instrs
              if i.opcode == "fusion" for m in [re.search(r"calls=%([\w.-]+)", i.attrs)] if m}  # fmt: skip
 
@@ -224,15 +290,21 @@ def program_cost(hlo_text: str) -> dict:
             if top_level and op in ("fusion", "dot", "convolution", "copy", "custom-call"):
                 operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
                 cost.hbm_bytes += (operands + nbytes(instr.type, "S(1)")) * times
-            if op in ("copy-start", "copy", "dynamic-update-slice", "fusion") and (
-                HOST_SPACE in instr.type
-                or any(HOST_SPACE in types.get(o, "") for o in instr.operands)
-            ):
-                cost.host_transfer_bytes += nbytes(instr.type) * times
+            cost.host_transfer_bytes += host_bytes(instr, types) * times
             if op == "while":
                 body = re.search(r"body=%([\w.-]+)", instr.attrs)
                 cond = re.search(r"condition=%([\w.-]+)", instr.attrs)
-                trips = trip_count(computations.get(cond.group(1), [])) if cond else 1
+                init = by_name.get(instr.operands[0]) if instr.operands else None
+                elements = (
+                    {k: by_name[o] for k, o in enumerate(init.operands) if o in by_name}
+                    if init is not None and init.opcode == "tuple"
+                    else {}
+                )
+                trips = (
+                    trip_count(computations.get(cond.group(1), []), elements, by_name)
+                    if cond
+                    else 1
+                )
                 cost.loop_trips.append(trips)
                 if body:
                     walk(body.group(1), times * trips, (*seen, name))

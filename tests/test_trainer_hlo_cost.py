@@ -1,0 +1,44 @@
+"""The HLO walk on program text as newer XLA prints it (MaxText's environment, jax 0.12):
+tuple elements named in place (`%param#3`) and a loop XLA peeled for host offload."""
+
+from trainer.hlo_cost import program_cost
+
+LAYER = "bf16[1,2,1024,512]{3,2,1,0}"
+STACK = "bf16[4,2,1024,512]{3,2,1,0:S(5)}"
+STATE = f"(s32[], {STACK}, {LAYER})"
+# The forward loop after peeling: one layer's store was moved out, the loop counts 1..3.
+PEELED = f"""HloModule peeled
+
+%body (p: {STATE}) -> {STATE} {{
+  %p = {STATE} parameter(0)
+  %one = s32[] constant(1)
+  %next = s32[] add(%p#0, %one)
+  %zero = s32[] constant(0)
+  %store = (({STACK}, {LAYER}, s32[], s32[], s32[], s32[]), {STACK}, u32[]) dynamic-update-slice-start(%p#1, %p#2, %p#0, %zero, %zero, %zero)
+  %stored = {STACK} dynamic-update-slice-done(%store)
+  ROOT %t = {STATE} tuple(%next, %stored, %p#2)
+}}
+
+%cond (c: {STATE}) -> pred[] {{
+  %c = {STATE} parameter(0)
+  %limit = s32[] constant(4)
+  ROOT %lt = pred[] compare(%c#0, %limit), direction=LT
+}}
+
+ENTRY %main (x: {LAYER}) -> {STACK} {{
+  %x = {LAYER} parameter(0)
+  %start = s32[] constant(1)
+  %counter = s32[] copy(%start)
+  %buffer = {STACK} custom-call(), custom_call_target="AllocateBuffer"
+  %init = {STATE} tuple(%counter, %buffer, %x)
+  %loop = {STATE} while(%init), condition=%cond, body=%body
+  ROOT %out = {STACK} get-tuple-element(%loop), index=1
+}}
+"""
+
+
+def test_a_peeled_loop_counts_from_its_start_and_moves_one_layer_per_trip():
+    cost = program_cost(PEELED)
+    assert cost["loop_trips"] == [3]
+    layer_bytes = 2 * 1024 * 512 * 2
+    assert cost["host_transfer_bytes"] == 3 * layer_bytes  # the slice, never the whole stack
