@@ -17,9 +17,11 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/sweeper run spaces/$(SPACE).yaml
 
+# Two workers: the suite is CPU-bound compiles and trainings, CI has 2 cores (TEST_WORKERS=0: one process).
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Real-size checks (the published 70B recipe against MaxText): about 15 minutes each here.
 test-slow: setup
