@@ -102,6 +102,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             program_fingerprint=record["fingerprint"],
             shared_compile=shared,
             effects=effects,
+            program_cost=record["cost"],
         )
     )
     est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])

@@ -117,6 +117,11 @@ class Compiled(_Event):
     shared_compile: bool = Field(
         default=False, description="another trial compiled this exact program: its figures"
     )
+    program_cost: dict[str, Any] = Field(
+        default_factory=dict,
+        description="TPU: the optimized HLO's work per device per step (trainer/hlo_cost.py), "
+        "also for a program that does not fit",
+    )
     effects: dict[str, KnobEffect] = Field(
         default_factory=dict,
         description="knob effects found by compiling: a flag knob is inert when the program "
