@@ -42,3 +42,41 @@ def test_a_peeled_loop_counts_from_its_start_and_moves_one_layer_per_trip():
     assert cost["loop_trips"] == [3]
     layer_bytes = 2 * 1024 * 512 * 2
     assert cost["host_transfer_bytes"] == 3 * layer_bytes  # the slice, never the whole stack
+
+
+STACKED = "bf16[80,2,8192,1024]{3,2,1,0}"
+ONE = "bf16[1,2,8192,1024]{3,2,1,0}"
+# A scanned layer saving its residual into the stack, and the backward slicing it back out,
+# as fusions around an in-place dynamic-update-slice and a dynamic-slice.
+FUSIONS = f"""HloModule stacked
+
+%save (s: {STACKED}, u: {ONE}, i: s32[]) -> {STACKED} {{
+  %s = {STACKED} parameter(0)
+  %u = {ONE} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %d = {STACKED} dynamic-update-slice(%s, %u, %i, %z, %z, %z)
+}}
+
+%load (s: {STACKED}, i: s32[]) -> {ONE} {{
+  %s = {STACKED} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %d = {ONE} dynamic-slice(%s, %i, %z, %z, %z), dynamic_slice_sizes={{1,2,8192,1024}}
+}}
+
+ENTRY %main (s: {STACKED}, u: {ONE}, i: s32[]) -> {ONE} {{
+  %s = {STACKED} parameter(0)
+  %u = {ONE} parameter(1)
+  %i = s32[] parameter(2)
+  %saved = {STACKED} fusion(%s, %u, %i), kind=kLoop, calls=%save
+  ROOT %loaded = {ONE} fusion(%saved, %i), kind=kLoop, calls=%load
+}}
+"""
+
+
+def test_a_layer_slice_of_a_stacked_buffer_costs_the_slice_not_the_stack():
+    one = 2 * 8192 * 1024 * 2
+    index = 4
+    # save: read the update, write it in place; load: read one slice, write it
+    assert program_cost(FUSIONS)["hbm_bytes"] == 4 * one + 2 * index

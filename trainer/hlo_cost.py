@@ -19,7 +19,7 @@ BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}  # fmt: skip
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
-_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
+_INSTR = re.compile(r"^\s*(ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
 _PARAM = re.compile(r"([\w.-]+): ((?:\([^)]*\))|[^,]+(?:\[[^\]]*\])?)")
 _CALLEES = re.compile(r"\b(calls|body|to_apply)=%([\w.-]+)")
 HOST_SPACE = "S(5)"  # TPU memory space 5: pinned host memory
@@ -33,6 +33,7 @@ class Instr:
     operands: list[str]
     attrs: str
     args: str = ""  # the text between the parentheses (a constant's value)
+    root: bool = False
 
 
 @dataclass
@@ -100,9 +101,9 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
             continue
         match = _INSTR.match(line)
         if match:
-            name, type_str, opcode, operands, attrs = match.groups()
+            root, name, type_str, opcode, operands, attrs = match.groups()
             names = re.findall(r"%([\w.-]+(?:#\d+)?)", operands)
-            instr = Instr(name, type_str, opcode, names, attrs, operands)
+            instr = Instr(name, type_str, opcode, names, attrs, operands, bool(root))
             computations[current].append(instr)
             types[name] = type_str
     # Newer HLO names a tuple's element in place (`%param.0#3`): its type is that element's.
@@ -240,6 +241,89 @@ def _group_size(attrs: str) -> int:
     return int(iota.group(1)) if iota else 1
 
 
+_PASS_THROUGH = ("bitcast", "copy", "reshape")  # in a fusion: the same bytes, relaid
+
+
+def _callee(instr: Instr) -> str | None:
+    found = re.search(r"calls=%([\w.-]+)", instr.attrs)
+    return found.group(1) if found else None
+
+
+def _bytes_read(value: str, body: list[Instr], computations: dict[str, list[Instr]],
+                types: dict[str, str], depth: int = 0) -> float:  # fmt: skip
+    """HBM bytes a fusion reads of one of its inputs: a stacked buffer it only slices
+    (dynamic-slice) costs the slices, one it updates in place (dynamic-update-slice)
+    costs nothing to read; anything else reads it whole."""
+    whole = nbytes(types.get(value, ""), "S(1)")
+    if depth > 8:
+        return whole
+    read = 0.0
+    for user in (i for i in body if value in i.operands):
+        if user.opcode == "dynamic-slice" and user.operands[0] == value:
+            read += nbytes(user.type)
+        elif user.opcode == "dynamic-update-slice" and user.operands[0] == value:
+            continue
+        elif user.opcode in _PASS_THROUGH or (
+            user.opcode == "fusion" and "output_to_operand_aliasing" in user.attrs
+        ):
+            if user.opcode == "fusion":
+                inner = computations.get(_callee(user) or "", [])
+                params = [i for i in inner if i.opcode == "parameter"]
+                if len(params) != 1 or not any(
+                    i.opcode in _PASS_THROUGH or i.opcode == "fusion" for i in inner
+                ):
+                    return whole
+            read += _bytes_read(user.name, body, computations, types, depth + 1)
+        elif user.opcode == "fusion":
+            inner = computations.get(_callee(user) or "", [])
+            index = user.operands.index(value)
+            param = next((i.name for i in inner if i.opcode == "parameter"
+                          and i.args.strip() == str(index)), None)  # fmt: skip
+            if param is None:
+                return whole
+            read += _bytes_read(param, inner, computations, types, depth + 1)
+        else:
+            return whole
+    return min(read, whole)
+
+
+def _bytes_written(instr: Instr, by_name: dict[str, Instr], depth: int = 0) -> float:
+    """HBM bytes a fusion's root writes: an in-place dynamic-update-slice writes its update."""
+    if depth > 8:
+        return nbytes(instr.type, "S(1)")
+    if instr.opcode == "tuple":
+        return sum(_bytes_written(by_name[o], by_name, depth + 1) for o in instr.operands
+                   if o in by_name)  # fmt: skip
+    if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
+        update = by_name.get(instr.operands[1])
+        return nbytes(update.type, "S(1)") if update else nbytes(instr.type, "S(1)")
+    if instr.opcode in _PASS_THROUGH and instr.operands and instr.operands[0] in by_name:
+        inner = by_name[instr.operands[0]]
+        if inner.opcode != "parameter":
+            return _bytes_written(inner, by_name, depth + 1)
+    return nbytes(instr.type, "S(1)")
+
+
+def fusion_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
+                     types: dict[str, str]) -> float:  # fmt: skip
+    """HBM bytes one fusion moves: what it reads of each input and what it writes, where a
+    layer's slice of a stacked (scanned) buffer costs the slice, not the stack."""
+    body = computations.get(_callee(instr) or "", [])
+    params = {i.args.strip(): i.name for i in body if i.opcode == "parameter"}
+    root = next((i for i in reversed(body) if i.root), body[-1] if body else None)
+    if root is None:
+        operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
+        return operands + nbytes(instr.type, "S(1)")
+    read = 0.0
+    for index, operand in enumerate(instr.operands):
+        whole = nbytes(types.get(operand, ""), "S(1)")
+        param = params.get(str(index))
+        read += whole if param is None else min(whole, _bytes_read(param, body, computations,
+                                                                   types))  # fmt: skip
+    by_name = {i.name: i for i in body}
+    return read + min(_bytes_written(root, by_name), nbytes(instr.type, "S(1)"))
+
+
 def host_bytes(instr: Instr, types: dict[str, str]) -> float:
     """Bytes one op moves between device and host memory (`S(5)`). Offloaded residuals of a
     scanned layer go out as a dynamic-update-slice(-start) of one layer into the stacked host
@@ -287,7 +371,9 @@ def program_cost(hlo_text: str) -> dict:
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
                     cost.custom_calls[target.group(1)] += times
-            if top_level and op in ("fusion", "dot", "convolution", "copy", "custom-call"):
+            if top_level and op == "fusion":
+                cost.hbm_bytes += fusion_hbm_bytes(instr, computations, types) * times
+            elif top_level and op in ("dot", "convolution", "copy", "custom-call"):
                 operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
                 cost.hbm_bytes += (operands + nbytes(instr.type, "S(1)")) * times
             cost.host_transfer_bytes += host_bytes(instr, types) * times
