@@ -6,9 +6,10 @@ Rows: the public table of AI-Hypercomputer/tpu-recipes, training/ironwood/README
 for the models our presets cover, each compiled by libtpu on this host with the recipe's
 knobs (trial 0 of its space in search_spaces/; fp8 rows: the same with precision fp8), at
 full depth: the layers are one scanned loop, so depth costs no compile time, and the HLO
-walk multiplies the loop body by its trip count. One compile takes 3-10 minutes on a
-2-core host. Compile records (the program's counted cost) are kept in results/calibration/
-(`--recompile` redoes them).
+walk multiplies the loop body by its trip count. A 64-chip compile takes 10-25 minutes on
+a 2-core host, a 256-chip one longer. Compile records (the program's counted cost) are
+kept in results/calibration/ (`--recompile` redoes them; `--recorded` tables the rows
+compiled so far).
 
 `MXU_EFFICIENCY` and `OVERLAP` are fitted on the FIT rows only; the table reports the
 error on those and, separately, on the HELD_OUT rows. Fidelity: estimate (from compiles),
@@ -18,18 +19,22 @@ against a published run.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.config import load_config
 from trainer.hardware import ACCELERATORS, chips_in
+from trainer.hlo_cost import program_cost
 from trainer.step_model import kernel_flops, step_time
 
 RECORDS = Path(__file__).resolve().parents[1] / "results" / "calibration"
@@ -56,37 +61,63 @@ def recipe(name: str) -> tuple[dict, str]:
     return config, target
 
 
-def compiled_cost(name: str, recompile: bool) -> dict:
-    path = RECORDS / f"{name.replace(' ', '_')}.json"
-    if path.exists() and not recompile:
-        return json.loads(path.read_text())
+def compile_row(name: str) -> None:
+    """In this process (a child: libtpu reads its flags once): compile the row's program and
+    keep its optimized HLO (gzipped) and memory, so its cost can be recounted as
+    trainer/hlo_cost.py improves, without compiling again."""
     config, target = recipe(name)
-    events, wall = compile_trial(config, target)
-    if "compiled" not in events:  # a program that compiles but does not fit still has a cost
-        raise SystemExit(f"{name} did not compile: {events.get('failure')}")
-    record = {
-        "program_cost": events["compiled"]["program_cost"],
-        "memory_per_device": events["compiled"]["memory_per_device"],
-        "failure": events.get("failure"),
-        "compile_wall_s": wall,
-    }
+    trial = load_config({**config, "compile_target": target})
+    from trainer.cli import _prepare_environment
+
+    _prepare_environment(trial)  # the trial's LIBTPU flags, before libtpu starts
+    from trainer.aot import topology_devices
+    from trainer.metrics import memory_per_device
+    from trainer.run import build_program, compile_step
+
+    compiled, compile_s = compile_step(build_program(trial, topology_devices(target)))
     RECORDS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"compiled {name} in {wall:.0f} s", flush=True)  # one compile is minutes
-    return record
+    hlo_path(name).write_bytes(gzip.compress(compiled.as_text().encode()))
+    memory = memory_per_device(compiled)
+    record = {"memory_per_device": memory, "compile_s": compile_s, "target": target}
+    record_path(name).write_text(json.dumps(record, indent=1))
 
 
-def estimate_rows(recompile: bool, only: str | None = None) -> dict[str, dict]:
+def compiled_cost(name: str, recompile: bool) -> dict:
+    """The row's program cost, counted from its kept HLO (compiled first if there is none)."""
+    if recompile or not hlo_path(name).exists():
+        start = time.time()
+        command = [sys.executable, "-m", "benchmarks.calibration", "--compile-row", name]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"{name} did not compile: {proc.stderr[-1500:]}")
+        print(f"compiled {name} in {time.time() - start:.0f} s", flush=True)  # minutes each
+    return program_cost(gzip.decompress(hlo_path(name).read_bytes()).decode())
+
+
+def hlo_path(name: str) -> Path:
+    return RECORDS / f"{name.replace(' ', '_')}.hlo.gz"
+
+
+def record_path(name: str) -> Path:
+    return RECORDS / f"{name.replace(' ', '_')}.json"
+
+
+def estimate_rows(
+    recompile: bool, only: str | None = None, recorded: bool = False
+) -> dict[str, dict]:
     rows = {}
     for name, (_, _, target, step, tokens) in PUBLISHED.items():
         if only and only not in name and name not in FIT:
+            continue
+        if recorded and not hlo_path(name).exists():
+            print(f"{name}: not compiled yet (no record), left out", flush=True)
             continue
         config, _ = recipe(name)
         trial = load_config({**config, "compile_target": target})
         devices = chips_in(target) * 2
         global_batch = round(trial.per_device_batch * devices)
         rows[name] = {
-            "cost": compiled_cost(name, recompile)["program_cost"],
+            "cost": compiled_cost(name, recompile),
             "kernel_flops": kernel_flops(trial, global_batch, devices),
             "tokens_per_step": global_batch * trial.seq_len,
             "chips": chips_in(target),
@@ -114,8 +145,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--recompile", action="store_true")
     parser.add_argument("--only", help="held-out rows whose name contains this (fit rows always)")
+    parser.add_argument("--recorded", action="store_true", help="only rows compiled before")
+    parser.add_argument("--compile-row", help=argparse.SUPPRESS)  # the child that compiles
     args = parser.parse_args()
-    rows = estimate_rows(args.recompile, args.only)
+    if args.compile_row:
+        return compile_row(args.compile_row)
+    rows = estimate_rows(args.recompile, args.only, args.recorded)
+    if not all(name in rows for name in FIT):
+        raise SystemExit(f"the fit rows {FIT} need compile records first")
     mxu, overlap = fit(rows)
     table = Table(title=f"tokens/s/chip, estimated vs published (fit: MXU efficiency {mxu:.2f}, "
                   f"overlap {overlap:.1f}, on {len(FIT)} rows)")  # fmt: skip
