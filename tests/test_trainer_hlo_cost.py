@@ -1,6 +1,8 @@
 """The HLO walk on program text as newer XLA prints it (MaxText's environment, jax 0.12):
 tuple elements named in place (`%param#3`) and a loop XLA peeled for host offload."""
 
+import pytest
+
 from trainer.hlo_cost import program_cost
 
 LAYER = "bf16[1,2,1024,512]{3,2,1,0}"
@@ -80,3 +82,41 @@ def test_a_layer_slice_of_a_stacked_buffer_costs_the_slice_not_the_stack():
     index = 4
     # save: read the update, write it in place; load: read one slice, write it
     assert program_cost(FUSIONS)["hbm_bytes"] == 4 * one + 2 * index
+
+
+MATMUL = """HloModule mm
+
+%mm (a: bf16[1024,1024], b: bf16[1024,1024]) -> bf16[1024,1024] {
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = bf16[1024,1024]{1,0} parameter(1)
+  ROOT %d = bf16[1024,1024]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%scale (x: bf16[1024,1024]) -> bf16[1024,1024] {
+  %x = bf16[1024,1024]{1,0} parameter(0)
+  ROOT %y = bf16[1024,1024]{1,0} add(%x, %x)
+}
+
+ENTRY %main (a: bf16[1024,1024], b: bf16[1024,1024]) -> bf16[1024,1024] {
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = bf16[1024,1024]{1,0} parameter(1)
+  %p = bf16[1024,1024]{1,0} fusion(%a, %b), kind=kOutput, calls=%mm
+  ROOT %s = bf16[1024,1024]{1,0} fusion(%p), kind=kLoop, calls=%scale
+}
+"""
+
+
+def test_hbm_of_ops_without_matmuls_adds_to_the_step():
+    """The TensorCore runs one op at a time: an elementwise fusion's HBM time is not hidden
+    under the matmul's compute."""
+    from trainer.hardware import ACCELERATORS
+    from trainer.step_model import step_time
+
+    matrix = 1024 * 1024 * 2
+    cost = program_cost(MATMUL)
+    assert cost["hbm_bytes"] == 5 * matrix  # dot: 2 in + 1 out; add: 1 in + 1 out
+    assert cost["hbm_bytes_without_matmul"] == 2 * matrix
+    accel = ACCELERATORS["tpu7x"]
+    step = step_time(cost, accel)
+    alone = 2 * matrix / (accel.hbm_bytes_per_s / accel.devices_per_chip)
+    assert step["est_step_time_s"] == pytest.approx(step["est_compute_s"] + alone)

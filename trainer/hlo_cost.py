@@ -42,6 +42,7 @@ class Cost:
 
     flops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     hbm_bytes: float = 0.0
+    hbm_bytes_without_matmul: float = 0.0  # of ops with no matrix product: never under the MXU
     collective_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     collective_group_sizes: dict[str, set] = field(default_factory=lambda: defaultdict(set))
     host_transfer_bytes: float = 0.0
@@ -53,6 +54,7 @@ class Cost:
             "flops": dict(self.flops),
             "flops_total": sum(self.flops.values()),
             "hbm_bytes": self.hbm_bytes,
+            "hbm_bytes_without_matmul": self.hbm_bytes_without_matmul,
             "collective_bytes": dict(self.collective_bytes),
             "collective_group_sizes": {
                 k: sorted(v) for k, v in self.collective_group_sizes.items()
@@ -324,6 +326,19 @@ def fusion_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     return read + min(_bytes_written(root, by_name), nbytes(instr.type, "S(1)"))
 
 
+def _with_matmuls(computations: dict[str, list[Instr]]) -> set[str]:
+    """Computations that hold a dot or convolution, directly or in a fusion they call."""
+    found = {name for name, body in computations.items()
+             if any(i.opcode in ("dot", "convolution") for i in body)}  # fmt: skip
+    grew = True
+    while grew:
+        callers = {name for name, body in computations.items() if name not in found
+                   and any(_callee(i) in found for i in body if i.opcode == "fusion")}  # fmt: skip
+        found |= callers
+        grew = bool(callers)
+    return found
+
+
 def host_bytes(instr: Instr, types: dict[str, str]) -> float:
     """Bytes one op moves between device and host memory (`S(5)`). Offloaded residuals of a
     scanned layer go out as a dynamic-update-slice(-start) of one layer into the stacked host
@@ -349,6 +364,7 @@ def program_cost(hlo_text: str) -> dict:
     computations, entry, types = parse(hlo_text)
     cost = Cost()
     by_name = {i.name: i for instrs in computations.values() for i in instrs}
+    matmul_bodies = _with_matmuls(computations)
     fused = {m.group(1) for instrs in computations.values() for i in instrs
              if i.opcode == "fusion" for m in [re.search(r"calls=%([\w.-]+)", i.attrs)] if m}  # fmt: skip
 
@@ -371,11 +387,18 @@ def program_cost(hlo_text: str) -> dict:
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
                     cost.custom_calls[target.group(1)] += times
+            moved = 0.0
             if top_level and op == "fusion":
-                cost.hbm_bytes += fusion_hbm_bytes(instr, computations, types) * times
+                moved = fusion_hbm_bytes(instr, computations, types) * times
             elif top_level and op in ("dot", "convolution", "copy", "custom-call"):
                 operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
-                cost.hbm_bytes += (operands + nbytes(instr.type, "S(1)")) * times
+                moved = (operands + nbytes(instr.type, "S(1)")) * times
+            cost.hbm_bytes += moved
+            # The TensorCore runs one op at a time: an op without matrix products (a copy,
+            # an elementwise or reduction fusion) is HBM time no matmul hides. Mosaic
+            # kernels (custom calls) count as matmul work: their FLOPs come from formulas.
+            if moved and op in ("fusion", "copy") and (_callee(instr) or "") not in matmul_bodies:
+                cost.hbm_bytes_without_matmul += moved
             cost.host_transfer_bytes += host_bytes(instr, types) * times
             if op == "while":
                 body = re.search(r"body=%([\w.-]+)", instr.attrs)

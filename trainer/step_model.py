@@ -3,12 +3,15 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
 
 - compute: matrix FLOPs by precision over the peak of that precision, at `MXU_EFFICIENCY`;
   Splash attention (a Mosaic kernel the HLO cannot look into) adds its analytic FLOPs.
-- HBM: bytes the top-level ops read and write, VMEM-resident values excluded.
+- HBM: bytes the top-level ops read and write, VMEM-resident values excluded; a slice of a
+  stacked (scanned) buffer costs the slice.
 - ICI: bytes each collective moves per device, ring-corrected by its group size, over the
   device's share of the chip's bidirectional ICI bandwidth on one torus axis.
 - host: bytes moved to or from pinned host memory (offload), over the host link.
-- overlap: compute and HBM overlap fully (the larger counts); collectives and host
-  transfers run asynchronously and hide behind `OVERLAP` of that time; the rest is exposed.
+- overlap: ops run one at a time; a matmul op's HBM traffic hides under its compute (the
+  larger counts), an op without matmuls (elementwise, reductions, copies) adds its HBM
+  time; collectives and host transfers run asynchronously and hide behind `OVERLAP` of
+  that busy time; the rest is exposed.
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ def step_time(
         + (flops.get("bf16", 0.0) + kernel_flops) / peak["bf16"]
         + flops.get("f32", 0.0) / (peak["bf16"] * F32_MATMUL_SHARE)
     ) / mxu_efficiency
-    hbm = cost["hbm_bytes"] / (accel.hbm_bytes_per_s / per_device)
+    hbm_rate = accel.hbm_bytes_per_s / per_device
+    hbm = cost["hbm_bytes"] / hbm_rate
+    # Ops without matrix products run between the MXU's (one op at a time): their HBM time
+    # adds; matmul ops overlap their own HBM traffic (records from before the split: none).
+    alone = cost.get("hbm_bytes_without_matmul", 0.0) / hbm_rate
     ici_per_device = accel.ici_axis_bytes_per_s / per_device
     ici = (
         sum(
@@ -59,7 +66,7 @@ def step_time(
         / ici_per_device
     )
     host = cost["host_transfer_bytes"] / (accel.host_link_bytes_per_s / per_device)
-    busy = max(compute, hbm)
+    busy = max(compute, hbm - alone) + alone
     exposed = max(0.0, ici + host - overlap * busy)
     step = busy + exposed
     return {
