@@ -95,7 +95,7 @@ def compiled_cost(name: str, recompile: bool) -> dict:
 
 
 def hlo_path(name: str) -> Path:
-    return RECORDS / f"{name.replace(' ', '_')}.hlo.gz"
+    return record_path(name).with_suffix(".hlo.gz")
 
 
 def record_path(name: str) -> Path:

@@ -73,13 +73,16 @@ def arrays(type_str: str) -> list[tuple[str, list[int], str]]:
     ]
 
 
+def _array_bytes(dtype: str, dims: list[int]) -> float:
+    return math.prod(dims) * (1 if dtype.startswith("f8") else BYTES.get(dtype, 4))
+
+
 def nbytes(type_str: str, skip_space: str | None = None) -> float:
-    total = 0.0
-    for dtype, dims, layout in arrays(type_str):
-        if skip_space and skip_space in layout:
-            continue
-        total += math.prod(dims) * (1 if dtype.startswith("f8") else BYTES.get(dtype, 4))
-    return total
+    return sum(
+        _array_bytes(dtype, dims)
+        for dtype, dims, layout in arrays(type_str)
+        if not (skip_space and skip_space in layout)
+    )
 
 
 def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
@@ -352,8 +355,8 @@ def host_bytes(instr: Instr, types: dict[str, str]) -> float:
         return nbytes(operand_types[1])
     if op == "dynamic-slice":
         # -start: ((operands), slice, context); the slice is the largest array off the host
-        return max((nbytes(f"{d}[{','.join(map(str, dims))}]") for d, dims, layout in
-                    arrays(instr.type) if HOST_SPACE not in layout), default=0.0)  # fmt: skip
+        return max((_array_bytes(dtype, dims) for dtype, dims, layout in arrays(instr.type)
+                    if HOST_SPACE not in layout), default=0.0)  # fmt: skip
     if op in ("copy", "fusion"):
         return nbytes(instr.type, HOST_SPACE) or nbytes(instr.type)
     return 0.0
@@ -365,8 +368,8 @@ def program_cost(hlo_text: str) -> dict:
     cost = Cost()
     by_name = {i.name: i for instrs in computations.values() for i in instrs}
     matmul_bodies = _with_matmuls(computations)
-    fused = {m.group(1) for instrs in computations.values() for i in instrs
-             if i.opcode == "fusion" for m in [re.search(r"calls=%([\w.-]+)", i.attrs)] if m}  # fmt: skip
+    fused = {callee for instrs in computations.values() for i in instrs
+             if i.opcode == "fusion" and (callee := _callee(i))}  # fmt: skip
 
     def walk(name: str, times: float, seen: tuple[str, ...]) -> None:
         if name not in computations or name in seen:
