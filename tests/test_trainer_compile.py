@@ -539,17 +539,26 @@ def test_offloaded_residuals_cross_the_host_link_once_each_way(compile_once):
     """decoder_layer_input offloaded: each layer's input goes to host memory in the forward
     pass and comes back in the backward (XLA peels one iteration of each loop to overlap the
     transfers; the peeled loops start their counter at 1), and the FLOPs are the device
-    placement's."""
+    placement's. Whether the offload acts is judged by device memory against that placement,
+    compiled again as the offload trial's twin."""
     layers, d, seq = 3, SMALL["d_model"], 256
-    costs, memory = {}, {}
+    costs, memory, effects = {}, {}, {}
     for place in ("device", "offload"):
         remat = {"policy": "custom", "custom": {"decoder_layer_input": place}}
-        code, events, err = compile_once(
-            {"model": {**SMALL, "num_layers": layers}, "remat": remat, "xla": {"judge": False}}
-        )
+        code, events, err = compile_once({"model": {**SMALL, "num_layers": layers}, "remat": remat})
         assert code == 0, err[-2000:]
         costs[place] = events["summary"]["program_cost"]
         memory[place] = events["compiled"]["memory_per_device"]
+        effects[place] = events["compiled"]["effects"]
+    assert "remat.offload" not in effects["device"]
+    verdict = effects["offload"]["remat.offload"]
+    mib = {p: f"{memory[p]['total_bytes'] / 2**20:.1f} MiB" for p in memory}
+    assert (
+        f"{mib['offload']} offloaded vs {mib['device']} with the same tensors on device"
+        in (verdict["reason"])
+    )
+    saves = memory["offload"]["total_bytes"] < memory["device"]["total_bytes"]
+    assert verdict["status"] == ("active" if saves else "inert"), verdict
     residuals = layers * seq * d * 2  # bf16, one sequence per device
     assert memory["offload"]["host_temp_size_in_bytes"] == residuals
     assert costs["device"]["host_transfer_bytes"] == 0

@@ -23,6 +23,7 @@ from trainer.events import (
 from trainer.hardware import accelerator_for, chips_in
 from trainer.hlo import count_collectives, fingerprint
 from trainer.hlo_cost import program_cost
+from trainer.policies import on_device, uses_offload
 from trainer.programs import ProgramCache, cached_compile, flag_effects, program_key
 from trainer.run import accepted_event, build_program, compile_step, lower_step
 from trainer.step_model import kernel_flops, step_time
@@ -39,6 +40,69 @@ def topology_devices(target: str) -> list[jax.Device]:
         raise ConfigError(
             "compile_target", f"libtpu rejected {target!r}: {str(exc)[:300]}"
         ) from None
+
+
+def compile_record(
+    program: Any, flags: list[str], target: str, cache: ProgramCache
+) -> tuple[dict[str, Any], bool]:
+    """The compile record of `program` (fingerprint, memory, collectives, counted cost), and
+    whether another trial had compiled the same program already."""
+    lowered = lower_step(program)
+    key = program_key(lowered.as_text(), flags, target)
+
+    def compile_now() -> dict[str, Any]:
+        try:
+            compiled, compile_s = compile_step(program, lowered)
+        except Exception as exc:
+            failure_class = classify_exception(exc, "compile")
+            if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):
+                failure_class = (
+                    FailureClass.INVALID_CONFIG
+                )  # e.g. kernel blocks the kernel itself rejects
+            raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
+        hlo = compiled.as_text()
+        return {
+            "fingerprint": fingerprint(hlo),
+            "compile_s": compile_s,
+            "memory_per_device": metrics.memory_per_device(compiled),
+            "collectives": count_collectives(hlo),
+            "cost": program_cost(hlo),
+        }
+
+    return cached_compile(key, cache, compile_now)
+
+
+def offload_effect(
+    config: TrialConfig,
+    devices: list[jax.Device],
+    memory: dict[str, int],
+    flags: list[str],
+    cache: ProgramCache,
+) -> dict[str, str]:
+    """`active` when offloading lowers device memory below the same policy with the offloaded
+    tensors kept on device (a second compile, in this process: same flags), else `inert`:
+    host offload that saves no device memory only adds host-link traffic. Device memory is
+    libtpu's arguments + temp, as for `fits`."""
+    twin = config.model_copy(update={"remat": on_device(config.remat)})
+    try:
+        other, _ = compile_record(build_program(twin, devices), flags, twin.compile_target, cache)
+    except TrialFailure as exc:
+        return {
+            "status": "active",
+            "reason": f"kept on device, the program does not compile ({exc.failure_class.value})",
+        }
+    offloaded, on_dev = memory["total_bytes"], other["memory_per_device"]["total_bytes"]
+    figures = (
+        f"device memory {_size(offloaded)} offloaded vs {_size(on_dev)} with the same tensors "
+        f"on device; host {_size(memory.get('host_temp_size_in_bytes', 0))}"
+    )
+    if offloaded < on_dev:
+        return {"status": "active", "reason": f"saves {_size(on_dev - offloaded)}: {figures}"}
+    return {"status": "inert", "reason": f"saves no device memory: {figures}"}
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
@@ -63,29 +127,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     cache = ProgramCache(convergence.cache_dir(config))
     # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
-    lowered = lower_step(program)
-    key = program_key(lowered.as_text(), flags, target)
-
-    def compile_now() -> dict[str, Any]:
-        try:
-            compiled, compile_s = compile_step(program, lowered)
-        except Exception as exc:
-            failure_class = classify_exception(exc, "compile")
-            if failure_class == FailureClass.COMPILE_ERROR and isinstance(exc, ValueError):
-                failure_class = (
-                    FailureClass.INVALID_CONFIG
-                )  # e.g. kernel blocks the kernel itself rejects
-            raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
-        hlo = compiled.as_text()
-        return {
-            "fingerprint": fingerprint(hlo),
-            "compile_s": compile_s,
-            "memory_per_device": metrics.memory_per_device(compiled),
-            "collectives": count_collectives(hlo),
-            "cost": program_cost(hlo),
-        }
-
-    record, shared = cached_compile(key, cache, compile_now)
+    record, shared = compile_record(program, flags, target, cache)
     compile_s, memory, collectives = (
         record["compile_s"],
         record["memory_per_device"],
@@ -94,6 +136,8 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     fits = memory["total_bytes"] <= accel.usable_hbm_per_device
     # Whether each flag acts is worth a compile only for a program that can run.
     effects = flag_effects(config, record["fingerprint"]) if config.xla.judge and fits else {}
+    if config.xla.judge and uses_offload(config.remat):  # judged also when it does not fit
+        effects["remat.offload"] = offload_effect(config, devices, memory, flags, cache)
     emitter.emit(
         Compiled(
             compile_s=compile_s,

@@ -335,7 +335,8 @@ class XlaFlagsConfig(_Frozen):
     judge: bool = True
     """compile fidelity: compile again with each flag knob this trial sets at its default (in
     a child process: libtpu reads flags once) and report the knob inert where the program is
-    the same. One more compile per such knob, shared across a sweep's trials."""
+    the same, and with offloaded tensors kept on device (remat.offload is inert unless it
+    lowers device memory). One more compile per such knob, shared across a sweep's trials."""
 
     @model_validator(mode="after")
     def _check(self) -> XlaFlagsConfig:

@@ -72,3 +72,12 @@ def placements(remat: RematConfig) -> dict[str, tuple[str, ...]]:
 
 def uses_offload(remat: RematConfig) -> bool:
     return bool(placements(remat)["offload"])
+
+
+def on_device(remat: RematConfig) -> RematConfig:
+    """The same policy with what it offloads kept on device instead (the twin an offload
+    policy is judged against: it saves only if it lowers device memory below this)."""
+    if remat.policy == "custom":
+        custom = {n: "device" if p == "offload" else p for n, p in remat.custom.items()}
+        return remat.model_copy(update={"custom": custom})
+    return remat.model_copy(update={"policy": OFFLOAD_TWINS.get(remat.policy, remat.policy)})
