@@ -58,6 +58,9 @@ def forward(params: dict[str, Any], tokens: np.ndarray, *, num_layers: int, eps:
         q = np.einsum("bse,ehd->bshd", h, layer["attention/query"])
         k = np.einsum("bse,ehd->bshd", h, layer["attention/key"])
         v = np.einsum("bse,ehd->bshd", h, layer["attention/value"])
+        if "attention/query_norm/scale" in layer:  # QK-norm: per head, before RoPE
+            q = rms_norm(q, layer["attention/query_norm/scale"], eps)
+            k = rms_norm(k, layer["attention/key_norm/scale"], eps)
         ctx = causal_gqa(rope(q, positions, theta), rope(k, positions, theta), v)
         x = x + np.einsum("bshd,hde->bse", ctx, layer["attention/out"])
         h = rms_norm(x, layer["mlp_norm/scale"], eps)

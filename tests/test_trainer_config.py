@@ -103,3 +103,24 @@ def test_auto_attention_resolves_to_the_fused_kernel_of_each_backend():
     # Where auto runs the XLA reference (GPU with context shards), the trial is its own
     # reference: the check resolves kernels exactly as the run does.
     assert config.is_baseline_numerics("gpu", context=2)
+
+
+@pytest.mark.parametrize(
+    ("preset", "global_batch", "seq", "chips", "step_s", "tflops_per_chip"),
+    [  # AI-Hypercomputer/tpu-recipes@39ff447, training/ironwood/README.md (MaxText's count)
+        ("llama3.1-70b", 256, 8192, 64, 12.20, 1207.05),
+        ("llama3.1-70b", 64, 131072, 256, 34.23, 892.46),
+        ("llama3.1-405b", 1536, 8192, 256, 101.89, 1217.58),
+        ("qwen3-235b-a22b", 8192, 4096, 256, 31.58, 615.69),
+    ],
+)
+def test_presets_are_the_published_models(
+    preset, global_batch, seq, chips, step_s, tflops_per_chip
+):
+    """A preset's FLOPs per step equal what the published Ironwood run reports (its TFLOP/s
+    per chip x step time x chips): the shapes are the recipes' models, experts included."""
+    from trainer.config import ModelConfig
+    from trainer.flops import training_flops_per_step
+
+    flops = training_flops_per_step(ModelConfig(preset=preset), global_batch, seq)
+    assert flops / chips / step_s / 1e12 == pytest.approx(tflops_per_chip, rel=2e-3)

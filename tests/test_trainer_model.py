@@ -27,8 +27,10 @@ def test_flax_model_matches_hand_written_forward(model):
     assert trainer_loss == pytest.approx(float(bare_ce), rel=1e-4)
 
 
-def test_logits_match_an_independent_reference_model():
-    """The trainer's decoder against tests/reference_model.py (NumPy, no trainer code)."""
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_logits_match_an_independent_reference_model(qk_norm):
+    """The trainer's decoder against tests/reference_model.py (NumPy, no trainer code); with
+    QK-norm, its scales drawn at random so that leaving them out shows."""
     import flax
     import jax.numpy as jnp
 
@@ -36,13 +38,19 @@ def test_logits_match_an_independent_reference_model():
     from trainer.config import ModelConfig
     from trainer.model import Transformer
 
-    cfg = ModelConfig(preset="tiny-dense")
+    cfg = ModelConfig(preset="tiny-dense", qk_norm=qk_norm)
     model = Transformer(cfg, dtype=jnp.float32)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (2, 24))
     positions = np.broadcast_to(np.arange(24), tokens.shape)
-    variables = model.init(jax.random.key(1), tokens, positions)
+    variables = flax.core.meta.unbox(model.init(jax.random.key(1), tokens, positions))
+    if qk_norm:
+        attention = variables["params"]["layers"]["attention"]
+        for name in ("query_norm", "key_norm"):
+            scale = attention[name]["scale"]
+            attention[name]["scale"] = jnp.asarray(rng.uniform(0.5, 2.0, scale.shape), scale.dtype)
     logits, _ = model.apply(variables, tokens, positions)
-    params = jax.tree.map(np.asarray, flax.core.meta.unbox(variables["params"]))
+    params = jax.tree.map(np.asarray, variables["params"])
     want = forward(
         params, tokens, num_layers=cfg.num_layers, eps=cfg.norm_eps, theta=cfg.rope_theta
     )

@@ -82,6 +82,8 @@ class ModelConfig(_Frozen):
     """weight of the MoE load-balance auxiliary loss."""
     fused_qkv: bool = False
     """one fused QKV projection instead of three."""
+    qk_norm: bool = False
+    """RMSNorm over each head's queries and keys before RoPE (Qwen3)."""
     rope_theta: float = Field(default=10000.0, gt=0)
     """RoPE base frequency."""
     norm_eps: float = Field(default=1e-5, gt=0)

@@ -1,4 +1,5 @@
-"""Decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU) with a scanned, rematted layer stack."""
+"""Decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU) with a scanned, rematted layer stack;
+QK-norm (Qwen3) and mixture-of-experts layers where the config asks for them."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ class Attention(nn.Module):
             q = checkpoint_name(dense(x_BxSxE, wq.astype(dt)), "query_proj")
             k = checkpoint_name(dense(x_BxSxE, wk.astype(dt)), "key_proj")
             v = checkpoint_name(dense(x_BxSxE, wv.astype(dt)), "value_proj")
+        if cfg.qk_norm:  # per head, over head_dim (Qwen3)
+            q = RMSNorm(cfg.norm_eps, dt, name="query_norm")(q)
+            k = RMSNorm(cfg.norm_eps, dt, name="key_norm")(k)
         q = apply_rope(q, positions_BxS, cfg.rope_theta)
         k = apply_rope(k, positions_BxS, cfg.rope_theta)
         q = nn.with_logical_constraint(

@@ -72,6 +72,22 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         experts_per_token=2,
         rope_theta=1000000.0,
     ),
+    # Qwen3-235B-A22B (its Hugging Face config): 128 experts, top-8 with the top-k weights
+    # renormalized (norm_topk_prob, as this trainer always does), QK-norm.
+    "qwen3-235b-a22b": dict(
+        vocab_size=151936,
+        d_model=4096,
+        num_layers=94,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        mlp_dim=1536,
+        num_experts=128,
+        experts_per_token=8,
+        qk_norm=True,
+        rope_theta=1000000.0,
+        norm_eps=1e-6,
+    ),
     # DeepSeekMoE-16B's routed experts (64, top-6, 1408 wide); its 2 shared experts and
     # dense first layer are not modelled, hence "class".
     "deepseek-moe-16b-class": dict(
