@@ -96,9 +96,9 @@ def compile_row(name: str) -> None:
     trainer/hlo_cost.py improves, without compiling again."""
     config, target = recipe(name)
     trial = load_config({**config, "compile_target": target})
-    from trainer.cli import _prepare_environment
+    from trainer.cli import prepare_environment
 
-    _prepare_environment(trial)  # the trial's LIBTPU flags, before libtpu starts
+    prepare_environment(trial)  # the trial's LIBTPU flags, before libtpu starts
     from trainer.aot import topology_devices
     from trainer.metrics import memory_per_device
     from trainer.run import build_program, compile_step

@@ -31,8 +31,9 @@ def _read_config(path: str) -> TrialConfig:
     return load_config(data)
 
 
-def _prepare_environment(config: TrialConfig) -> None:
-    # Must happen before JAX/libtpu initialize: both read the environment once per process.
+def prepare_environment(config: TrialConfig) -> None:
+    """The process environment a trial of `config` compiles and runs in (JAX platform, the
+    trial's LIBTPU flags, checked): before JAX and libtpu start, as they read it once."""
     if config.backend == "cpu" or config.compile_target:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # AOT for TPU needs no TPU backend
     if config.compile_target:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
             )
-        _prepare_environment(config)
+        prepare_environment(config)
         if args.estimate_only:
             emitter.emit(Summary(**_estimate(config)))
             return 0
