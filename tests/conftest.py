@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -13,6 +14,12 @@ os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 # Tests compile for TPU topologies in several processes at once; none opens a TPU device.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# The many run trials of the suite (sweeps, trainer processes) share JAX's persistent
+# compilation cache: a tiny model's 8 s CPU compile becomes a 1 s load. Run trials only
+# (trainer/cli.py); TPU compile trials always compile. No test times a CPU compile.
+os.environ.setdefault(
+    "SWEEPER_JAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"sweeper-tests-jax-{os.getuid()}")
+)
 
 import pytest
 

@@ -40,6 +40,23 @@ def test_success_streams_accepted_compiled_steps_summary(tmp_path, cache_dir):
     assert all(isinstance(events[2][m], float) for m in STEP_METRICS)
 
 
+def test_run_trials_share_a_persistent_compile_cache(tmp_path, monkeypatch):
+    """With $SWEEPER_JAX_CACHE_DIR a run trial's programs are stored there, the trial says
+    the cache was in use, and the same trial again loads them (nothing written again)."""
+    cache = tmp_path / "jax"
+    monkeypatch.setenv("SWEEPER_JAX_CACHE_DIR", str(cache))
+    config = trial(steps=2, convergence={"enabled": False})
+    code, events, err = run_trainer(config, tmp_path)
+    assert code == 0, err[-2000:]
+    compiled = next(e for e in events if e["event"] == "compiled")
+    assert compiled["compile_cache"] == str(cache)
+    entries = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert any(name.startswith("jit_train_step") for name in entries), entries
+    code, _, err = run_trainer(config, tmp_path)  # a miss would compile and write again
+    assert code == 0, err[-2000:]
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == entries
+
+
 def test_a_line_that_breaks_the_protocol_is_refused_not_guessed():
     assert parse_event("I1130 12:00:00 a log line") is None
     assert parse_event('{"not": "an event"}') is None

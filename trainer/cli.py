@@ -12,6 +12,7 @@ from pathlib import Path
 from trainer.config import ConfigError, TrialConfig, load_config
 from trainer.events import (
     EXIT_CODES,
+    JAX_CACHE_ENV,
     Emitter,
     Failure,
     FailureClass,
@@ -53,6 +54,14 @@ def prepare_environment(config: TrialConfig) -> None:
         os.environ["LIBTPU_INIT_ARGS"] = " ".join(
             [os.environ.get("LIBTPU_INIT_ARGS", ""), *flags]
         ).strip()
+    cache = os.environ.get(JAX_CACHE_ENV)
+    if cache and not config.compile_target:
+        # Run trials only: the cache key does not hold LIBTPU flags, so a TPU compile trial
+        # could be answered with a program compiled under other flags (JAX 0.10 stores no
+        # topology compile there today, measured; this keeps it so).
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     if config.backend == "cpu" or config.compile_target:
         # libtpu probes for TPU hosts at import; on a host without them that is noise
         # (TPU7X.md). Never on a real TPU host: a multi-host slice reads these to find its peers.

@@ -102,6 +102,10 @@ class Accepted(_Event):
     libtpu_init_args: list[str] = Field(default_factory=list)
 
 
+# Opt-in: a directory for JAX's persistent compilation cache, used by run trials (cli.py).
+JAX_CACHE_ENV = "SWEEPER_JAX_CACHE_DIR"
+
+
 class Compiled(_Event):
     event: Literal["compiled"] = "compiled"
     compile_s: float
@@ -116,6 +120,11 @@ class Compiled(_Event):
     )
     shared_compile: bool = Field(
         default=False, description="another trial compiled this exact program: its figures"
+    )
+    compile_cache: str = Field(
+        default="",
+        description="run trials: JAX's persistent compilation cache in use ($SWEEPER_JAX_CACHE_DIR); "
+        "compile_s is then a compile or a load from it",
     )
     program_cost: dict[str, Any] = Field(
         default_factory=dict,

@@ -225,6 +225,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
             collectives=count_collectives(hlo),
             matmuls=matmuls,
             program_fingerprint=fingerprint(hlo),
+            compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
         )
     )
     budget = config.limits.device_memory_gib
