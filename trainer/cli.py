@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         emitter.emit(exc.event())
         return EXIT_CODES[exc.failure_class]
     except Exception as exc:  # classified, never lost
-        if any(e["event"] == "step" for e in emitter.events):
+        # Once the step has compiled, what breaks is the run (a peer's broken collective
+        # while the first step's metrics are read back is not a compile error).
+        if any(e["event"] in ("compiled", "step") for e in emitter.events):
             phase = "run"
         failure_class = classify_exception(exc, phase)
         emitter.emit(
