@@ -13,8 +13,8 @@ compiled so far).
 
 `MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only, with
 `OVERLAP` held at the model's value (every row is FSDP: its collectives cannot be told apart
-from MXU time); the table reports the error on those and, separately, on the HELD_OUT rows. Fidelity: estimate (from compiles),
-against a published run.
+from MXU time); the table reports the error on those and, separately, on the HELD_OUT rows.
+Fidelity: estimate (from compiles), against a published run.
 """
 
 from __future__ import annotations
@@ -84,9 +84,7 @@ def recipe(name: str) -> tuple[dict, str]:
         if section == "xla":  # the recipe's flags join the space's
             extra = [*config["xla"].get("extra", []), *values["extra"]]
             config["xla"] = {**config["xla"], "extra": extra}
-        elif section == "remat":
-            config["remat"] = values
-        else:
+        else:  # a section's keys replace the space's (remat: its policy and placements)
             config[section] = {**config.get(section, {}), **values}
     # As in the recipe test: untiled, our loss's float32 logits do not fit (MaxText's do).
     config["vocab_tiling"] = 8

@@ -553,10 +553,8 @@ def test_offloaded_residuals_cross_the_host_link_once_each_way(compile_once):
     assert "remat.offload" not in effects["device"]
     verdict = effects["offload"]["remat.offload"]
     mib = {p: f"{memory[p]['total_bytes'] / 2**20:.1f} MiB" for p in memory}
-    assert (
-        f"{mib['offload']} offloaded vs {mib['device']} with the same tensors on device"
-        in (verdict["reason"])
-    )
+    same = f"{mib['offload']} offloaded vs {mib['device']} with the same tensors on device"
+    assert same in verdict["reason"], verdict
     saves = memory["offload"]["total_bytes"] < memory["device"]["total_bytes"]
     assert verdict["status"] == ("active" if saves else "inert"), verdict
     residuals = layers * seq * d * 2  # bf16, one sequence per device

@@ -8,6 +8,7 @@ from sweeper.space import Objective
 from tests.helpers import run_trainer, trial
 from trainer.events import (
     EXIT_CODES,
+    JAX_CACHE_ENV,
     MEASURED_METRICS,
     STEP_METRICS,
     FailureClass,
@@ -44,7 +45,7 @@ def test_run_trials_share_a_persistent_compile_cache(tmp_path, monkeypatch):
     """With $SWEEPER_JAX_CACHE_DIR a run trial's programs are stored there, the trial says
     the cache was in use, and the same trial again loads them (nothing written again)."""
     cache = tmp_path / "jax"
-    monkeypatch.setenv("SWEEPER_JAX_CACHE_DIR", str(cache))
+    monkeypatch.setenv(JAX_CACHE_ENV, str(cache))
     config = trial(steps=2, convergence={"enabled": False})
     code, events, err = run_trainer(config, tmp_path)
     assert code == 0, err[-2000:]
