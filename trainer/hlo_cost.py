@@ -45,6 +45,8 @@ class Cost:
     hbm_bytes_without_matmul: float = 0.0  # of ops with no matrix product: never under the MXU
     collective_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     collective_group_sizes: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    # bytes by (kind, group size, torus dims its rings use at once, engine): see `collective`
+    collective_ops: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     host_transfer_bytes: float = 0.0
     custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     loop_trips: list[int] = field(default_factory=list)
@@ -59,6 +61,10 @@ class Cost:
             "collective_group_sizes": {
                 k: sorted(v) for k, v in self.collective_group_sizes.items()
             },
+            "collective_ops": [
+                {"kind": k, "group": g, "torus_dims": d, "engine": e, "bytes": b}
+                for (k, g, d, e), b in sorted(self.collective_ops.items())
+            ],
             "host_transfer_bytes": self.host_transfer_bytes,
             "custom_calls": dict(self.custom_calls),
             "loop_trips": self.loop_trips,
@@ -249,6 +255,29 @@ def _group_size(attrs: str) -> int:
 _PASS_THROUGH = ("bitcast", "copy", "reshape")  # in a fusion: the same bytes, relaid
 
 
+_ASYNC_CALLS = ("call-start", "async-start")
+_SPARSECORE = '"device_type":"DEVICE_TYPE_SPARSECORE"'
+
+
+def collective(instr: Instr, in_async_call: bool) -> tuple[int, str]:
+    """How a collective runs, from libtpu's backend config: the torus dimensions its rings
+    use at once (colors rotating over X, Y and Z: 3; one ring threaded through the slice,
+    as a single-SparseCore reduce-scatter: 1; no config, as on CPU: 1), and its engine:
+    `sparsecore` (offloaded to the SparseCores, beside the TensorCore), `async` (a
+    -start/-done pair, or inside a computation called asynchronously) or `sync` (the
+    TensorCore waits; XLA turns an async pair with nothing to overlap back into this)."""
+    active = re.search(r"active_dims:([01]+)", instr.attrs)
+    rings = set(re.findall(r'"ring_dim":"ICI_RING_DIM_(\w+?)_MESH"', instr.attrs))
+    dims = active.group(1).count("1") if active else len(rings)
+    if _SPARSECORE in instr.attrs:
+        engine = "sparsecore"
+    elif in_async_call or instr.opcode.endswith("-start"):
+        engine = "async"
+    else:
+        engine = "sync"
+    return max(dims, 1), engine
+
+
 def _callee(instr: Instr) -> str | None:
     found = re.search(r"calls=%([\w.-]+)", instr.attrs)
     return found.group(1) if found else None
@@ -371,7 +400,7 @@ def program_cost(hlo_text: str) -> dict:
     fused = {callee for instrs in computations.values() for i in instrs
              if i.opcode == "fusion" and (callee := _callee(i))}  # fmt: skip
 
-    def walk(name: str, times: float, seen: tuple[str, ...]) -> None:
+    def walk(name: str, times: float, seen: tuple[str, ...], in_async: bool = False) -> None:
         if name not in computations or name in seen:
             return
         top_level = name not in fused
@@ -385,7 +414,9 @@ def program_cost(hlo_text: str) -> dict:
                 operand_bytes = sum(nbytes(types.get(o, "")) for o in instr.operands)
                 moved = nbytes(instr.type) if kind == "all-gather" and op == kind else operand_bytes
                 cost.collective_bytes[kind] += moved * times
-                cost.collective_group_sizes[kind].add(_group_size(instr.attrs))
+                group = _group_size(instr.attrs)
+                cost.collective_group_sizes[kind].add(group)
+                cost.collective_ops[(kind, group, *collective(instr, in_async))] += moved * times
             if op == "custom-call":
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
@@ -419,14 +450,14 @@ def program_cost(hlo_text: str) -> dict:
                 )
                 cost.loop_trips.append(trips)
                 if body:
-                    walk(body.group(1), times * trips, (*seen, name))
+                    walk(body.group(1), times * trips, (*seen, name), in_async)
                 continue
             if op.endswith("-done"):
                 continue
             for how, callee in _CALLEES.findall(instr.attrs):
                 # to_apply names a reducer (scalar) except on calls, async ones included
                 if how != "to_apply" or op in ("call", "call-start", "async-start"):
-                    walk(callee, times, (*seen, name))
+                    walk(callee, times, (*seen, name), in_async or op in _ASYNC_CALLS)
 
     walk(entry, 1.0, ())
     return cost.as_dict()
