@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import run_trainer, trial
 from trainer.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, check_static, load_config
 from trainer.events import EXIT_CODES, Emitter
-from trainer.kernels import grouped_matmul, reference_attention, splash_attention
+from trainer.kernels import grouped_matmul, reference_attention, splash_attention, splash_config
 from trainer.run import build_program, check_convergence, train
 
 ONE_DEVICE = {
@@ -157,6 +157,39 @@ def test_splash_matches_reference_forward_and_gradients(blocks, qkv):
     for g_spl, g_ref in zip(
         jax.grad(spl, (0, 1, 2))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v), strict=True
     ):
+        np.testing.assert_allclose(g_spl, g_ref, atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "layouts",
+    [("seq_minor", "seq_minor", "head_dim_minor"), ("seq_minor", "seq_minor", "seq_minor")],
+    ids=["recipe", "all_seq_minor"],
+)
+def test_splash_layouts_keep_the_numerics(layouts, qkv):
+    """A physical layout (MaxText's sa_*_layout) reaches the kernel and leaves its results:
+    forward and gradients against the reference, as for the default layout."""
+    q, k, v, cot, pos = qkv
+    kernels = KernelsConfig(
+        attention="splash", **dict(zip(("q_layout", "k_layout", "v_layout"), layouts, strict=True)),
+        **BLOCKS["all_128"],
+    )  # fmt: skip
+    config = splash_config(kernels, True, 256, 256)
+    assert [c.name.lower() for c in (config.q_layout, config.k_layout, config.v_layout)] == list(
+        layouts
+    )
+
+    def loss(fn):
+        return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * cot), (0, 1, 2))(q, k, v)
+
+    np.testing.assert_allclose(
+        splash_attention(q, k, v, kernels, True), reference_attention(q, k, v, pos, pos), atol=2e-5
+    )
+    grads = zip(
+        loss(lambda q, k, v: splash_attention(q, k, v, kernels, interpret=True)),
+        loss(lambda q, k, v: reference_attention(q, k, v, pos, pos)),
+        strict=True,
+    )
+    for g_spl, g_ref in grads:
         np.testing.assert_allclose(g_spl, g_ref, atol=2e-4)
 
 

@@ -271,6 +271,13 @@ class KernelsConfig(_Frozen):
     """Splash backward (dK/dV) key/value block."""
     block_kv_dkv_compute: int = 512
     """Splash backward (dK/dV) key/value compute block."""
+    q_layout: Literal["head_dim_minor", "seq_minor"] = "head_dim_minor"
+    """Splash: the physical layout the kernel enforces on queries (MaxText's sa_q_layout):
+    head_dim_minor ([..., seq, head_dim]) or seq_minor ([..., head_dim, seq])."""
+    k_layout: Literal["head_dim_minor", "seq_minor"] = "head_dim_minor"
+    """Splash: the physical layout of keys (MaxText's sa_k_layout)."""
+    v_layout: Literal["head_dim_minor", "seq_minor"] = "head_dim_minor"
+    """Splash: the physical layout of values (MaxText's sa_v_layout)."""
     max_logit_const: float | None = None
     """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
     moe_gmm: Literal["ragged_dot", "megablox", "tokamax"] = "ragged_dot"

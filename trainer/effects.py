@@ -77,7 +77,7 @@ def knob_effects(
             "reason": f"auto resolved to {kernels.attention} on {platform}",
         }
     if kernels.attention == "splash":
-        effects["kernels.splash_blocks"] = _kernel_effect(platform, "Splash attention")
+        effects["kernels.splash_blocks"] = _kernel_effect(platform, "Splash attention", "tiles and layouts")
     if config.model.is_moe:
         if kernels.moe_gmm == "megablox":
             effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
@@ -95,9 +95,9 @@ def knob_effects(
     return effects
 
 
-def _kernel_effect(platform: str, name: str) -> dict[str, str]:
+def _kernel_effect(platform: str, name: str, knobs: str = "tiles") -> dict[str, str]:
     if platform in PALLAS_NATIVE:
-        return {"status": "active", "reason": f"{name} Pallas kernel with these tiles"}
+        return {"status": "active", "reason": f"{name} Pallas kernel with these {knobs}"}
     return {
         "status": "interpreted",
         "reason": f"{name} runs with interpret=True on {platform}: correctness only, tiles have no speed meaning",

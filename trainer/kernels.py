@@ -67,11 +67,12 @@ def fused_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, implementation: str | None 
     )
 
 
-def _splash_config(
+def splash_config(
     kernels: KernelsConfig, interpret: bool, q_len: int, kv_len: int
 ) -> splash.SplashConfig:
     return splash.SplashConfig(
         **kernels.blocks(q_len, kv_len),
+        **{f"{x}_layout": splash.QKVLayout[getattr(kernels, f"{x}_layout").upper()] for x in "qkv"},
         max_logit_const=kernels.max_logit_const,
         interpret=interpret,
     )
@@ -94,7 +95,7 @@ def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, in
     s = q_BxSxHxD.shape[1]
     # Built per trace, not cached: the kernel holds arrays made inside the current trace.
     kernel = splash.make_splash_mqa_single_device(
-        mask=splash_mask.CausalMask((s, s)), config=_splash_config(kernels, interpret, s, s)
+        mask=splash_mask.CausalMask((s, s)), config=splash_config(kernels, interpret, s, s)
     )
     return _run_kernel(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
@@ -133,7 +134,7 @@ def sharded_splash_attention(
     # Lazy: the kernel computes causality from each row's position; no S x S array exists.
     mask = LoadBalancedCausalMask((s, s), context if load_balanced else 1)
     kernel = splash.make_splash_mqa(
-        mask=mask, config=_splash_config(kernels, interpret, s // context, s), q_seq_shards=context
+        mask=mask, config=splash_config(kernels, interpret, s // context, s), q_seq_shards=context
     )
     kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("context")))
     spec = P(BATCH_AXES, "context", "tensor", None)
