@@ -71,6 +71,11 @@ def maxtext_args(trial: dict) -> tuple[list[str], str]:
         "attention=flash",
         "sa_use_fused_bwd_kernel=True",
         *(f"sa_{block}={kernels[block]}" for block in kernels if block.startswith("block_")),
+        *(
+            f"sa_{x}={kernels[x].upper()}"
+            for x in ("q_layout", "k_layout", "v_layout")
+            if x in kernels
+        ),
         "dataset_type=synthetic",
         "enable_checkpointing=False",
         "compile_topology=tpu7x-128",

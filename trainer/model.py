@@ -80,14 +80,18 @@ class Attention(nn.Module):
             wq = weight(self, "query", (e, h, d), ("embed", "heads", None), e)
             wk = weight(self, "key", (e, kv, d), ("embed", "kv_heads", None), e)
             wv = weight(self, "value", (e, kv, d), ("embed", "kv_heads", None), e)
-            q = checkpoint_name(dense(x_BxSxE, wq.astype(dt)), "query_proj")
-            k = checkpoint_name(dense(x_BxSxE, wk.astype(dt)), "key_proj")
-            v = checkpoint_name(dense(x_BxSxE, wv.astype(dt)), "value_proj")
+            q = dense(x_BxSxE, wq.astype(dt))
+            k = dense(x_BxSxE, wk.astype(dt))
+            v = dense(x_BxSxE, wv.astype(dt))
         if cfg.qk_norm:  # per head, over head_dim (Qwen3)
             q = RMSNorm(cfg.norm_eps, dt, name="query_norm")(q)
             k = RMSNorm(cfg.norm_eps, dt, name="key_norm")(k)
-        q = apply_rope(q, positions_BxS, cfg.rope_theta)
-        k = apply_rope(k, positions_BxS, cfg.rope_theta)
+        # Named as MaxText names them: the attention's inputs, RoPE applied (a saved query
+        # is read back by the attention's backward as it is, with nothing to recompute),
+        # each device's own sequence chunk (before keys are gathered for context parallelism).
+        q = checkpoint_name(apply_rope(q, positions_BxS, cfg.rope_theta), "query_proj")
+        k = checkpoint_name(apply_rope(k, positions_BxS, cfg.rope_theta), "key_proj")
+        v = checkpoint_name(v, "value_proj")
         q = nn.with_logical_constraint(
             q, ("activation_batch", "activation_length", "activation_heads", None)
         )
