@@ -3,6 +3,7 @@ tuple elements named in place (`%param#3`) and a loop XLA peeled for host offloa
 
 import pytest
 
+from trainer.config import SPLASH_BLOCKS
 from trainer.hlo_cost import program_cost
 
 LAYER = "bf16[1,2,1024,512]{3,2,1,0}"
@@ -200,3 +201,32 @@ def test_the_re_tuned_recipe_ranks_above_the_original_fp8_recipe():
     assert re_tuned > original
     published = rows["llama3.1-70b 8k fp8 re-tuned 64 chips"]["published_tokens"]
     assert re_tuned == pytest.approx(published, rel=0.05)
+
+
+@pytest.mark.parametrize("block_q,block_kv", [(128, 128), (256, 128), (128, 512), (512, 256)])
+def test_splash_computes_every_block_the_causal_mask_touches(block_q, block_kv):
+    """Splash skips a (block_q, block_kv) block only when the causal mask covers it whole;
+    counted against the blocks of an explicit mask."""
+    import numpy as np
+
+    from trainer.step_model import splash_scores
+
+    seq = 1024
+    causal = np.tril(np.ones((seq, seq), bool))
+    blocks = causal.reshape(seq // block_q, block_q, seq // block_kv, block_kv).any(axis=(1, 3))
+    assert splash_scores(seq, block_q, block_kv) == blocks.sum() * block_q * block_kv
+
+
+def test_splash_blocks_change_the_kernel_flops():
+    """Bigger query blocks compute more of the diagonal in vain: at 8k, 2048-row blocks
+    compute 1.25x the causal half, 1024-row blocks 1.125x."""
+    from trainer.config import load_config
+    from trainer.step_model import kernel_flops
+
+    def flops(block: int) -> float:
+        kernels = {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, block)}
+        config = load_config({"model": {"preset": "tiny-dense"}, "seq_len": 8192,
+                              "per_device_batch": 1, "kernels": kernels})  # fmt: skip
+        return kernel_flops(config, global_batch=1, num_devices=1)
+
+    assert flops(2048) / flops(1024) == pytest.approx(1.25 / 1.125)
