@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -63,6 +64,10 @@ POLL_S = 0.1
 # loaded 2-core host: a killed peer was not seen in time and its survivor's error was named).
 PEER_GRACE_S = 10.0
 _CODE_TO_CLASS = {code: name for name, code in EXIT_CODES.items()}
+# Return codes of a process killed by its own fault (not by the engine or the OS's SIGKILL).
+_CRASH_SIGNALS = {
+    -s for s in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+}
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,19 @@ class TrialRun:
                 **common,
                 **numbers,
                 **failure_result(self.failure.failure_class, self.failure.message, **extra),
+            }
+        if self.accepted is not None and self.compiled is None and returncode in _CRASH_SIGNALS:
+            # Accepted, never compiled, killed by its own fault: the compiler crashed (libtpu
+            # overflows its stack on some programs). The same program would crash again.
+            name = signal.Signals(-returncode).name
+            return {
+                **common,
+                **numbers,
+                **failure_result(
+                    FailureClass.COMPILE_ERROR,
+                    f"the trainer crashed ({name}) while compiling the step: a compiler crash, "
+                    "see log_tail",
+                ),
             }
         if returncode != 0 or summary is None:
             cls = _CODE_TO_CLASS.get(returncode, FailureClass.CRASHED)

@@ -92,6 +92,12 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
             assert source.params == trial.params and source.value == trial.value
 
 
+# Every warm-start point names every knob (a missing one would be sampled).
+CLEAN = {
+    "limits.device_memory_gib": None,
+    "fault.nan_at_step": None,
+    "fault.crash_in_compile": False,
+}
 FAULTS = {
     "name": "faults",
     "target": "local",
@@ -102,13 +108,14 @@ FAULTS = {
     "constraints": {"convergence": False},
     "search": {
         "sampler": "random",
-        "trials": 4,
+        "trials": 5,
         "concurrency": 2,
         "warm_start": [
-            {"mesh.tensor": 1, "limits.device_memory_gib": None, "fault.nan_at_step": None},
-            {"mesh.tensor": 8, "limits.device_memory_gib": None, "fault.nan_at_step": None},
-            {"mesh.tensor": 1, "limits.device_memory_gib": 1e-4, "fault.nan_at_step": None},
-            {"mesh.tensor": 1, "limits.device_memory_gib": None, "fault.nan_at_step": 2},
+            {**CLEAN, "mesh.tensor": 1},
+            {**CLEAN, "mesh.tensor": 8},
+            {**CLEAN, "mesh.tensor": 1, "limits.device_memory_gib": 1e-4},
+            {**CLEAN, "mesh.tensor": 1, "fault.nan_at_step": 2},
+            {**CLEAN, "mesh.tensor": 1, "fault.crash_in_compile": True},
         ],
     },
     "knobs": {
@@ -116,6 +123,7 @@ FAULTS = {
         "mesh.tensor": {"values": [1, 8]},  # tensor=8 cannot shard 2 kv heads
         "limits.device_memory_gib": {"values": [None, 1e-4]},
         "fault.nan_at_step": {"values": [None, 2]},
+        "fault.crash_in_compile": {"values": [False, True]},
     },
 }
 
@@ -123,13 +131,15 @@ FAULTS = {
 def test_failures_are_classified_recorded_and_taught_to_optuna(tmp_path):
     result = run_sweep(load_space(FAULTS), results_dir=tmp_path)
     frame = result.trials.set_index("optuna_trial")
-    assert len(frame) == 4  # the sweep finished every trial
-    assert list(frame.loc[[0, 1, 2, 3], "failure_class"]) == [
+    assert len(frame) == 5  # the sweep finished every trial
+    assert list(frame.loc[[0, 1, 2, 3, 4], "failure_class"]) == [
         "",
         "invalid_config",
         "oom_hbm",
         "diverged",
+        "compile_error",  # the process died of SIGSEGV while compiling: a compiler crash
     ]
+    assert "SIGSEGV" in frame.loc[4, "failure_message"], frame.loc[4, "failure_message"]
     client = MlflowClient(result.tracking_uri)
     by_number = {int(r.data.tags["sweeper.optuna_trial"]): r for r in _children(client, result)}
     assert by_number[1].data.tags["failure_class"] == "invalid_config"
@@ -150,6 +160,7 @@ def test_failures_are_classified_recorded_and_taught_to_optuna(tmp_path):
         assert trials[number].state == TrialState.COMPLETE  # infeasible points are data, not errors
         assert trials[number].constraints[violated] > 0, (number, trials[number].constraints)
         assert trials[number].user_attrs["outcome"] == "infeasible"
+    assert trials[4].state == TrialState.FAIL  # a crashed compiler says nothing of the point
 
 
 class CountingCallback(tune.Callback):

@@ -441,6 +441,10 @@ class FaultConfig(_Frozen):
     crash_mode: Literal["kill", "hang"] = Field(
         default="kill", description="kill: SIGKILL itself; hang: stop making progress, forever"
     )
+    crash_in_compile: bool = Field(
+        default=False,
+        description="the process crashes (SIGSEGV) as it compiles the step, as libtpu can",
+    )
 
 
 class TrialConfig(_Frozen):

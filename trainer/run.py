@@ -159,6 +159,8 @@ def compile_step(program: Program, lowered=None):
     the lowering)."""
     start = time.perf_counter()
     lowered = lowered if lowered is not None else lower_step(program)
+    if program.config.fault.crash_in_compile:
+        os.kill(os.getpid(), signal.SIGSEGV)  # as a compiler crash: no event, no cleanup
     with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
         compiled = lowered.compile()
     return compiled, time.perf_counter() - start
