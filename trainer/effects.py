@@ -77,7 +77,9 @@ def knob_effects(
             "reason": f"auto resolved to {kernels.attention} on {platform}",
         }
     if kernels.attention == "splash":
-        effects["kernels.splash_blocks"] = _kernel_effect(platform, "Splash attention", "tiles and layouts")
+        effects["kernels.splash_blocks"] = _kernel_effect(
+            platform, "Splash attention", "tiles and layouts"
+        )
     if config.model.is_moe:
         if kernels.moe_gmm == "megablox":
             effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")

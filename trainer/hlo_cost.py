@@ -456,7 +456,7 @@ def program_cost(hlo_text: str) -> dict:
                 continue
             for how, callee in _CALLEES.findall(instr.attrs):
                 # to_apply names a reducer (scalar) except on calls, async ones included
-                if how != "to_apply" or op in ("call", "call-start", "async-start"):
+                if how != "to_apply" or op in ("call", *_ASYNC_CALLS):
                     walk(callee, times, (*seen, name), in_async or op in _ASYNC_CALLS)
 
     walk(entry, 1.0, ())

@@ -128,7 +128,7 @@ def kernel_flops(config, global_batch: int, num_devices: int, context: int = 1) 
             blocks = kernels.blocks(s, s)
             forward = splash_scores(s, blocks["block_q"], blocks["block_kv"])
             backward = splash_scores(s, blocks["block_q_dkv"], blocks["block_kv_dkv"])
-        else:  # the load-balanced mask's blocks: the causal half
+        else:  # context parallelism: blocks of a sharded mask, not counted (the causal half)
             forward = backward = s * s / 2
         flops += per_score * (forward + 2 * backward) * m.num_layers
     if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
