@@ -8,8 +8,9 @@ in 8 vocabulary tiles so that it fits, and the Splash layouts of the current pub
 recipe) compiled by libtpu on this host (fidelity compile; no TPU): device memory per
 device (arguments + temp) and the host memory the compiler plans (`host_temp_size_in_bytes`).
 With `--maxtext-python` (a MaxText 0.2.5 environment, benchmarks/maxtext_parity.py says how
-to build one), each case is also compiled by MaxText's own train_compile with the same placements (its loss untiled, as published), the outside
-reference for what offload should save. One compile takes 3-15 minutes on a 2-core host.
+to build one), each case is also compiled by MaxText's own train_compile with the same
+placements (its loss untiled, as published), the outside reference for what offload should
+save. One compile takes 3-15 minutes on a 2-core host.
 """
 
 from __future__ import annotations
