@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 from tests.helpers import REPO, MlflowServer
 
 TRIALS = 4
+STEPS = 200  # the killed trial's steps logged so far leave most of its steps still to run
 
 
 def _sweeper(*args: str) -> list[str]:
@@ -46,6 +47,20 @@ def _wait_for(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
     raise AssertionError(f"sweep ended before {text!r}:\n" + "".join(lines[-40:]))
 
 
+def _wait_until_training(client: MlflowClient, proc: subprocess.Popen) -> None:
+    """Returns once a RUNNING trial has logged a loss: a trial cut off mid-training, not one
+    that a fixed sleep may let finish (a warm compile cache makes a trial a few seconds)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        running = [
+            r for r in _children(client, "smoke") if r.info.status == "RUNNING"
+        ] if client.get_experiment_by_name("smoke") else []  # fmt: skip
+        if any(client.get_metric_history(r.info.run_id, "loss") for r in running):
+            return
+        time.sleep(0.1)
+    raise AssertionError("no running trial logged a loss")
+
+
 def _children(client: MlflowClient, experiment: str) -> list:
     exp = client.get_experiment_by_name(experiment)
     return [
@@ -63,16 +78,16 @@ def _summary(sweep_dir: Path) -> list[dict[str, str]]:
 def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
     # Grid: every trial is a distinct point, so nothing is reused and each trial runs.
     proc = _start(tmp_path, "--trials", str(TRIALS), "--concurrency", "1",
-                  "--set", "search.sampler=grid", "--set", "trial.steps=40",
+                  "--set", "search.sampler=grid", "--set", f"trial.steps={STEPS}",
                   "--set", "constraints.convergence=false")  # fmt: skip
     lines: list[str] = []
     _wait_for(proc, f"2/{TRIALS} done", lines)
-    _wait_for(proc, "started", lines)  # the third trial runs...
-    time.sleep(6)
+    _wait_for(proc, "started", lines)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    _wait_until_training(client, proc)  # the third trial has logged its first steps...
     proc.kill()  # ...when the driver is SIGKILLed: no handler, no cleanup
     proc.wait(30)
     (sweep_dir,) = tmp_path.glob("smoke/*")
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     before = {r.data.tags["sweeper.trial_id"]: r for r in _children(client, "smoke")}
     finished_before = {t: r.info.end_time for t, r in before.items() if r.info.status == "FINISHED"}
     assert len(finished_before) == 2 and "RUNNING" in {r.info.status for r in before.values()}
@@ -97,7 +112,7 @@ def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
     # The interrupted trial ran again from the start: its loss history has every step once more.
     (rerun,) = cut
     history = client.get_metric_history(by_trial[rerun].info.run_id, "loss")
-    assert sorted({m.step for m in history}) == list(range(40))
+    assert sorted({m.step for m in history}) == list(range(STEPS))
     # No Optuna trial is left RUNNING; each Tune trial completed once.
     study = optuna.load_study(
         study_name=f"smoke-{sweep_dir.name}", storage=f"sqlite:///{tmp_path}/optuna.db"
