@@ -146,9 +146,12 @@ def estimate_rows(
         trial = load_config({**config, "compile_target": target})
         devices = chips_in(target) * 2
         global_batch = round(trial.per_device_batch * devices)
+        cost = compiled_cost(name, recompile)
         rows[name] = {
-            "cost": compiled_cost(name, recompile),
-            "kernel_flops": kernel_flops(trial, global_batch, devices),
+            "cost": cost,
+            "kernel_flops": kernel_flops(
+                trial, global_batch, devices, calls=cost.get("kernel_calls")
+            ),
             "tokens_per_step": global_batch * trial.seq_len,
             "chips": chips_in(target),
             "published_step_s": step,

@@ -75,6 +75,30 @@ def test_full_remat_uses_less_tpu_memory_than_minimal(remat_pair):
     assert temp(full) < temp(minimal)
 
 
+def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
+    """Remat recomputes each layer's attention for the backward (Splash's residuals carry no
+    checkpoint name; MaxText's recipes recompute it too): the compiled program makes two
+    Splash forward calls a layer and one fused backward. The kernel FLOPs count the calls it
+    makes, as their blocks compute them: a forward 2 matmuls a score, the backward 5."""
+    from trainer.step_model import kernel_flops, splash_scores
+
+    seq, batch, devices = 1024, 2, 8
+    config = load_config({"model": SMALL, "seq_len": seq, "per_device_batch": batch})
+    model, blocks = config.model, config.kernels.blocks(seq, seq)
+    forward = splash_scores(seq, blocks["block_q"], blocks["block_kv"])
+    backward = splash_scores(seq, blocks["block_q_dkv"], blocks["block_kv_dkv"])
+    per_matmul = 2 * batch * model.num_heads * model.head_dim  # a device's, per score
+    for policy, (code, events, err) in remat_pair.items():
+        assert code == 0, err[-2000:]
+        calls = events["summary"]["program_cost"]["kernel_calls"]
+        times = {c["name"]: c["times"] for c in calls}
+        layers = model.num_layers
+        assert times["splash_mqa_fwd_residuals"] == 2 * layers, (policy, times)
+        assert times["splash_mqa_dkv_no_residuals"] == layers, (policy, times)
+        got = kernel_flops(config, batch * devices, devices, calls=calls)
+        assert got == pytest.approx(per_matmul * layers * (2 * 2 * forward + 5 * backward))
+
+
 def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pair):
     collectives = remat_pair["full"][1]["compiled"]["collectives"]
     assert collectives["all-gather"] > 0 and collectives["reduce-scatter"] > 0
@@ -399,6 +423,42 @@ def test_megablox_tiles_meet_tpu7x_vmem(tmp_path, tiles, code):
     assert got == code, (events.get("failure"), err[-1500:])
     if code:
         assert "vmem" in events["failure"]["message"].lower()
+
+
+def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
+    """Megablox runs whole row tiles, one more for each group boundary inside a tile (its
+    group metadata): 1,024 routed rows per device over 8 experts are 2 + 7 tiles of 512
+    rows (4.5x the rows) but 8 + 7 tiles of 128 (1.875x). The estimate reads each call's
+    tiles from its Mosaic module in the compiled program, and counts the calls it makes."""
+    from trainer.hardware import accelerator_for
+    from trainer.step_model import MXU_EFFICIENCY
+
+    summaries = {}
+    for tm in (512, 128):
+        kernels = {"moe_gmm": "megablox", "gmm_tm": tm, "gmm_tk": 1024, "gmm_tn": 1024}
+        config = {"model": MOE_LAYER, "seq_len": 512, "per_device_batch": 1,
+                  "mesh": {"fsdp": 8}, "kernels": kernels}  # fmt: skip
+        code, events, err = compile_once(config)
+        assert code == 0, err[-2000:]
+        summaries[tm] = events["summary"]
+        calls = [c for c in summaries[tm]["program_cost"]["kernel_calls"]
+                 if c["name"] in ("gmm", "tgmm")]  # fmt: skip
+        assert {tuple(c["blocks"][0]) for c in calls} == {(tm, 1024)}, calls
+        # Forward, its recomputation and the input gradient of 3 expert matmuls; then
+        # their 3 weight gradients. Each call states 2mkn: 1,024 rows x 2,048 x 2,048.
+        times = {
+            name: sum(c["times"] for c in calls if c["name"] == name) for name in ("gmm", "tgmm")
+        }
+        assert times == {"gmm": 9, "tgmm": 3}
+        assert {c["flops"] for c in calls} == {2 * 1024 * 2048 * 2048}
+        # Splash's calls are read too (their metadata spans lines in the HLO text).
+        names = {c["name"] for c in summaries[tm]["program_cost"]["kernel_calls"]}
+        assert {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals"} <= names, names
+    mxu = accelerator_for(TARGET)
+    rate = mxu.peak_tflops["bf16"] * 1e12 / mxu.devices_per_chip * MXU_EFFICIENCY
+    extra = 12 * 2 * 1024 * 2048 * 2048 * (4.5 - 1.875) / rate
+    gap = summaries[512]["est_compute_s"] - summaries[128]["est_compute_s"]
+    assert gap == pytest.approx(extra, rel=1e-6)
 
 
 # A one-layer model with Llama 3's 128k vocabulary: the loss head is most of its memory.

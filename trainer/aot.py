@@ -155,7 +155,14 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     model = step_time(
         cost,
         accel,
-        kernel_flops(config, program.global_batch, len(devices), program.degrees["context"]),
+        kernel_flops(
+            config,
+            program.global_batch,
+            len(devices),
+            program.degrees["context"],
+            cost.get("kernel_calls"),
+            program.degrees["expert"],
+        ),
     )
     tokens = program.global_batch * config.seq_len
     peak = accel.peak_tflops["fp8" if config.precision.mode == "fp8" else "bf16"] * 1e12

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from trainer.hlo import COLLECTIVES
+from trainer.mosaic import kernel_call
 
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}  # fmt: skip
@@ -49,6 +50,8 @@ class Cost:
     collective_ops: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     host_transfer_bytes: float = 0.0
     custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # Mosaic kernel calls by (name, output dims, cost-estimate FLOPs and bytes, grid, blocks)
+    kernel_calls: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     loop_trips: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -67,6 +70,10 @@ class Cost:
             ],
             "host_transfer_bytes": self.host_transfer_bytes,
             "custom_calls": dict(self.custom_calls),
+            "kernel_calls": [
+                dict(name=n, out=list(o), flops=f, bytes=b, grid=g, blocks=k, times=t)
+                for (n, o, f, b, g, k), t in self.kernel_calls.items()
+            ],
             "loop_trips": self.loop_trips,
         }
 
@@ -117,6 +124,8 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
             instr = Instr(name, type_str, opcode, names, attrs, operands, bool(root))
             computations[current].append(instr)
             types[name] = type_str
+        elif computations[current]:  # an attribute with a line break (a kernel's metadata)
+            computations[current][-1].attrs += "\n" + line
     # Newer HLO names a tuple's element in place (`%param.0#3`): its type is that element's.
     for ref in {o for instrs in computations.values() for i in instrs for o in i.operands}:
         if "#" in ref:
@@ -421,6 +430,12 @@ def program_cost(hlo_text: str) -> dict:
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
                     cost.custom_calls[target.group(1)] += times
+                kernel = kernel_call(instr.name, instr.attrs)
+                if kernel:
+                    out = next((tuple(dims) for _, dims, _ in arrays(instr.type)), ())
+                    key = (kernel["name"], out, kernel["flops"], kernel["bytes"],
+                           kernel["grid"], kernel["blocks"])  # fmt: skip
+                    cost.kernel_calls[key] += times
             moved = 0.0
             if top_level and op == "fusion":
                 moved = fusion_hbm_bytes(instr, computations, types) * times
