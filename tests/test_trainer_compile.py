@@ -461,6 +461,29 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     assert gap == pytest.approx(extra, rel=1e-6)
 
 
+def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_once):
+    """tokamax picks its kernel by the default device; the AOT compile makes that the
+    target's TPU device, so the program is the one a TPU host runs: tokamax's Mosaic gmm
+    and tgmm, the expert weight gradient included. XLA's ragged_dot (what tokamax fell back
+    to on this CPU host before) computes that gradient densely over all experts."""
+    programs = {}
+    for gmm in ("tokamax", "ragged_dot"):
+        config = {"model": MOE_LAYER, "seq_len": 512, "per_device_batch": 1,
+                  "mesh": {"fsdp": 8}, "kernels": {"moe_gmm": gmm}}  # fmt: skip
+        code, events, err = compile_once(config)
+        assert code == 0, err[-2000:]
+        programs[gmm] = events["summary"]["program_cost"]
+    times = {c["name"]: c["times"] for c in programs["tokamax"]["kernel_calls"]}
+    # Forward and its recomputation, input gradient; weight gradient: 3 expert matmuls each.
+    assert times["gmm_megablox"] == 6 and times["gmm_megablox_transpose_rhs"] == 3, times
+    assert times["tgmm_megablox"] == 3, times
+    assert not any("gmm" in c["name"] for c in programs["ragged_dot"]["kernel_calls"])
+    rows, d, mlp, experts = 1024, MOE_LAYER["d_model"], MOE_LAYER["mlp_dim"], 8
+    dense_weight_gradients = 3 * 2 * rows * d * mlp * experts
+    xla = {gmm: cost["flops"]["bf16"] for gmm, cost in programs.items()}
+    assert xla["ragged_dot"] - xla["tokamax"] == pytest.approx(dense_weight_gradients, rel=0.01)
+
+
 # A one-layer model with Llama 3's 128k vocabulary: the loss head is most of its memory.
 BIG_VOCAB = {**SMALL, "vocab_size": 128256, "num_layers": 1}
 

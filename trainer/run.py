@@ -150,7 +150,16 @@ def lower_step(program: Program):
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
     )
-    with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
+    # Kernel libraries pick an implementation by the default device (tokamax's ragged_dot runs
+    # its Mosaic kernels only when that is a TPU, else XLA's ragged_dot): the mesh's device,
+    # so an AOT compile for TPU on a CPU host gets the program a TPU host would.
+    device = program.mesh.devices.flat[0]
+    with (
+        program.mesh,
+        jax.set_mesh(program.mesh),
+        nn.logical_axis_rules(LOGICAL_RULES),
+        jax.default_device(device),
+    ):
         return program.step_fn.lower(program.abstract_state, batch, batch, batch)
 
 

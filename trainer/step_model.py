@@ -169,7 +169,9 @@ def kernel_flops(
     return flops + expert_mlp * m.num_layers * 3 / num_devices
 
 
-# The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's.
+# The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
+# (gmm_megablox, tgmm_megablox: pipelined by hand, no blocks to read) and libtpu's lowering of
+# XLA's ragged_dot (ragged-dot-*).
 GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-")
 
 
