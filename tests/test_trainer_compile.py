@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 
 import pytest
@@ -482,6 +483,34 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     dense_weight_gradients = 3 * 2 * rows * d * mlp * experts
     xla = {gmm: cost["flops"]["bf16"] for gmm, cost in programs.items()}
     assert xla["ragged_dot"] - xla["tokamax"] == pytest.approx(dense_weight_gradients, rel=0.01)
+
+
+def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_path, monkeypatch):
+    """Compile trials run libtpu with 32 MiB thread stacks (libtpu 0.0.42.1 overflows a
+    compiler fiber's stack on qwen3-235b's MoE layer). A compiler setting, not a program
+    one: without them a model compiles to the same program."""
+    from trainer.cli import prepare_environment
+    from trainer.flags import COMPILER_STACKS
+
+    config = {"model": SMALL, "per_device_batch": 2}
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what prepare_environment sets goes
+    for name in ("LIBTPU_INIT_ARGS", "SWEEPER_BASE_LIBTPU_INIT_ARGS"):
+        os.environ.pop(name, None)
+    prepare_environment(load_config({**config, "compile_target": TARGET}))
+    assert os.environ["LIBTPU_INIT_ARGS"].split() == list(COMPILER_STACKS)
+    for name in ("LIBTPU_INIT_ARGS", "SWEEPER_BASE_LIBTPU_INIT_ARGS"):
+        os.environ.pop(name)
+    prints = {}
+    for stacks in (True, False):
+        if not stacks:  # a base already set: the trainer adds nothing to the host's flags
+            os.environ["SWEEPER_BASE_LIBTPU_INIT_ARGS"] = ""
+        (tmp_path / str(stacks)).mkdir()
+        code, events, err = _compile(tmp_path / str(stacks), config)
+        assert code == 0, err[-2000:]
+        flags = events["compiled"]["effects"].get("xla", {}).get("reason", "")
+        prints[stacks] = events["summary"]["program_fingerprint"]
+        assert all(f not in flags for f in COMPILER_STACKS)  # not the trial's knobs
+    assert prints[True] == prints[False]
 
 
 # A one-layer model with Llama 3's 128k vocabulary: the loss head is most of its memory.

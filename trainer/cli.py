@@ -20,7 +20,7 @@ from trainer.events import (
     TrialFailure,
     classify_exception,
 )
-from trainer.flags import BASE_LIBTPU_ARGS
+from trainer.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -48,6 +48,9 @@ def prepare_environment(config: TrialConfig) -> None:
         rejected = unknown_flag(tuple(flags))
         if rejected:
             raise ConfigError("xla", f"{rejected}; remove or fix the flag")
+    host = os.environ.get("LIBTPU_INIT_ARGS", "")
+    if config.compile_target and BASE_LIBTPU_ARGS not in os.environ:
+        os.environ["LIBTPU_INIT_ARGS"] = " ".join([host, *COMPILER_STACKS]).strip()
     # What the host had before the trial's flags: a compile trial's twin compiles start there.
     os.environ.setdefault(BASE_LIBTPU_ARGS, os.environ.get("LIBTPU_INIT_ARGS", ""))
     if flags:

@@ -11,6 +11,17 @@ import sys
 # The host's LIBTPU_INIT_ARGS before a trial adds its own (a twin compile starts there).
 BASE_LIBTPU_ARGS = "SWEEPER_BASE_LIBTPU_INIT_ARGS"
 
+# Compiler thread stacks for compile trials. libtpu 0.0.42.1 overflows a compiler fiber's
+# stack (SIGSEGV in SpatialMajorConvolution::EmitZeroByteCase's recursive cost estimate)
+# compiling qwen3-235b's MoE layer at its recipe's batch; with 32 MiB stacks the same program
+# compiles. Host settings of the compiler, not of the program (a small model compiles to the
+# same fingerprint with and without them).
+COMPILER_STACKS = (
+    "--fibers_default_thread_stack_size=33554432",
+    "--xla_internal_thread_stack_size_bytes=33554432",
+    "--default_thread_stack_size=33554432",
+)
+
 # Flag bundles a trial's xla.collective_mode names (KNOBS.md).
 SPARSECORE_OFFLOAD = (
     "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",

@@ -13,6 +13,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from trainer.hlo import COLLECTIVES
 from trainer.mosaic import kernel_call
 
@@ -193,6 +195,29 @@ def _labels(attrs: str) -> tuple[str, str, str] | None:
     return match.groups() if match else None
 
 
+def valid_taps(
+    in_size: int, out_size: int, size: int, stride: int, lhs_dil: int, rhs_dil: int, lo: int
+) -> int:
+    """Window taps, over every output position of one spatial dimension, that land on an
+    input element: tap k of output o reads position o*stride + k*rhs_dil - lo of the input
+    dilated by lhs_dil (inside it, on a multiple of lhs_dil). Counted per output position in
+    closed form: the batched-dot trick's windows are as long as the tensors (n x n taps)."""
+    o = np.arange(out_size, dtype=np.int64)
+    start = o * stride - lo  # the position tap 0 reads
+    last = (in_size - 1) * lhs_dil
+    k_lo = np.maximum(0, -((start) // rhs_dil))  # ceil(-start / rhs_dil)
+    k_hi = np.minimum(size - 1, (last - start) // rhs_dil)
+    # k*rhs_dil = -start (mod lhs_dil): solvable where gcd(rhs_dil, lhs_dil) divides start,
+    # then k = k0 (mod lhs_dil / gcd).
+    g = math.gcd(rhs_dil, lhs_dil)
+    m = lhs_dil // g
+    inverse = pow(rhs_dil // g, -1, m) if m > 1 else 0
+    solvable = (-start) % g == 0
+    k0 = ((-start) // g * inverse) % m
+    count = (k_hi - k0) // m - (k_lo - 1 - k0) // m
+    return int(np.where(solvable & (k_hi >= k_lo), count, 0).sum())
+
+
 def conv_flops(instr: Instr, types: dict[str, str]) -> float:
     """Multiply-adds x 2 of a convolution, counting only window taps that land inside the
     (dilated) input: the batched-dot window trick (size n, pad n-1) then costs one dot."""
@@ -223,13 +248,7 @@ def conv_flops(instr: Instr, types: dict[str, str]) -> float:
     for i, d in enumerate(spatial):
         in_size, out_size = lhs[lhs_l.index(d)], out[out_l.index(d)]
         lo = int(str(pads[i]).split("_")[0]) if isinstance(pads[i], str) else 0
-        valid = 0
-        for o in range(out_size):
-            for k in range(sizes[i]):
-                pos = o * strides[i] + k * rhs_dil[i] - lo
-                if 0 <= pos <= (in_size - 1) * lhs_dil[i] and pos % lhs_dil[i] == 0:
-                    valid += 1
-        taps *= valid
+        taps *= valid_taps(in_size, out_size, sizes[i], strides[i], lhs_dil[i], rhs_dil[i], lo)
     non_spatial = math.prod(out[j] for j, c in enumerate(out_l) if not c.isdigit())
     return 2.0 * non_spatial * rhs[rhs_l.index("i")] * taps
 
