@@ -592,6 +592,11 @@ def test_default_moe_routes_each_devices_own_tokens_on_tpu7x():
     global_slots = 8 * 256 * SMALL_MOE["experts_per_token"]
     assert f"[{global_slots // 8},{d}]" in text  # this device's slots x d_model
     assert f"[{global_slots},{d}]" not in text, "a global slot buffer is back"
+    # Slots are sorted, unsorted and their gradients summed by gathers: TPU scatters 16-bit
+    # rows through 32-bit buffers (4 such scatters and 56 u32 buffers here before).
+    slots = f"[{global_slots // 8},{d}]"
+    assert not re.search(rf"{re.escape(slots)}\S* scatter\(", text), "a slot scatter is back"
+    assert f"u32{slots}" not in text
 
 
 def test_mesh_follows_the_torus():

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import BATCH_AXES, KernelsConfig
-from trainer.dispatch import emulated_ragged_all_to_all, expert_parallel, local_experts
+from trainer.dispatch import emulated_ragged_all_to_all, expert_parallel, local_experts, take_slots
 from trainer.kernels import grouped_matmul
 from trainer.sharding import build_mesh
 
@@ -153,3 +153,35 @@ def test_capacity_keeps_the_first_slots_of_an_overloaded_expert():
     kept = tokens * 2 // 8
     np.testing.assert_allclose(capped[:kept], dropless[:kept], rtol=1e-5)
     assert np.all(np.asarray(capped[kept:]) == 0) and np.all(np.abs(dropless[kept:]) > 0)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_slot_gathers_differentiate_as_the_gather_and_scatter_they_replace(k):
+    """take_slots is x[order // k] (k = 1: a permutation) with a gradient that gathers by
+    the inverse order and sums each token's slots: the same values and gradients as
+    autodiff of jnp.take, and of the scatter that unsorted slot outputs before."""
+    rng = np.random.default_rng(k)
+    tokens, d = 16, 5
+    x = jnp.asarray(rng.normal(size=(tokens, d)), jnp.float32)
+    order = jnp.asarray(rng.permutation(tokens * k))
+    inverse = jnp.argsort(order)
+    w = jnp.asarray(rng.normal(size=(tokens * k, d)), jnp.float32)
+
+    def ours(x):
+        return jnp.sum(take_slots(x, order, inverse, k) * w)
+
+    def autodiff(x):
+        return jnp.sum(jnp.take(x, order // k, axis=0) * w)
+
+    assert ours(x) == autodiff(x)
+    np.testing.assert_allclose(jax.grad(ours)(x), jax.grad(autodiff)(x), rtol=1e-6, atol=1e-6)
+    y = jnp.asarray(rng.normal(size=(tokens * k, d)), jnp.float32)
+
+    def unsorted(y):
+        return jnp.sum(take_slots(y, inverse, order, 1) * w)
+
+    def scattered(y):
+        return jnp.sum(jnp.zeros_like(y).at[order].set(y) * w)
+
+    assert unsorted(y) == scattered(y)
+    np.testing.assert_array_equal(jax.grad(unsorted)(y), jax.grad(scattered)(y))

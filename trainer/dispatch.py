@@ -19,6 +19,7 @@ following the documented semantics exactly, so CPU runs check the routing arithm
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -66,6 +67,28 @@ def emulated_ragged_all_to_all(
     return result
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def take_slots(x_TxE, order, inverse, k: int):
+    """Row `order[i] // k` of x for each i: the rows of slots in `order`, a permutation of
+    the T*k (token, choice) slots (slot t*k + j is token t's j-th; k = 1: a permutation of
+    x's rows), `inverse` its inverse. Its gradient gathers too, by `inverse`, summing each
+    token's k slots, where XLA would scatter-add: TPU scatters 16-bit rows through 32-bit
+    buffers (a [slots, d_model] gradient at twice its bytes)."""
+    return jnp.take(x_TxE, order // k, axis=0)
+
+
+def _take_slots_fwd(x_TxE, order, inverse, k):
+    return take_slots(x_TxE, order, inverse, k), inverse
+
+
+def _take_slots_bwd(k, inverse, g_SxE):
+    g_TxKxE = jnp.take(g_SxE, inverse, axis=0).reshape(-1, k, g_SxE.shape[-1])
+    return jnp.sum(g_TxKxE, axis=1, dtype=jnp.float32).astype(g_SxE.dtype), None, None
+
+
+take_slots.defvjp(_take_slots_fwd, _take_slots_bwd)
+
+
 def sort_slots(expert_of_slot, num_experts: int, capacity: int | None):
     """Order putting kept slots first, grouped by expert (stable), dropped slots last; and the
     kept count of each expert."""
@@ -80,13 +103,15 @@ def sort_slots(expert_of_slot, num_experts: int, capacity: int | None):
 
 
 def sorted_slots(x_BxSxE, top_i_BxSxK, num_experts: int, capacity_factor: float):
-    """This group's token rows, one per (token, choice) slot, in `sort_slots` order."""
+    """This group's token rows, one per (token, choice) slot, in `sort_slots` order; the
+    order, its inverse and the kept count of each expert."""
     b, s, e = x_BxSxE.shape
     k = top_i_BxSxK.shape[-1]
     capacity = expert_capacity(b * s * k, num_experts, capacity_factor)
     order, counts = sort_slots(top_i_BxSxK.reshape(b * s * k), num_experts, capacity)
-    x_sorted = jnp.take(x_BxSxE.reshape(b * s, e), order // k, axis=0)
-    return x_sorted, order, counts
+    inverse = jnp.argsort(order)
+    x_sorted = take_slots(x_BxSxE.reshape(b * s, e), order, inverse, k)
+    return x_sorted, order, inverse, counts
 
 
 def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Callable):
@@ -100,10 +125,10 @@ def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Calla
     return jnp.where(valid, tag(gmm(act, wo, group_sizes), "mlpwo"), 0).astype(h_MxE.dtype)
 
 
-def combine(out_sorted, order, top_w_BxSxK, dtype):
+def combine(out_sorted, order, inverse, top_w_BxSxK, dtype):
     """Unsort slot outputs and mix each token's k expert outputs by router weight."""
     b, s, k = top_w_BxSxK.shape
-    out_TxKxE = jnp.zeros_like(out_sorted).at[order].set(out_sorted).reshape(b * s, k, -1)
+    out_TxKxE = take_slots(out_sorted, inverse, order, 1).reshape(b * s, k, -1)
     y_TxE = jnp.einsum("tke,tk->te", out_TxKxE, top_w_BxSxK.reshape(b * s, k).astype(dtype))
     return y_TxE.reshape(b, s, -1)
 
@@ -120,9 +145,9 @@ def local_experts(
 ):
     """Every slot of this token group through the experts held here (all of them)."""
     n = weights[0].shape[0]
-    x_sorted, order, counts = sorted_slots(x_BxSxE, top_i_BxSxK, n, capacity_factor)
+    x_sorted, order, inverse, counts = sorted_slots(x_BxSxE, top_i_BxSxK, n, capacity_factor)
     out_sorted = expert_mlp(x_sorted, weights, counts, jnp.sum(counts), gmm, tag)
-    return combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
+    return combine(out_sorted, order, inverse, top_w_BxSxK, x_BxSxE.dtype)
 
 
 def expert_parallel(
@@ -141,7 +166,9 @@ def expert_parallel(
     local = weights[0].shape[0]
     ep = jax.lax.axis_size(EXPERT)
     me = jax.lax.axis_index(EXPERT)
-    x_sorted, order, counts = sorted_slots(x_BxSxE, top_i_BxSxK, ep * local, capacity_factor)
+    x_sorted, order, inverse, counts = sorted_slots(
+        x_BxSxE, top_i_BxSxK, ep * local, capacity_factor
+    )
     slots, e = x_sorted.shape
     # counts[d, l]: my kept slots for local expert l of shard d. all_counts[src, dst, l].
     counts_DxL = counts.reshape(ep, local)
@@ -169,10 +196,11 @@ def expert_parallel(
     repeats = jnp.concatenate([to_me_SxL.reshape(-1), (buffer_rows - total)[None]])
     row_expert = jnp.repeat(expert_ids, repeats, total_repeat_length=buffer_rows)
     regroup = jnp.argsort(row_expert, stable=True)
-    h = jnp.take(received, regroup, axis=0)
+    ungroup = jnp.argsort(regroup)
+    h = take_slots(received, regroup, ungroup, 1)
     groups_L = to_me_SxL.sum(axis=0)
     out = expert_mlp(h, weights, groups_L, total, gmm, tag)
-    out_received = jnp.zeros_like(out).at[regroup].set(out)
+    out_received = take_slots(out, ungroup, regroup, 1)
 
     out_sorted = ragged_all_to_all(
         out_received,
@@ -183,7 +211,7 @@ def expert_parallel(
         send_D,
         native=native,
     )
-    y_BxSxE = combine(out_sorted, order, top_w_BxSxK, x_BxSxE.dtype)
+    y_BxSxE = combine(out_sorted, order, inverse, top_w_BxSxK, x_BxSxE.dtype)
     # The mlp dimension is split over `tensor`: each device holds a partial sum.
     if jax.lax.axis_size(TENSOR) > 1:
         y_BxSxE = jax.lax.psum(y_BxSxE, TENSOR)
