@@ -499,7 +499,13 @@ def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_
     monkeypatch.setattr(os, "environ", dict(os.environ))  # what prepare_environment sets goes
     for name in ("LIBTPU_INIT_ARGS", "SWEEPER_BASE_LIBTPU_INIT_ARGS"):
         os.environ.pop(name, None)
-    prepare_environment(load_config({**config, "compile_target": TARGET}))
+    trial = load_config({**config, "compile_target": TARGET})
+    prepare_environment(trial)
+    assert os.environ["LIBTPU_INIT_ARGS"].split() == list(COMPILER_STACKS)
+    # A twin compile's child starts from the base (programs.twin_fingerprint): no second copy,
+    # or its program key (which holds the flags) would differ from the same program's.
+    os.environ.pop("SWEEPER_BASE_LIBTPU_INIT_ARGS")
+    prepare_environment(trial)
     assert os.environ["LIBTPU_INIT_ARGS"].split() == list(COMPILER_STACKS)
     for name in ("LIBTPU_INIT_ARGS", "SWEEPER_BASE_LIBTPU_INIT_ARGS"):
         os.environ.pop(name)

@@ -48,9 +48,11 @@ def prepare_environment(config: TrialConfig) -> None:
         rejected = unknown_flag(tuple(flags))
         if rejected:
             raise ConfigError("xla", f"{rejected}; remove or fix the flag")
-    host = os.environ.get("LIBTPU_INIT_ARGS", "")
     if config.compile_target and BASE_LIBTPU_ARGS not in os.environ:
-        os.environ["LIBTPU_INIT_ARGS"] = " ".join([host, *COMPILER_STACKS]).strip()
+        # Once: a twin compile's child starts from the base, which holds them already.
+        host = os.environ.get("LIBTPU_INIT_ARGS", "")
+        missing = [f for f in COMPILER_STACKS if f not in host.split()]
+        os.environ["LIBTPU_INIT_ARGS"] = " ".join([host, *missing]).strip()
     # What the host had before the trial's flags: a compile trial's twin compiles start there.
     os.environ.setdefault(BASE_LIBTPU_ARGS, os.environ.get("LIBTPU_INIT_ARGS", ""))
     if flags:
