@@ -230,3 +230,21 @@ def test_splash_blocks_change_the_kernel_flops():
         return kernel_flops(config, global_batch=1, num_devices=1)
 
     assert flops(2048) / flops(1024) == pytest.approx(1.25 / 1.125)
+
+
+def test_valid_taps_count_every_tap_that_lands_on_an_input_element():
+    """The closed form against its definition: each output position's window taps that read
+    a position of the dilated input holding an element."""
+    import random
+
+    from trainer.hlo_cost import valid_taps
+
+    def by_definition(in_size, out_size, size, stride, lhs_dil, rhs_dil, lo):
+        positions = (o * stride + k * rhs_dil - lo for o in range(out_size) for k in range(size))
+        return sum(0 <= p <= (in_size - 1) * lhs_dil and p % lhs_dil == 0 for p in positions)
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        window = [rng.randint(1, 12) for _ in range(3)] + [rng.randint(1, 4) for _ in range(3)]
+        window.append(rng.randint(0, 10))
+        assert valid_taps(*window) == by_definition(*window), window
