@@ -11,9 +11,9 @@ a 2-core host, a 256-chip one longer. Compile records (the program's counted cos
 kept in results/calibration/ (`--recompile` redoes them; `--recorded` tables the rows
 compiled so far).
 
-`MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only, with
-`OVERLAP` held at the model's value (every row is FSDP: its collectives cannot be told apart
-from MXU time); the table reports the error on those and, separately, on the HELD_OUT rows.
+`MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only (what
+collectives and transfers hide is not fitted: the model runs the program's schedule); the
+table reports the error on those and, separately, on the HELD_OUT rows.
 Fidelity: estimate (from compiles), against a published run.
 """
 
@@ -36,7 +36,7 @@ from sweeper.space import assemble, load_space
 from trainer.config import load_config
 from trainer.hardware import ACCELERATORS, chips_in
 from trainer.hlo_cost import program_cost
-from trainer.step_model import OVERLAP, kernel_flops, step_time
+from trainer.step_model import kernel_flops, step_time
 
 RECORDS = Path(__file__).resolve().parents[1] / "results" / "calibration"
 # The table as of AI-Hypercomputer/tpu-recipes@39ff447 (training/ironwood/README.md), whose
@@ -147,11 +147,11 @@ def estimate_rows(
         devices = chips_in(target) * 2
         global_batch = round(trial.per_device_batch * devices)
         cost = compiled_cost(name, recompile)
+        kernels = kernel_flops(trial, global_batch, devices, calls=cost.get("kernel_calls"))
         rows[name] = {
             "cost": cost,
-            "kernel_flops": kernel_flops(
-                trial, global_batch, devices, calls=cost.get("kernel_calls")
-            ),
+            "kernel_flops": kernels.total,
+            "call_flops": kernels.each,
             "tokens_per_step": global_batch * trial.seq_len,
             "chips": chips_in(target),
             "published_step_s": step,
@@ -160,25 +160,25 @@ def estimate_rows(
     return rows
 
 
-# (bf16 MXU efficiency, fp8 MXU efficiency, overlap): the datasheet's peaks, fully overlapped.
-UNCALIBRATED = (1.0, 1.0, 1.0)
+# (bf16 MXU efficiency, fp8 MXU efficiency): the datasheet's peaks.
+UNCALIBRATED = (1.0, 1.0)
 
 
-def predict(row: dict, constants: tuple[float, float, float]) -> float:
-    mxu, fp8, overlap = constants
+def predict(row: dict, constants: tuple[float, float]) -> float:
+    mxu, fp8 = constants
     accel = ACCELERATORS["tpu7x"]
-    step = step_time(row["cost"], accel, row["kernel_flops"], mxu, overlap, fp8)
+    step = step_time(row["cost"], accel, row["kernel_flops"], mxu, fp8, row["call_flops"])
     return row["tokens_per_step"] / step["est_step_time_s"] / row["chips"]
 
 
-def error(row: dict, constants: tuple[float, float, float]) -> float:
+def error(row: dict, constants: tuple[float, float]) -> float:
     return predict(row, constants) / row["published_tokens"] - 1
 
 
-def fit(rows: dict[str, dict]) -> tuple[float, float, float]:
+def fit(rows: dict[str, dict]) -> tuple[float, float]:
     grid = [x / 100 for x in range(20, 101)]
     return min(
-        ((mxu, fp8, OVERLAP) for mxu, fp8 in itertools.product(grid, grid)),
+        itertools.product(grid, grid),
         key=lambda c: statistics.median(abs(error(rows[n], c)) for n in FIT),
     )
 
@@ -197,7 +197,7 @@ def main() -> None:
         raise SystemExit(f"the fit rows {FIT} need compile records first")
     fitted = fit(rows)
     table = Table(title=f"tokens/s/chip, estimated vs published (fit on {len(FIT)} rows: MXU "
-                  f"efficiency bf16 {fitted[0]:.2f}, fp8 {fitted[1]:.2f}; overlap {fitted[2]:.1f})")  # fmt: skip
+                  f"efficiency bf16 {fitted[0]:.2f}, fp8 {fitted[1]:.2f})")  # fmt: skip
     for column in ("row", "split", "published", "uncalibrated", "calibrated", "error"):
         table.add_column(column)
     for name, row in rows.items():

@@ -152,18 +152,15 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])
     # The step time read from the compiled program replaces the formula roofline's.
     cost = record["cost"]
-    model = step_time(
-        cost,
-        accel,
-        kernel_flops(
-            config,
-            program.global_batch,
-            len(devices),
-            program.degrees["context"],
-            cost.get("kernel_calls"),
-            program.degrees["expert"],
-        ),
+    kernels = kernel_flops(
+        config,
+        program.global_batch,
+        len(devices),
+        program.degrees["context"],
+        cost.get("kernel_calls"),
+        program.degrees["expert"],
     )
+    model = step_time(cost, accel, kernels.total, call_flops=kernels.each)
     tokens = program.global_batch * config.seq_len
     peak = accel.peak_tflops["fp8" if config.precision.mode == "fp8" else "bf16"] * 1e12
     est.update(

@@ -200,7 +200,13 @@ class Summary(_Event):
     est_hbm_s: float | None = None
     est_ici_s: float | None = None
     est_host_s: float | None = None
-    est_exposed_comm_s: float | None = None
+    est_busy_s: float | None = Field(
+        default=None,
+        description="TensorCore time: the program's ops one at a time, in its schedule",
+    )
+    est_exposed_comm_s: float | None = Field(
+        default=None, description="step time less busy time: async work the schedule waits for"
+    )
     est_model: str | None = Field(
         default=None, description="hlo: read from the compiled program; else the formula roofline"
     )

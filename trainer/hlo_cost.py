@@ -52,7 +52,8 @@ class Cost:
     collective_ops: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     host_transfer_bytes: float = 0.0
     custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    # Mosaic kernel calls by (name, output dims, cost-estimate FLOPs and bytes, grid, blocks)
+    # Mosaic kernel calls by (name, output dims, cost-estimate FLOPs and bytes, grid, blocks,
+    # tiling)
     kernel_calls: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     loop_trips: list[int] = field(default_factory=list)
 
@@ -73,8 +74,8 @@ class Cost:
             "host_transfer_bytes": self.host_transfer_bytes,
             "custom_calls": dict(self.custom_calls),
             "kernel_calls": [
-                dict(name=n, out=list(o), flops=f, bytes=b, grid=g, blocks=k, times=t)
-                for (n, o, f, b, g, k), t in self.kernel_calls.items()
+                dict(name=n, out=list(o), flops=f, bytes=b, grid=g, blocks=k, tiling=m, times=t)
+                for (n, o, f, b, g, k, m), t in self.kernel_calls.items()
             ],
             "loop_trips": self.loop_trips,
         }
@@ -419,8 +420,61 @@ def host_bytes(instr: Instr, types: dict[str, str]) -> float:
     return 0.0
 
 
+def _trips(instr: Instr, computations: dict[str, list[Instr]], by_name: dict[str, Instr]) -> int:
+    """Iterations of a `while` op (its condition's bound, less its counter's start)."""
+    cond = re.search(r"condition=%([\w.-]+)", instr.attrs)
+    if not cond:
+        return 1
+    init = by_name.get(instr.operands[0]) if instr.operands else None
+    elements = (
+        {k: by_name[o] for k, o in enumerate(init.operands) if o in by_name}
+        if init is not None and init.opcode == "tuple"
+        else {}
+    )
+    return trip_count(computations.get(cond.group(1), []), elements, by_name)
+
+
+def _collective_op(instr: Instr, in_async: bool, types: dict[str, str]) -> tuple | None:
+    """(kind, group size, torus dims, engine, bytes counted) of a collective op, else None."""
+    op = instr.opcode
+    kind = next((k for k in COLLECTIVES if op in (k, f"{k}-start")), None)
+    if not kind:
+        return None
+    operand_bytes = sum(nbytes(types.get(o, "")) for o in instr.operands)
+    moved = nbytes(instr.type) if kind == "all-gather" and op == kind else operand_bytes
+    return (kind, _group_size(instr.attrs), *collective(instr, in_async), moved)
+
+
+def _op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
+                  types: dict[str, str]) -> float:  # fmt: skip
+    """HBM bytes a top-level op reads and writes (VMEM-resident values excluded)."""
+    if instr.opcode == "fusion":
+        return fusion_hbm_bytes(instr, computations, types)
+    if instr.opcode in ("dot", "convolution", "copy", "custom-call"):
+        operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
+        return operands + nbytes(instr.type, "S(1)")
+    return 0.0
+
+
+def _kernel_key(instr: Instr) -> tuple | None:
+    """A Mosaic kernel call's (name, output dims, cost-estimate FLOPs and bytes, grid, blocks,
+    tiling): see trainer/mosaic.py."""
+    if instr.opcode != "custom-call":
+        return None
+    kernel = kernel_call(instr.name, instr.attrs)
+    if not kernel:
+        return None
+    out = next((tuple(dims) for _, dims, _ in arrays(instr.type)), ())
+    return (
+        kernel["name"],
+        out,
+        *(kernel[k] for k in ("flops", "bytes", "grid", "blocks", "tiling")),
+    )
+
+
 def program_cost(hlo_text: str) -> dict:
-    """The per-device cost of one step of a compiled program (see module docstring)."""
+    """The per-device cost of one step of a compiled program (see module docstring), with
+    its `schedule` (see `schedule`)."""
     computations, entry, types = parse(hlo_text)
     cost = Cost()
     by_name = {i.name: i for instrs in computations.values() for i in instrs}
@@ -437,30 +491,20 @@ def program_cost(hlo_text: str) -> dict:
             if op in ("dot", "convolution"):
                 flops = dot_flops(instr, types) if op == "dot" else conv_flops(instr, types)
                 cost.flops[_precision(instr, types)] += flops * times
-            kind = next((k for k in COLLECTIVES if op in (k, f"{k}-start")), None)
-            if kind:
-                operand_bytes = sum(nbytes(types.get(o, "")) for o in instr.operands)
-                moved = nbytes(instr.type) if kind == "all-gather" and op == kind else operand_bytes
+            found = _collective_op(instr, in_async, types)
+            if found:
+                kind, group, dims, engine, moved = found
                 cost.collective_bytes[kind] += moved * times
-                group = _group_size(instr.attrs)
                 cost.collective_group_sizes[kind].add(group)
-                cost.collective_ops[(kind, group, *collective(instr, in_async))] += moved * times
+                cost.collective_ops[(kind, group, dims, engine)] += moved * times
             if op == "custom-call":
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
                     cost.custom_calls[target.group(1)] += times
-                kernel = kernel_call(instr.name, instr.attrs)
-                if kernel:
-                    out = next((tuple(dims) for _, dims, _ in arrays(instr.type)), ())
-                    key = (kernel["name"], out, kernel["flops"], kernel["bytes"],
-                           kernel["grid"], kernel["blocks"])  # fmt: skip
+                key = _kernel_key(instr)
+                if key:
                     cost.kernel_calls[key] += times
-            moved = 0.0
-            if top_level and op == "fusion":
-                moved = fusion_hbm_bytes(instr, computations, types) * times
-            elif top_level and op in ("dot", "convolution", "copy", "custom-call"):
-                operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
-                moved = (operands + nbytes(instr.type, "S(1)")) * times
+            moved = _op_hbm_bytes(instr, computations, types) * times if top_level else 0.0
             cost.hbm_bytes += moved
             # The TensorCore runs one op at a time: an op without matrix products (a copy,
             # an elementwise or reduction fusion) is HBM time no matmul hides. Mosaic
@@ -470,18 +514,7 @@ def program_cost(hlo_text: str) -> dict:
             cost.host_transfer_bytes += host_bytes(instr, types) * times
             if op == "while":
                 body = re.search(r"body=%([\w.-]+)", instr.attrs)
-                cond = re.search(r"condition=%([\w.-]+)", instr.attrs)
-                init = by_name.get(instr.operands[0]) if instr.operands else None
-                elements = (
-                    {k: by_name[o] for k, o in enumerate(init.operands) if o in by_name}
-                    if init is not None and init.opcode == "tuple"
-                    else {}
-                )
-                trips = (
-                    trip_count(computations.get(cond.group(1), []), elements, by_name)
-                    if cond
-                    else 1
-                )
+                trips = _trips(instr, computations, by_name)
                 cost.loop_trips.append(trips)
                 if body:
                     walk(body.group(1), times * trips, (*seen, name), in_async)
@@ -494,4 +527,129 @@ def program_cost(hlo_text: str) -> dict:
                     walk(callee, times, (*seen, name), in_async or op in _ASYNC_CALLS)
 
     walk(entry, 1.0, ())
-    return cost.as_dict()
+    return {
+        **cost.as_dict(),
+        "schedule": schedule(computations, entry, types, list(cost.kernel_calls)),
+    }
+
+
+def _called(instr: Instr) -> list[str]:
+    """What an op calls and runs (not a reducer's `to_apply`, except on calls)."""
+    return [callee for how, callee in _CALLEES.findall(instr.attrs)
+            if how != "to_apply" or instr.opcode in ("call", *_ASYNC_CALLS)]  # fmt: skip
+
+
+def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, str],
+             kernels: list[tuple]) -> dict:  # fmt: skip
+    """The program as the TensorCore runs it, in its scheduled order: for each computation
+    the TensorCore runs (the entry, loop bodies, called computations), a list of events:
+
+    - `["tc", fp8, bf16, f32, hbm, matmul, kernel]`: an op the TensorCore runs, its matrix
+      FLOPs by precision, HBM bytes, whether it holds a matrix product, the index of its
+      Mosaic kernel call in `kernel_calls` (-1: none); neighbouring ops without matmuls
+      are merged.
+    - `["start", name, engine, work]`: an asynchronous op begins (a `-start`: a collective,
+      a host copy, a call to the SparseCores), `work` what it does (see `_work`); `engine`
+      the unit that runs it (`sparsecore`, `ici`, `host`, `async`).
+    - `["done", name]`: the TensorCore waits for that op.
+    - `["wait", work]`: an op the TensorCore runs and waits for (a synchronous collective,
+      a transfer to or from the host).
+    - `["loop", body, trips]` and `["call", callee]`.
+    """
+    by_name = {i.name: i for instrs in computations.values() for i in instrs}
+    matmul_bodies = _with_matmuls(computations)
+    index = {key: k for k, key in enumerate(kernels)}
+    memo: dict[str, dict[str, float]] = {}
+    lists: dict[str, list] = {}
+
+    def flops_within(name: str) -> dict[str, float]:
+        if name not in memo:
+            memo[name] = {}
+            total: dict[str, float] = defaultdict(float)
+            for instr in computations.get(name, []):
+                if instr.opcode in ("dot", "convolution"):
+                    flops = (dot_flops if instr.opcode == "dot" else conv_flops)(instr, types)
+                    total[_precision(instr, types)] += flops
+                for callee in re.findall(r"\bcalls=%([\w.-]+)", instr.attrs):
+                    for precision, flops in flops_within(callee).items():
+                        total[precision] += flops
+            memo[name] = dict(total)
+        return memo[name]
+
+    def build(name: str) -> None:
+        if name in lists or name not in computations:
+            return
+        events: list = []
+        lists[name] = events
+        for instr in computations[name]:
+            op = instr.opcode
+            if op == "while":
+                body = re.search(r"body=%([\w.-]+)", instr.attrs)
+                if body:
+                    build(body.group(1))
+                    events.append(["loop", body.group(1), _trips(instr, computations, by_name)])
+            elif op.endswith("-done"):
+                events.append(["done", instr.operands[0] if instr.operands else ""])
+            elif op.endswith("-start"):
+                events.append(["start", instr.name, _engine(instr, types), _work(instr)])
+            elif op == "call":
+                for callee in _called(instr):
+                    build(callee)
+                    events.append(["call", callee])
+            elif _collective_op(instr, False, types) or host_bytes(instr, types):
+                events.append(["wait", _work(instr)])
+            else:
+                callee = _callee(instr) or ""
+                own = (dot_flops if op == "dot" else conv_flops)(instr, types) if op in (
+                    "dot", "convolution") else 0.0  # fmt: skip
+                flops = dict(flops_within(callee)) if op == "fusion" else {}
+                if own:
+                    flops[_precision(instr, types)] = own
+                kernel = index.get(_kernel_key(instr), -1)
+                matmul = bool(own) or kernel >= 0 or callee in matmul_bodies
+                hbm = _op_hbm_bytes(instr, computations, types)
+                if not matmul and not hbm:
+                    continue
+                if not matmul and events and events[-1][0] == "tc" and not events[-1][5]:
+                    events[-1][4] += hbm
+                    continue
+                fp8, bf16, f32 = (flops.get(p, 0.0) for p in ("fp8", "bf16", "f32"))
+                events.append(["tc", fp8, bf16, f32, hbm, int(matmul), kernel])
+
+    def _work(instr: Instr) -> dict:
+        """What an asynchronous or waited-for op does: the collectives it runs (kind, group,
+        torus dims, bytes), the HBM bytes of the ops it runs, and its host transfer bytes;
+        for a call, what its callee does."""
+        work: dict = {"ici": [], "hbm": 0.0, "host": host_bytes(instr, types)}
+        found = _collective_op(instr, True, types)
+        if found:
+            kind, group, dims, _, moved = found
+            work["ici"].append([kind, group, dims, moved])
+        if instr.opcode == "copy-start" and not work["host"]:
+            work["hbm"] += 2 * sum(nbytes(types.get(o, "")) for o in instr.operands)
+        if instr.opcode in _ASYNC_CALLS:
+            for callee in _called(instr):
+                for inner in computations.get(callee, []):
+                    if inner.opcode in ("parameter", "tuple", "get-tuple-element"):
+                        continue
+                    done = _work(inner)
+                    work["ici"] += done["ici"]
+                    work["host"] += done["host"]
+                    work["hbm"] += done["hbm"] + (
+                        _op_hbm_bytes(inner, computations, types) if not done["ici"] else 0.0
+                    )
+        return work
+
+    build(entry)
+    return {"entry": entry, "computations": lists}
+
+
+def _engine(instr: Instr, types: dict[str, str]) -> str:
+    """The unit an asynchronous op runs on: the SparseCores (an async call on their thread),
+    the interconnect (a collective), the host link (a transfer to or from the host)."""
+    thread = re.search(r'async_execution_thread="(\w+)"', instr.attrs)
+    if thread and thread.group(1) != "main":
+        return thread.group(1)
+    if _collective_op(instr, True, types):
+        return "ici"
+    return "host" if host_bytes(instr, types) else "async"

@@ -5,6 +5,8 @@ backend config carries the kernel's serialized module and the cost estimate its 
 attached to the `pallas_call`. The module holds the kernel's grid (`iteration_bounds`, a
 dynamic axis such as Megablox's active row tiles read as None) and the block shape of each
 operand and output (`window_bounds`), in the kernel's operand order then its outputs.
+A kernel that pipelines by hand (tokamax's grouped matmuls) has no grid there; it states
+its tiles in its xprof metadata (a frontend attribute).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ _BODY = re.compile(r'"custom_call_config":\{"body":"([^"]+)"')
 _ESTIMATE = re.compile(r'"cost_estimate":\{"flops":"(\d+)"[^}]*?"bytes_accessed":"(\d+)"')
 _GRID = re.compile(r"iteration_bounds = array<i64: ([^>]*)>")
 _BLOCKS = re.compile(r"window_bounds = array<i64: ([^>]*)>")
+_TILING = re.compile(r'tile_m\\*": (\d+), \\*"tile_k\\*": (\d+), \\*"tile_n\\*": (\d+)')
 _DYNAMIC = -(2**63)  # MLIR's ShapedType::kDynamic
 
 
 def kernel_call(name: str, attrs: str) -> dict[str, Any] | None:
     """The kernel's name (the HLO instruction's, clone suffixes dropped), the FLOPs and bytes
-    of its cost estimate, its grid and its block shapes (None where unreadable); None for a
-    custom call that is not a Mosaic kernel."""
+    of its cost estimate, its grid and its block shapes, the (tm, tk, tn) tiles its metadata
+    states (None where unreadable or not stated); None for a custom call that is not a
+    Mosaic kernel."""
     body = _BODY.search(attrs)
     if body is None:
         return None
@@ -36,6 +40,9 @@ def kernel_call(name: str, attrs: str) -> dict[str, Any] | None:
         "bytes": float(estimate.group(2)) if estimate else None,
         "grid": layout[0] if layout else None,
         "blocks": layout[1] if layout else None,
+        "tiling": tuple(int(t) for t in tiling.groups())
+        if (tiling := _TILING.search(attrs))
+        else None,
     }
 
 

@@ -14,31 +14,33 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   torus dimensions its rings use at once (libtpu's backend config: 3 where colors rotate
   over X, Y and Z, 1 for a single ring).
 - host: bytes moved to or from pinned host memory (offload), over the host link.
-- overlap: ops run one at a time; a matmul op's HBM traffic hides under its compute (the
-  larger counts), an op without matmuls (elementwise, reductions, copies) adds its HBM
-  time; a synchronous collective adds its time; SparseCore-offloaded and asynchronous
-  collectives and host transfers run beside the TensorCore and hide behind `OVERLAP` of
-  that busy time; the rest is exposed.
+- overlap, from the program's own schedule (hlo_cost `schedule`): the TensorCore runs its
+  ops one at a time in the compiled order (a matmul op's HBM traffic hides under its
+  compute, the larger counts; an op without matmuls is HBM time); an asynchronous op (a
+  collective or a copy offloaded to the SparseCores, a `-start`/`-done` pair, a host
+  transfer) starts when the TensorCore reaches it and its engine is free, and stalls the
+  TensorCore only where the schedule waits for it (its `-done`) before it has finished; a
+  synchronous collective or host transfer stalls it for its whole time. Loops run their
+  body twice and repeat the second time, so an op started in one iteration and waited for
+  in the next overlaps as it does on the chip.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.hardware import Accelerator
 
 # Fitted by benchmarks/calibration.py on the published llama3.1-70b 8k rows on 64 chips, one
 # constant per row: the bf16 row fixes `MXU_EFFICIENCY`, the fp8 row `FP8_MXU_EFFICIENCY`
 # (fp8 dots reach a smaller share of their peak than bf16 ones: published fp8 is 1.46x bf16,
-# not the 2x of the peaks). Held out: the same recipes on 256 chips (+0.7%, +0.1%), the
-# re-tuned fp8 recipe (-2.5%, ranked above the original as published) and the
-# llama3.1-405b rows (bf16 -2.6%, fp8 -6.1%). Every row is FSDP with its collectives on the
-# SparseCores, which the rows cannot tell apart from MXU time, so `OVERLAP` stays at 0
-# (asynchronous collectives and host transfers never hidden): the pessimistic rule.
-MXU_EFFICIENCY = 0.78
-FP8_MXU_EFFICIENCY = 0.66
-OVERLAP = 0.0
+# not the 2x of the peaks). Nothing else is fitted: what communication hides is the
+# schedule's. Held out: the same recipes on 256 chips (+1.4%, +0.0%), the re-tuned fp8
+# recipe (-4.5%, ranked above the original as published), the llama3.1-405b rows (bf16
+# -5.2%, fp8 -2.9%) and the qwen3-235b MoE row (+26.7%: see docs/trainer.md).
+MXU_EFFICIENCY = 0.68
+FP8_MXU_EFFICIENCY = 0.62
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
 
 _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
@@ -56,64 +58,143 @@ def step_time(
     accel: Accelerator,
     kernel_flops: float = 0.0,
     mxu_efficiency: float = MXU_EFFICIENCY,
-    overlap: float = OVERLAP,
     fp8_mxu_efficiency: float = FP8_MXU_EFFICIENCY,
+    call_flops: list[float] | None = None,
 ) -> dict[str, Any]:
-    """Seconds per step on one device of `accel` for a program of `cost` (per device)."""
-    per_device = accel.devices_per_chip
-    peak = {p: t * 1e12 / per_device for p, t in accel.peak_tflops.items()}
+    """Seconds per step on one device of `accel` for a program of `cost` (per device).
+    `kernel_flops`: the Mosaic kernels' FLOPs in all; `call_flops`: each kernel call's, in
+    the order of `cost["kernel_calls"]` (placed where the schedule runs them)."""
+    rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
     flops = cost["flops"]
-    compute = (
-        flops.get("fp8", 0.0) / (peak.get("fp8", peak["bf16"]) * fp8_mxu_efficiency)
-        + (
-            (flops.get("bf16", 0.0) + kernel_flops) / peak["bf16"]
-            + flops.get("f32", 0.0) / (peak["bf16"] * F32_MATMUL_SHARE)
-        )
-        / mxu_efficiency
-    )
-    hbm_rate = accel.hbm_bytes_per_s / per_device
-    hbm = cost["hbm_bytes"] / hbm_rate
-    # Ops without matrix products run between the MXU's (one op at a time): their HBM time
-    # adds; matmul ops overlap their own HBM traffic (records from before the split: none).
-    alone = cost.get("hbm_bytes_without_matmul", 0.0) / hbm_rate
-    ici_per_device = accel.ici_axis_bytes_per_s / per_device
-    ici_sync, ici_async = _ici_seconds(cost, ici_per_device)
-    ici = ici_sync + ici_async
-    host = cost["host_transfer_bytes"] / (accel.host_link_bytes_per_s / per_device)
-    busy = max(compute, hbm - alone) + alone
-    # A synchronous collective stops the TensorCore; offloaded (SparseCore) and asynchronous
-    # collectives and host transfers run beside it, hidden behind `overlap` of its busy time.
-    exposed = ici_sync + max(0.0, ici_async + host - overlap * busy)
-    step = busy + exposed
+    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0) + kernel_flops,
+                            flops.get("f32", 0.0))  # fmt: skip
+    hbm = cost["hbm_bytes"] / rates.hbm
+    alone = cost.get("hbm_bytes_without_matmul", 0.0) / rates.hbm
+    ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
+              for op in _collective_ops(cost))  # fmt: skip
+    host = cost["host_transfer_bytes"] / rates.host
+    if cost.get("schedule"):
+        busy, step = _run(cost["schedule"], rates, cost.get("kernel_calls") or [], call_flops)
+    else:  # a record from before the schedule was read: ops one at a time, nothing hidden
+        busy = max(compute, hbm - alone) + alone
+        step = busy + ici + host
     return {
         "est_step_time_s": step,
         "est_compute_s": compute,
         "est_hbm_s": hbm,
         "est_ici_s": ici,
         "est_host_s": host,
-        "est_exposed_comm_s": exposed,
+        "est_busy_s": busy,
+        "est_exposed_comm_s": step - busy,
         "bound": max({"compute": compute, "hbm": hbm, "ici": ici}.items(), key=lambda kv: kv[1])[0],
     }
 
 
-def _ici_seconds(cost: dict[str, Any], per_device_bytes_per_s: float) -> tuple[float, float]:
-    """(synchronous, asynchronous) seconds of the program's collectives: each one's bytes,
-    ring-corrected by its group size, over one torus axis's share per device times the torus
-    dimensions its rings use at once. A cost counted before collectives were told apart
-    (no `collective_ops`): each kind at its largest group, one axis, asynchronous."""
-    ops = cost.get("collective_ops")
-    if ops is None:
-        ops = [
-            {"kind": kind, "group": max(cost["collective_group_sizes"].get(kind) or [1]),
-             "torus_dims": 1, "engine": "async", "bytes": moved}
-            for kind, moved in cost["collective_bytes"].items()
-        ]  # fmt: skip
-    seconds = {"sync": 0.0, "async": 0.0}
-    for op in ops:
-        moved = op["bytes"] * _MOVED[op["kind"]](op["group"])
-        time = moved / (per_device_bytes_per_s * op["torus_dims"])
-        seconds["sync" if op["engine"] == "sync" else "async"] += time
-    return seconds["sync"], seconds["async"]
+class _Rates:
+    """Seconds of work on one device of `accel`."""
+
+    def __init__(self, accel: Accelerator, mxu: float, fp8_mxu: float) -> None:
+        per_device = accel.devices_per_chip
+        self.peak = {p: t * 1e12 / per_device for p, t in accel.peak_tflops.items()}
+        self.mxu, self.fp8_mxu = mxu, fp8_mxu
+        self.hbm = accel.hbm_bytes_per_s / per_device
+        self.ici_axis = accel.ici_axis_bytes_per_s / per_device
+        self.host = accel.host_link_bytes_per_s / per_device
+
+    def compute(self, fp8: float, bf16: float, f32: float) -> float:
+        peak = self.peak["bf16"]
+        return (
+            fp8 / (self.peak.get("fp8", peak) * self.fp8_mxu)
+            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)) / self.mxu
+        )
+
+    def ici(self, kind: str, group: int, torus_dims: int, counted: float) -> float:
+        """A collective's bytes, ring-corrected by its group size, over one torus axis's
+        share per device times the torus dimensions its rings use at once."""
+        return counted * _MOVED[kind](group) / (self.ici_axis * torus_dims)
+
+    def work(self, work: dict) -> float:
+        """An asynchronous or waited-for op: its collectives, then its HBM and host bytes."""
+        return (
+            sum(self.ici(*op) for op in work["ici"])
+            + work["hbm"] / self.hbm
+            + work["host"] / self.host
+        )
+
+
+def _run(
+    schedule: dict, rates: _Rates, calls: list[dict], call_flops: list[float] | None
+) -> tuple[float, float]:
+    """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
+    its ops one after another (a matmul op's HBM traffic under its compute, the larger
+    counts); an asynchronous op starts when both the TensorCore reaches it and its engine is
+    free, runs beside the TensorCore, and stalls it only at its `-done` if not finished by
+    then. A loop runs its body twice (so that an op started in one iteration and waited for
+    in the next overlaps as on the chip) and the second iteration's time stands for the rest."""
+    clock = {"tc": 0.0, "busy": 0.0}
+    free: dict[str, float] = {}  # when each engine is next free
+    finish: dict[str, float] = {}  # when each started op ends
+
+    def op_seconds(event: list) -> float:
+        _, fp8, bf16, f32, hbm, matmul, kernel = event
+        if kernel >= 0:
+            extra = call_flops[kernel] if call_flops else calls[kernel]["flops"]
+            bf16 += extra
+        seconds = rates.compute(fp8, bf16, f32)
+        return max(seconds, hbm / rates.hbm) if matmul else hbm / rates.hbm
+
+    def run(name: str) -> None:
+        for event in schedule["computations"].get(name, []):
+            kind = event[0]
+            if kind == "tc":
+                seconds = op_seconds(event)
+                clock["tc"] += seconds
+                clock["busy"] += seconds
+            elif kind == "wait":
+                clock["tc"] += rates.work(event[1])
+            elif kind == "start":
+                _, op, engine, work = event
+                begin = max(clock["tc"], free.get(engine, 0.0))
+                free[engine] = finish[op] = begin + rates.work(work)
+            elif kind == "done":  # one whose start is not in sight: wait for every engine
+                ends = finish.pop(event[1], max(free.values(), default=0.0))
+                clock["tc"] = max(clock["tc"], ends)
+            elif kind == "call":
+                run(event[1])
+            elif kind == "loop":
+                _, body, trips = event
+                if trips >= 1:
+                    run(body)
+                if trips >= 2:
+                    before = dict(clock)
+                    run(body)
+                    shift = (trips - 2) * (clock["tc"] - before["tc"])
+                    clock["busy"] += (trips - 2) * (clock["busy"] - before["busy"])
+                    clock["tc"] += shift
+                    for times in (free, finish):
+                        for key, at in times.items():
+                            if at > before["tc"]:
+                                times[key] = at + shift
+
+    run(schedule["entry"])
+    return clock["busy"], max(clock["tc"], *free.values(), 0.0)
+
+
+def _collective_ops(cost: dict[str, Any]) -> list[dict]:
+    """The program's collectives; a cost counted before they were told apart (no
+    `collective_ops`): each kind at its largest group, one axis."""
+    if cost.get("collective_ops") is not None:
+        return cost["collective_ops"]
+    return [
+        {"kind": kind, "group": max(cost["collective_group_sizes"].get(kind) or [1]),
+         "torus_dims": 1, "bytes": moved}
+        for kind, moved in cost["collective_bytes"].items()
+    ]  # fmt: skip
+
+
+class KernelFlops(NamedTuple):
+    total: float  # per device per step
+    each: list[float]  # one execution of each call, in the order of the calls
 
 
 def kernel_flops(
@@ -123,50 +204,79 @@ def kernel_flops(
     context: int = 1,
     calls: list | None = None,
     expert: int = 1,
-) -> float:
-    """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show:
-    Splash attention (causal, as its blocks compute it) and the grouped expert matmuls of
-    Megablox or tokamax, for each call the program makes (`calls`, from hlo_cost: a
-    recomputed forward counts again), as its tiles compute it; without the calls (a record
-    from before they were read), the model formula's terms. `expert`: the mesh's expert
-    degree."""
+) -> KernelFlops:
+    """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show,
+    in all and for one execution of each call (`calls`, from hlo_cost, in their order): a
+    Splash forward call 2 matmuls per score it computes (causal, as its blocks compute it);
+    a backward QK^T again, dP, dV and dK, and dQ (fused into the dK/dV kernel unless a dQ
+    kernel runs apart, which also recomputes QK^T and dP); a forward the backward recomputes
+    is another call; a grouped matmul (Megablox, tokamax, libtpu's ragged_dot) its whole
+    tiles (`grouped_matmul_flops`); any other kernel its cost estimate. Without the calls (a
+    record from before they were read), the model formula's terms. `expert`: the mesh's
+    expert degree."""
+    each = _each_call(config, global_batch, num_devices, context, list(calls or ()), expert)
+    if calls and any(each):
+        return KernelFlops(sum(c["times"] * f for c, f in zip(calls, each, strict=True)), each)
+    # A record from before kernel calls were read: one forward, backward 2x, each layer.
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
     flops = 0.0
     if kernels.attention == "splash":
-        per_matmul = 2 * global_batch * m.num_heads * m.head_dim / num_devices  # per score
-        s = config.seq_len
-        if context == 1:
-            blocks = kernels.blocks(s, s)
-            forward = splash_scores(s, blocks["block_q"], blocks["block_kv"])
-            backward = splash_scores(s, blocks["block_q_dkv"], blocks["block_kv_dkv"])
-        else:  # context parallelism: blocks of a sharded mask, not counted (the causal half)
-            forward = backward = s * s / 2
-        # Each call the program makes: a forward runs QK^T and PV; the backward QK^T again,
-        # dP, dV and dK, and dQ (fused into the dK/dV kernel unless a dQ kernel runs apart,
-        # which also recomputes QK^T and dP). A forward recomputed for the backward (its
-        # residuals not saved) is a second forward call.
-        splash = [c for c in calls or () if c["name"].startswith("splash_")]
-        passes = {
-            p: sum(c["times"] for c in splash if f"_{p}" in c["name"]) for p in ("fwd", "dkv", "dq")
-        }
-        dkv_matmuls = 4 if passes["dq"] else 5
-        if passes["fwd"] and passes["dkv"]:
-            flops += per_matmul * (
-                2 * passes["fwd"] * forward
-                + (dkv_matmuls * passes["dkv"] + 3 * passes["dq"]) * backward
-            )
-        else:  # a record from before kernel calls were read: one forward, backward 2x
-            flops += 2 * per_matmul * (forward + 2 * backward) * m.num_layers
-    if not (m.is_moe and kernels.moe_gmm in ("megablox", "tokamax")):
-        return flops
-    gmm = [c for c in calls or () if c["name"].startswith(GROUPED_MATMULS) and c["flops"]]
-    if gmm:
-        groups = m.num_experts // expert  # experts on each device
-        return flops + sum(c["times"] * grouped_matmul_flops(c, groups) for c in gmm)
-    tokens = global_batch * config.seq_len
-    expert_mlp = 2 * tokens * m.mlp_dim * m.d_model * 3 * m.experts_per_token
-    return flops + expert_mlp * m.num_layers * 3 / num_devices
+        forward, backward = _splash_scores(config, context)
+        flops += 2 * _per_score(config, global_batch, num_devices) * (forward + 2 * backward)
+        flops *= m.num_layers
+    if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
+        tokens = global_batch * config.seq_len
+        expert_mlp = 2 * tokens * m.mlp_dim * m.d_model * 3 * m.experts_per_token
+        flops += expert_mlp * m.num_layers * 3 / num_devices
+    return KernelFlops(flops, each)
+
+
+def _each_call(
+    config, global_batch: int, num_devices: int, context: int, calls: list, expert: int
+) -> list[float]:
+    m = config.model
+    kernels = config.resolved_kernels("tpu", context)
+    forward, backward = _splash_scores(config, context)
+    per_score = _per_score(config, global_batch, num_devices)
+    fused_dq = not any("_dq" in c["name"] for c in calls if c["name"].startswith("splash_"))
+    groups = m.num_experts // expert if m.is_moe else 1  # experts on each device
+    each = []
+    for call in calls:
+        name = call["name"]
+        if name.startswith("splash_") and kernels.attention == "splash":
+            if "_fwd" in name:
+                each.append(2 * per_score * forward)
+            elif "_dkv" in name:
+                each.append((5 if fused_dq else 4) * per_score * backward)
+            elif "_dq" in name:
+                each.append(3 * per_score * backward)
+            else:
+                each.append(call["flops"])
+        elif name.startswith(GROUPED_MATMULS) and call["flops"]:
+            each.append(grouped_matmul_flops(call, groups))
+        else:
+            each.append(call["flops"] or 0.0)
+    return each
+
+
+def _per_score(config, global_batch: int, num_devices: int) -> float:
+    """FLOPs per device of one matmul of attention, per score element (query x key)."""
+    return 2 * global_batch * config.model.num_heads * config.model.head_dim / num_devices
+
+
+def _splash_scores(config, context: int) -> tuple[float, float]:
+    """Score elements the causal Splash forward and backward kernels compute, by their
+    blocks; with context parallelism (blocks of a sharded mask, not counted), the causal
+    half."""
+    s = config.seq_len
+    if context != 1:
+        return s * s / 2, s * s / 2
+    blocks = config.resolved_kernels("tpu", context).blocks(s, s)
+    return (
+        splash_scores(s, blocks["block_q"], blocks["block_kv"]),
+        splash_scores(s, blocks["block_q_dkv"], blocks["block_kv_dkv"]),
+    )
 
 
 # The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
@@ -176,14 +286,18 @@ GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-")
 
 
 def grouped_matmul_flops(call: dict, groups: int) -> float:
-    """FLOPs one grouped-matmul kernel call computes: whole (tm, tk, tn) tiles (its blocks),
-    over at most m/tm + G - 1 row tiles (a row tile two groups share runs once for each: the
-    kernels' group metadata; routed rows rarely end on a tile edge), its contraction and
-    columns padded to whole tiles. gmm's output is [m, n] (contracting k), tgmm's [G, k, n]
-    (contracting m); the cost estimate is 2mkn. Without the blocks: the cost estimate."""
-    if not call["blocks"]:
+    """FLOPs one grouped-matmul kernel call computes: whole (tm, tk, tn) tiles (the tiling
+    its metadata states, as tokamax's kernels do, else read from its blocks), over at most
+    m/tm + G - 1 row tiles (a row tile two groups share runs once for each: the kernels'
+    group metadata; routed rows rarely end on a tile edge), its contraction and columns
+    padded to whole tiles. gmm's output is [m, n] (contracting k), tgmm's [G, k, n]
+    (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate."""
+    if call.get("tiling"):
+        tm, tk, tn = call["tiling"]
+    elif call["blocks"]:
+        (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
+    else:
         return call["flops"]
-    (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
     if len(call["out"]) == 3:
         groups, k, n = call["out"]
         rows = call["flops"] / (2 * k * n)
