@@ -539,7 +539,11 @@ def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_
 BIG_VOCAB = {**SMALL, "vocab_size": 128256, "num_layers": 1}
 
 
-def test_vocab_tiling_frees_the_float32_logits_on_tpu7x(tmp_path):
+def test_vocab_tiling_frees_the_logits_and_no_float32_copy_is_made_on_tpu7x(tmp_path):
+    """The loss keeps bf16 logits and computes in float32 inside its fusions: untiled, the
+    loss head holds the saved logits and their gradient (2 bf16 copies), no float32 copy
+    (before: 2.57 bf16 copies, a float32 one materialized for TPU's SparseCore gather of
+    the targets' logits); 8 tiles hold one tile's."""
     config = {"model": BIG_VOCAB, "seq_len": 2048, "per_device_batch": 2}
     memory = {}
     for tiles in (1, 8):
@@ -547,8 +551,9 @@ def test_vocab_tiling_frees_the_float32_logits_on_tpu7x(tmp_path):
         code, events, err = _compile(tmp_path / str(tiles), {**config, "vocab_tiling": tiles})
         assert code == 0, err[-2000:]
         memory[tiles] = events["compiled"]["memory_per_device"]
-    f32_logits = 2 * 2048 * 128256 * 4  # tokens on one device (fsdp) x vocab x float32
-    assert memory[1]["temp_size_in_bytes"] - memory[8]["temp_size_in_bytes"] > f32_logits
+    bf16_logits = 2 * 2048 * 128256 * 2  # tokens on one device (fsdp) x vocab x bf16
+    freed = memory[1]["temp_size_in_bytes"] - memory[8]["temp_size_in_bytes"]
+    assert bf16_logits < freed <= 2 * bf16_logits
     assert memory[1]["argument_size_in_bytes"] == memory[8]["argument_size_in_bytes"]
 
 

@@ -41,6 +41,29 @@ def test_the_loss_is_the_same_in_any_number_of_tiles(tiles):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_loss_gradient_is_autodiffs_of_float32_logits(dtype):
+    """The custom VJP (bf16 logits kept, float32 inside) gives what autodiff gives through
+    logits upcast to float32 (MaxText's `cast_logits_to_fp32`), for the hidden states and
+    the unembedding, at the model's dtype."""
+    x, w, t = (a.astype(dtype) if a.dtype != jnp.int32 else a for a in _problem(v=1000))
+
+    def upcast(x, w):
+        logits = jnp.einsum("bse,ev->bsv", x, w).astype(jnp.float32)
+        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        return (jax.nn.logsumexp(logits, axis=-1) - target).mean()
+
+    ours = jax.value_and_grad(lambda x, w: mean_cross_entropy(x, w, t, 1), argnums=(0, 1))(x, w)
+    reference = jax.value_and_grad(upcast, argnums=(0, 1))(x, w)
+    assert float(ours[0]) == pytest.approx(float(reference[0]), rel=1e-6)
+    tolerance = 1e-6 if dtype == jnp.float32 else 1e-2
+    for a, b in zip(ours[1], reference[1], strict=True):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tolerance, atol=1e-6
+        )
+
+
 def test_a_tiling_that_does_not_divide_the_sequence_is_refused_by_name():
     config = load_config({"model": {"preset": "tiny-dense"}, "seq_len": 96, "vocab_tiling": 7})
     with pytest.raises(ConfigError) as err:

@@ -482,7 +482,8 @@ class TrialConfig(_Frozen):
     """dtype of AdamW's first moment (MaxText `mu_dtype`); bfloat16 halves its memory."""
     vocab_tiling: int = Field(default=1, ge=1, le=1024)
     """tiles the loss is computed in along the sequence (MaxText `num_vocab_tiling`): above 1,
-    only one tile's float32 logits is live, for one more unembedding matmul per step."""
+    only one tile's logits (and their gradient) is live, for one more unembedding matmul per
+    step."""
     seed: int = 0
     """data order, and parameter initialization unless `init_seed` is set."""
     init_seed: int | None = None

@@ -121,8 +121,9 @@ def memory_per_device(
             "save_qkv_proj": qkv,
             "save_out_proj": tokens_local * m.d_model * BF16,
         }.get(policy, qkv + mlp)
-    # float32 logits and their gradient, one tile of them at a time when the loss is tiled.
-    logits = tokens_local * m.vocab_size / degrees["tensor"] * F32 * 2 / config.vocab_tiling
+    # bf16 logits and their gradient (the loss's float32 work stays in its fusions), one
+    # tile of them at a time when the loss is tiled.
+    logits = tokens_local * m.vocab_size / degrees["tensor"] * BF16 * 2 / config.vocab_tiling
     mu_bytes = BF16 if config.mu_dtype == "bfloat16" else F32
     memory = {
         "params_f32": params * F32,

@@ -1,7 +1,10 @@
 """The language-model loss over the vocabulary, whole or in tiles.
 
-With `vocab_tiling` 1 the [batch, seq, vocab] logits exist in full (float32, as MaxText's
-`cast_logits_to_fp32`). With N > 1 (MaxText's `num_vocab_tiling`) the tokens are split
+The logits stay in the unembedding's dtype (bf16 on TPU: the matmul's output, as MaxText's
+before its `cast_logits_to_fp32`); the loss and its gradient are computed from them in
+float32 inside fused reductions (a custom VJP that saves the logits and each token's
+log-sum-exp), so no float32 [batch, seq, vocab] array is made: the values are MaxText's,
+float32 logits of bf16 numbers. With `vocab_tiling` 1 the logits exist in full. With N > 1 (MaxText's `num_vocab_tiling`) the tokens are split
 into N tiles along the sequence; each tile's logits are made, reduced to its loss and
 dropped, and made again in the backward pass (jax.checkpoint), so only one tile's logits
 is ever live. The cost is one more unembedding matmul per step.
@@ -17,15 +20,38 @@ LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
 
 def unembed(x_BxSxE: jax.Array, w_ExV: jax.Array) -> jax.Array:
-    """float32 logits, sharded like MaxText's (batch, length, vocab)."""
-    logits = jax.lax.dot_general(x_BxSxE, w_ExV, (((2,), (0,)), ((), ()))).astype(jnp.float32)
+    """Logits in the matmul's output dtype, sharded like MaxText's (batch, length, vocab)."""
+    logits = jax.lax.dot_general(x_BxSxE, w_ExV, (((2,), (0,)), ((), ())))
     return nn.with_logical_constraint(logits, LOGITS_AXES)
 
 
+@jax.custom_vjp
 def token_losses(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
-    """Cross entropy of each token: log-sum-exp of its logits minus its target's logit."""
+    """Cross entropy of each token, in float32: log-sum-exp of its logits minus its target's
+    logit."""
+    return _token_losses(logits_BxSxV, targets_BxS)[0]
+
+
+def _token_losses(logits_BxSxV: jax.Array, targets_BxS: jax.Array):
+    lse_BxS = jax.nn.logsumexp(logits_BxSxV.astype(jnp.float32), axis=-1)
+    # Gathered before the upcast (the same values): a gather from upcast logits makes TPU
+    # materialize them in float32 for its SparseCore gather.
     target = jnp.take_along_axis(logits_BxSxV, targets_BxS[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits_BxSxV, axis=-1) - target
+    return lse_BxS - target.astype(jnp.float32), (logits_BxSxV, targets_BxS, lse_BxS)
+
+
+def _token_losses_grad(saved, g_BxS: jax.Array):
+    """d loss / d logits = softmax - one-hot(target), from the saved logits and log-sum-exp,
+    cast to the logits' dtype once (the upcast's own gradient would do the same)."""
+    logits_BxSxV, targets_BxS, lse_BxS = saved
+    softmax = jnp.exp(logits_BxSxV.astype(jnp.float32) - lse_BxS[..., None])
+    vocab = jnp.arange(logits_BxSxV.shape[-1], dtype=targets_BxS.dtype)
+    one_hot = (vocab == targets_BxS[..., None]).astype(jnp.float32)
+    grad = (g_BxS[..., None] * (softmax - one_hot)).astype(logits_BxSxV.dtype)
+    return grad, None
+
+
+token_losses.defvjp(_token_losses, _token_losses_grad)
 
 
 def mean_cross_entropy(
