@@ -33,11 +33,15 @@ def token_losses(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
 
 
 def _token_losses(logits_BxSxV: jax.Array, targets_BxS: jax.Array):
-    lse_BxS = jax.nn.logsumexp(logits_BxSxV.astype(jnp.float32), axis=-1)
-    # Gathered before the upcast (the same values): a gather from upcast logits makes TPU
-    # materialize them in float32 for its SparseCore gather.
-    target = jnp.take_along_axis(logits_BxSxV, targets_BxS[..., None], axis=-1)[..., 0]
-    return lse_BxS - target.astype(jnp.float32), (logits_BxSxV, targets_BxS, lse_BxS)
+    logits = logits_BxSxV.astype(jnp.float32)
+    lse_BxS = jax.nn.logsumexp(logits, axis=-1)
+    # The target's logit as a masked sum, a reduction XLA fuses like the log-sum-exp. A
+    # gather (take_along_axis) runs on TPU's SparseCores: from the float32 upcast it made
+    # TPU materialize float32 logits; from the bf16 logits libtpu 0.0.42.1 fails to compile
+    # it at qwen3-235b's shape (gather_emitter RET_CHECK on packed elements).
+    hit = jnp.arange(logits.shape[-1], dtype=targets_BxS.dtype) == targets_BxS[..., None]
+    target = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+    return lse_BxS - target, (logits_BxSxV, targets_BxS, lse_BxS)
 
 
 def _token_losses_grad(saved, g_BxS: jax.Array):
