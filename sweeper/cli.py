@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -244,11 +243,9 @@ def plan(
         console.print(f"  - {reason}")
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _print_result(result, space) -> None:
+    from sweeper.results import missing  # after a sweep: already imported
+
     metric = space.objective.primary.metric
     frame = result.trials
     hardware = ", ".join(sorted({h for h in frame.get("hardware", []) if h})) or "-"
@@ -272,15 +269,15 @@ def _print_result(result, space) -> None:
                 if row["status"] == "ok"
                 else f"{row['status']}: {row['failure_class']}"
             )
-            if not _missing(row.get("reused_from")):
+            if not missing(row.get("reused_from")):
                 status += f" (reused #{int(row['reused_from'])})"
             table.add_row(
                 str(row["trial_id"]),
                 status,
-                "-" if _missing(value) else f"{value:,.1f}",
-                "-" if _missing(row.get(mfu)) else f"{row[mfu]:.3f}",
+                "-" if missing(value) else f"{value:,.1f}",
+                "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
                 {True: "passed", False: "failed"}.get(row.get("convergence_passed"), "-"),
-                *["-" if _missing(row[c]) else str(row[c]) for c in knob_cols],
+                *["-" if missing(row[c]) else str(row[c]) for c in knob_cols],
             )
     Console(width=max(console.width, 200)).print(table)  # wide: one row per trial, even in a pipe
     for note in result.notes:

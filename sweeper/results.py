@@ -6,12 +6,19 @@ says); the tracking adapter only contributes the MLflow run id and the attempt c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from trainer.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
 from trainer.events import STEP_METRICS as TRAINER_STEP_METRICS
+
+
+def missing(value: Any) -> bool:
+    """A results cell with no value: None, or NaN (how a frame holds a missing number)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
 
 STEP_METRICS = (*TRAINER_STEP_METRICS, "tokens_per_sec_per_chip_running")
 # The trainer's summary numbers, and what the engine adds to them.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -455,7 +454,7 @@ class Sweep:
         point = {
             k.removeprefix("knob:"): v
             for k, v in best.items()
-            if k.startswith("knob:") and not _missing(v)
+            if k.startswith("knob:") and not results.missing(v)
         }
         (self.sweep_dir / "best.yaml").write_text(
             yaml.safe_dump(
@@ -538,10 +537,6 @@ def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
         return None
     ranked = ok.sort_values(primary.metric, ascending=primary.mode == "min")
     return ranked.iloc[0].to_dict()
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def find_sweep(sweep_id: str, results_dir: Path) -> Path:
