@@ -123,6 +123,31 @@ def test_hbm_of_ops_without_matmuls_adds_to_the_step():
     assert step["est_step_time_s"] == pytest.approx(step["est_compute_s"] + alone)
 
 
+UNFUSED = """HloModule unfused
+
+ENTRY %main (a: bf16[1024,1024], b: bf16[1024,1024], s: bf16[8,1024,1024], i: s32[]) -> bf16[8,1024,1024] {
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = bf16[1024,1024]{1,0} parameter(1)
+  %s = bf16[8,1024,1024]{2,1,0} parameter(2)
+  %i = s32[] parameter(3)
+  %sum = bf16[1024,1024]{1,0} add(%a, %b)
+  %row = bf16[1,1024,1024]{2,1,0} bitcast(%sum)
+  %z = s32[] constant(0)
+  ROOT %d = bf16[8,1024,1024]{2,1,0} dynamic-update-slice(%s, %row, %i, %z, %z)
+}
+"""
+
+
+def test_unfused_ops_cost_what_they_read_and_write():
+    """An op XLA left unfused still runs on the TensorCore: an elementwise add reads its two
+    operands and writes its output; an in-place dynamic-update-slice reads and writes its
+    update; parameters, constants and bitcasts move nothing."""
+    matrix = 1024 * 1024 * 2
+    cost = program_cost(UNFUSED)
+    assert cost["hbm_bytes"] == 3 * matrix + 2 * matrix
+    assert cost["hbm_bytes_without_matmul"] == cost["hbm_bytes"]
+
+
 _SPARSECORE_3D = (
     '{"device_type":"DEVICE_TYPE_SPARSECORE","collective_offload_config":{"all_reduce_offload_config":'
     '{"ici_strategy_config":{"color_strategies":[{"phase_rings":[{"ring_dim":"ICI_RING_DIM_X_MESH"},'

@@ -445,15 +445,32 @@ def _collective_op(instr: Instr, in_async: bool, types: dict[str, str]) -> tuple
     return (kind, _group_size(instr.attrs), *collective(instr, in_async), moved)
 
 
+# Top-level ops that move no data of their own: structure, control flow, async halves
+# (their work is costed where they start), and collectives (costed on the interconnect).
+_NO_DATA = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while",
+            "call", "conditional", "after-all", "partition-id", "replica-id", "opt-barrier",
+            "add-dependency", "domain", "send", "recv", "send-done", "recv-done"}  # fmt: skip
+
+
 def _op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
                   types: dict[str, str]) -> float:  # fmt: skip
-    """HBM bytes a top-level op reads and writes (VMEM-resident values excluded)."""
-    if instr.opcode == "fusion":
+    """HBM bytes a top-level op reads and writes (VMEM-resident values excluded): a fusion
+    what it reads and writes (`fusion_hbm_bytes`); an in-place dynamic-update-slice its
+    update, read and written; a slice what it takes, read and written; any other op that
+    computes (a matmul, a copy, a kernel, an unfused elementwise op, reduce, sort, ...) its
+    operands and its output, once (a sort's passes over its data are not counted)."""
+    op = instr.opcode
+    if op == "fusion":
         return fusion_hbm_bytes(instr, computations, types)
-    if instr.opcode in ("dot", "convolution", "copy", "custom-call"):
-        operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
-        return operands + nbytes(instr.type, "S(1)")
-    return 0.0
+    if (op in _NO_DATA or op.endswith(("-start", "-done"))
+            or any(op == k for k in COLLECTIVES)):  # fmt: skip
+        return 0.0
+    if op == "dynamic-update-slice" and len(instr.operands) > 1:
+        return 2 * nbytes(types.get(instr.operands[1], ""), "S(1)")
+    if op in ("dynamic-slice", "slice"):
+        return 2 * nbytes(instr.type, "S(1)")
+    operands = sum(nbytes(types.get(o, ""), "S(1)") for o in instr.operands)
+    return operands + nbytes(instr.type, "S(1)")
 
 
 def _kernel_key(instr: Instr) -> tuple | None:
@@ -509,7 +526,11 @@ def program_cost(hlo_text: str) -> dict:
             # The TensorCore runs one op at a time: an op without matrix products (a copy,
             # an elementwise or reduction fusion) is HBM time no matmul hides. Mosaic
             # kernels (custom calls) count as matmul work: their FLOPs come from formulas.
-            if moved and op in ("fusion", "copy") and (_callee(instr) or "") not in matmul_bodies:
+            if (
+                moved
+                and op not in ("dot", "convolution", "custom-call")
+                and (_callee(instr) or "") not in matmul_bodies
+            ):
                 cost.hbm_bytes_without_matmul += moved
             cost.host_transfer_bytes += host_bytes(instr, types) * times
             if op == "while":
