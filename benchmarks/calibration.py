@@ -148,11 +148,9 @@ def estimate_rows(
         devices = chips_in(target) * 2
         global_batch = round(trial.per_device_batch * devices)
         cost = compiled_cost(name, recompile)
-        kernels = kernel_flops(trial, global_batch, devices, calls=cost.get("kernel_calls"))
         rows[name] = {
             "cost": cost,
-            "kernel_flops": kernels.total,
-            "call_flops": kernels.each,
+            "kernels": kernel_flops(trial, global_batch, devices, calls=cost.get("kernel_calls")),
             "tokens_per_step": global_batch * trial.seq_len,
             "chips": chips_in(target),
             "published_step_s": step,
@@ -168,7 +166,7 @@ UNCALIBRATED = (1.0, 1.0)
 def predict(row: dict, constants: tuple[float, float]) -> float:
     mxu, fp8 = constants
     accel = ACCELERATORS["tpu7x"]
-    step = step_time(row["cost"], accel, row["kernel_flops"], mxu, fp8, row["call_flops"])
+    step = step_time(row["cost"], accel, row["kernels"], mxu, fp8)
     return row["tokens_per_step"] / step["est_step_time_s"] / row["chips"]
 
 

@@ -160,7 +160,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         cost.get("kernel_calls"),
         program.degrees["expert"],
     )
-    model = step_time(cost, accel, kernels.total, call_flops=kernels.each)
+    model = step_time(cost, accel, kernels)
     tokens = program.global_batch * config.seq_len
     peak = accel.peak_tflops["fp8" if config.precision.mode == "fp8" else "bf16"] * 1e12
     est.update(

@@ -254,6 +254,13 @@ def conv_flops(instr: Instr, types: dict[str, str]) -> float:
     return 2.0 * non_spatial * rhs[rhs_l.index("i")] * taps
 
 
+def matmul_flops(instr: Instr, types: dict[str, str]) -> float:
+    """FLOPs of a dot or convolution op; 0 for any other op."""
+    if instr.opcode == "dot":
+        return dot_flops(instr, types)
+    return conv_flops(instr, types) if instr.opcode == "convolution" else 0.0
+
+
 def dot_flops(instr: Instr, types: dict[str, str]) -> float:
     out = arrays(instr.type)[0][1]
     lhs = arrays(types.get(instr.operands[0], ""))[0][1]
@@ -463,7 +470,7 @@ def _op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     if op == "fusion":
         return fusion_hbm_bytes(instr, computations, types)
     if (op in _NO_DATA or op.endswith(("-start", "-done"))
-            or any(op == k for k in COLLECTIVES)):  # fmt: skip
+            or op in COLLECTIVES):  # fmt: skip
         return 0.0
     if op == "dynamic-update-slice" and len(instr.operands) > 1:
         return 2 * nbytes(types.get(instr.operands[1], ""), "S(1)")
@@ -506,8 +513,7 @@ def program_cost(hlo_text: str) -> dict:
         for instr in computations[name]:
             op = instr.opcode
             if op in ("dot", "convolution"):
-                flops = dot_flops(instr, types) if op == "dot" else conv_flops(instr, types)
-                cost.flops[_precision(instr, types)] += flops * times
+                cost.flops[_precision(instr, types)] += matmul_flops(instr, types) * times
             found = _collective_op(instr, in_async, types)
             if found:
                 kind, group, dims, engine, moved = found
@@ -550,7 +556,9 @@ def program_cost(hlo_text: str) -> dict:
     walk(entry, 1.0, ())
     return {
         **cost.as_dict(),
-        "schedule": schedule(computations, entry, types, list(cost.kernel_calls)),
+        "schedule": schedule(
+            computations, entry, types, list(cost.kernel_calls), by_name, matmul_bodies
+        ),
     }
 
 
@@ -561,7 +569,8 @@ def _called(instr: Instr) -> list[str]:
 
 
 def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, str],
-             kernels: list[tuple]) -> dict:  # fmt: skip
+             kernels: list[tuple], by_name: dict[str, Instr],
+             matmul_bodies: set[str]) -> dict:  # fmt: skip
     """The program as the TensorCore runs it, in its scheduled order: for each computation
     the TensorCore runs (the entry, loop bodies, called computations), a list of events:
 
@@ -570,15 +579,15 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
       Mosaic kernel call in `kernel_calls` (-1: none); neighbouring ops without matmuls
       are merged.
     - `["start", name, engine, work]`: an asynchronous op begins (a `-start`: a collective,
-      a host copy, a call to the SparseCores), `work` what it does (see `_work`); `engine`
+      a host copy, a call to the SparseCores), `work` what it does (see `work_of`); `engine`
       the unit that runs it (`sparsecore`, `ici`, `host`, `async`).
     - `["done", name]`: the TensorCore waits for that op.
     - `["wait", work]`: an op the TensorCore runs and waits for (a synchronous collective,
       a transfer to or from the host).
     - `["loop", body, trips]` and `["call", callee]`.
+
+    `by_name` (every instruction) and `matmul_bodies` (`_with_matmuls`) are the walk's.
     """
-    by_name = {i.name: i for instrs in computations.values() for i in instrs}
-    matmul_bodies = _with_matmuls(computations)
     index = {key: k for k, key in enumerate(kernels)}
     memo: dict[str, dict[str, float]] = {}
     lists: dict[str, list] = {}
@@ -589,8 +598,7 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
             total: dict[str, float] = defaultdict(float)
             for instr in computations.get(name, []):
                 if instr.opcode in ("dot", "convolution"):
-                    flops = (dot_flops if instr.opcode == "dot" else conv_flops)(instr, types)
-                    total[_precision(instr, types)] += flops
+                    total[_precision(instr, types)] += matmul_flops(instr, types)
                 for callee in re.findall(r"\bcalls=%([\w.-]+)", instr.attrs):
                     for precision, flops in flops_within(callee).items():
                         total[precision] += flops
@@ -612,17 +620,16 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
             elif op.endswith("-done"):
                 events.append(["done", instr.operands[0] if instr.operands else ""])
             elif op.endswith("-start"):
-                events.append(["start", instr.name, _engine(instr, types), _work(instr)])
+                events.append(["start", instr.name, _engine(instr, types), work_of(instr)])
             elif op == "call":
                 for callee in _called(instr):
                     build(callee)
                     events.append(["call", callee])
             elif _collective_op(instr, False, types) or host_bytes(instr, types):
-                events.append(["wait", _work(instr)])
+                events.append(["wait", work_of(instr)])
             else:
                 callee = _callee(instr) or ""
-                own = (dot_flops if op == "dot" else conv_flops)(instr, types) if op in (
-                    "dot", "convolution") else 0.0  # fmt: skip
+                own = matmul_flops(instr, types)
                 flops = dict(flops_within(callee)) if op == "fusion" else {}
                 if own:
                     flops[_precision(instr, types)] = own
@@ -637,7 +644,7 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
                 fp8, bf16, f32 = (flops.get(p, 0.0) for p in ("fp8", "bf16", "f32"))
                 events.append(["tc", fp8, bf16, f32, hbm, int(matmul), kernel])
 
-    def _work(instr: Instr) -> dict:
+    def work_of(instr: Instr) -> dict:
         """What an asynchronous or waited-for op does: the collectives it runs (kind, group,
         torus dims, bytes), the HBM bytes of the ops it runs, and its host transfer bytes;
         for a call, what its callee does."""
@@ -653,7 +660,7 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
                 for inner in computations.get(callee, []):
                     if inner.opcode in ("parameter", "tuple", "get-tuple-element"):
                         continue
-                    done = _work(inner)
+                    done = work_of(inner)
                     work["ici"] += done["ici"]
                     work["host"] += done["host"]
                     work["hbm"] += done["hbm"] + (

@@ -4,10 +4,11 @@ The logits stay in the unembedding's dtype (bf16 on TPU: the matmul's output, as
 before its `cast_logits_to_fp32`); the loss and its gradient are computed from them in
 float32 inside fused reductions (a custom VJP that saves the logits and each token's
 log-sum-exp), so no float32 [batch, seq, vocab] array is made: the values are MaxText's,
-float32 logits of bf16 numbers. With `vocab_tiling` 1 the logits exist in full. With N > 1 (MaxText's `num_vocab_tiling`) the tokens are split
-into N tiles along the sequence; each tile's logits are made, reduced to its loss and
-dropped, and made again in the backward pass (jax.checkpoint), so only one tile's logits
-is ever live. The cost is one more unembedding matmul per step.
+float32 logits of bf16 numbers. With `vocab_tiling` 1 the logits exist in full. With N > 1
+(MaxText's `num_vocab_tiling`) the tokens are split into N tiles along the sequence; each
+tile's logits are made, reduced to its loss and dropped, and made again in the backward
+pass (jax.checkpoint), so only one tile's logits is ever live. The cost is one more
+unembedding matmul per step.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ def _token_losses(logits_BxSxV: jax.Array, targets_BxS: jax.Array):
     # gather (take_along_axis) runs on TPU's SparseCores: from the float32 upcast it made
     # TPU materialize float32 logits; from the bf16 logits libtpu 0.0.42.1 fails to compile
     # it at qwen3-235b's shape (gather_emitter RET_CHECK on packed elements).
-    hit = jnp.arange(logits.shape[-1], dtype=targets_BxS.dtype) == targets_BxS[..., None]
-    target = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+    target = jnp.sum(jnp.where(_is_target(logits, targets_BxS), logits, 0.0), axis=-1)
     return lse_BxS - target, (logits_BxSxV, targets_BxS, lse_BxS)
 
 
@@ -49,13 +49,18 @@ def _token_losses_grad(saved, g_BxS: jax.Array):
     cast to the logits' dtype once (the upcast's own gradient would do the same)."""
     logits_BxSxV, targets_BxS, lse_BxS = saved
     softmax = jnp.exp(logits_BxSxV.astype(jnp.float32) - lse_BxS[..., None])
-    vocab = jnp.arange(logits_BxSxV.shape[-1], dtype=targets_BxS.dtype)
-    one_hot = (vocab == targets_BxS[..., None]).astype(jnp.float32)
+    one_hot = _is_target(logits_BxSxV, targets_BxS).astype(jnp.float32)
     grad = (g_BxS[..., None] * (softmax - one_hot)).astype(logits_BxSxV.dtype)
     return grad, None
 
 
 token_losses.defvjp(_token_losses, _token_losses_grad)
+
+
+def _is_target(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+    """[batch, seq, vocab] mask of each token's target (fused where it is used)."""
+    vocab = jnp.arange(logits_BxSxV.shape[-1], dtype=targets_BxS.dtype)
+    return vocab == targets_BxS[..., None]
 
 
 def mean_cross_entropy(

@@ -53,20 +53,25 @@ _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else
 }
 
 
+class KernelFlops(NamedTuple):
+    total: float  # per device per step
+    each: list[float]  # one execution of each call, in the order of the calls
+
+
 def step_time(
     cost: dict[str, Any],
     accel: Accelerator,
-    kernel_flops: float = 0.0,
+    kernels: KernelFlops | None = None,
     mxu_efficiency: float = MXU_EFFICIENCY,
     fp8_mxu_efficiency: float = FP8_MXU_EFFICIENCY,
-    call_flops: list[float] | None = None,
 ) -> dict[str, Any]:
     """Seconds per step on one device of `accel` for a program of `cost` (per device).
-    `kernel_flops`: the Mosaic kernels' FLOPs in all; `call_flops`: each kernel call's, in
-    the order of `cost["kernel_calls"]` (placed where the schedule runs them)."""
+    `kernels`: the Mosaic kernels' FLOPs (`kernel_flops`), each call's placed where the
+    schedule runs it; without them, each call at its cost estimate."""
     rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
     flops = cost["flops"]
-    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0) + kernel_flops,
+    total = kernels.total if kernels else 0.0
+    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0) + total,
                             flops.get("f32", 0.0))  # fmt: skip
     hbm = cost["hbm_bytes"] / rates.hbm
     alone = cost.get("hbm_bytes_without_matmul", 0.0) / rates.hbm
@@ -74,7 +79,9 @@ def step_time(
               for op in _collective_ops(cost))  # fmt: skip
     host = cost["host_transfer_bytes"] / rates.host
     if cost.get("schedule"):
-        busy, step = _run(cost["schedule"], rates, cost.get("kernel_calls") or [], call_flops)
+        calls = cost.get("kernel_calls") or []
+        each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
+        busy, step = _run(cost["schedule"], rates, each)
     else:  # a record from before the schedule was read: ops one at a time, nothing hidden
         busy = max(compute, hbm - alone) + alone
         step = busy + ici + host
@@ -122,9 +129,7 @@ class _Rates:
         )
 
 
-def _run(
-    schedule: dict, rates: _Rates, calls: list[dict], call_flops: list[float] | None
-) -> tuple[float, float]:
+def _run(schedule: dict, rates: _Rates, call_flops: list[float]) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
     counts); an asynchronous op starts when both the TensorCore reaches it and its engine is
@@ -138,8 +143,7 @@ def _run(
     def op_seconds(event: list) -> float:
         _, fp8, bf16, f32, hbm, matmul, kernel = event
         if kernel >= 0:
-            extra = call_flops[kernel] if call_flops else calls[kernel]["flops"]
-            bf16 += extra
+            bf16 += call_flops[kernel]
         seconds = rates.compute(fp8, bf16, f32)
         return max(seconds, hbm / rates.hbm) if matmul else hbm / rates.hbm
 
@@ -192,11 +196,6 @@ def _collective_ops(cost: dict[str, Any]) -> list[dict]:
     ]  # fmt: skip
 
 
-class KernelFlops(NamedTuple):
-    total: float  # per device per step
-    each: list[float]  # one execution of each call, in the order of the calls
-
-
 def kernel_flops(
     config,
     global_batch: int,
@@ -235,6 +234,7 @@ def kernel_flops(
 def _each_call(
     config, global_batch: int, num_devices: int, context: int, calls: list, expert: int
 ) -> list[float]:
+    """FLOPs of one execution of each call (see `kernel_flops`)."""
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
     forward, backward = _splash_scores(config, context)
