@@ -148,9 +148,10 @@ def estimate_rows(
         devices = chips_in(target) * 2
         global_batch = round(trial.per_device_batch * devices)
         cost = compiled_cost(name, recompile)
+        calls, width = cost.get("kernel_calls"), ACCELERATORS["tpu7x"].mxu_width
         rows[name] = {
             "cost": cost,
-            "kernels": kernel_flops(trial, global_batch, devices, calls=cost.get("kernel_calls")),
+            "kernels": kernel_flops(trial, global_batch, devices, calls=calls, mxu_width=width),
             "tokens_per_step": global_batch * trial.seq_len,
             "chips": chips_in(target),
             "published_step_s": step,

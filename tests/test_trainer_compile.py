@@ -458,7 +458,10 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
         assert {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals"} <= names, names
     mxu = accelerator_for(TARGET)
     rate = mxu.peak_tflops["bf16"] * 1e12 / mxu.devices_per_chip * MXU_EFFICIENCY
-    extra = 12 * 2 * 1024 * 2048 * 2048 * (4.5 - 1.875) / rate
+    # gmm holds (tk, tn) = 1024 x 1024 weight tiles; tgmm (contracting the rows) holds (tm,
+    # tn) gradient tiles: 128 rows fill half of TPU7x's 256-wide MXU, twice the time.
+    spent = {512: 9 * 4.5 + 3 * 4.5, 128: 9 * 1.875 + 3 * 1.875 / 0.5}
+    extra = 2 * 1024 * 2048 * 2048 * (spent[512] - spent[128]) / rate
     gap = summaries[512]["est_compute_s"] - summaries[128]["est_compute_s"]
     assert gap == pytest.approx(extra, rel=1e-6)
 
@@ -469,6 +472,7 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     and tgmm, the expert weight gradient included. XLA's ragged_dot (what tokamax fell back
     to on this CPU host before) computes that gradient densely over all experts."""
     from trainer.config import load_config
+    from trainer.hardware import ACCELERATORS
     from trainer.step_model import kernel_flops
 
     programs = {}
@@ -495,6 +499,11 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     assert [f / c["flops"] for f, c in zip(each, grouped, strict=True)] == pytest.approx(
         [1.875] * len(grouped)
     )
+    # Its 128 x 128 held tiles fill a quarter of TPU7x's 256-wide MXU: 4x the MXU time.
+    spent = kernel_flops(load_config({**config, "kernels": {"moe_gmm": "tokamax"},
+                                      "compile_target": TARGET}), 8, 8, calls=grouped,
+                         mxu_width=ACCELERATORS["tpu7x"].mxu_width).each  # fmt: skip
+    assert [s / f for s, f in zip(spent, each, strict=True)] == pytest.approx([4.0] * len(each))
     rows, d, mlp, experts = 1024, MOE_LAYER["d_model"], MOE_LAYER["mlp_dim"], 8
     dense_weight_gradients = 3 * 2 * rows * d * mlp * experts
     xla = {gmm: cost["flops"]["bf16"] for gmm, cost in programs.items()}

@@ -322,6 +322,47 @@ def test_splash_blocks_change_the_kernel_flops():
     assert flops(2048) / flops(1024) == pytest.approx(1.25 / 1.125)
 
 
+@pytest.mark.parametrize("contracted,columns,fill", [(256, 256, 1.0), (128, 256, 0.5),
+                                                      (256, 128, 0.5), (128, 128, 0.25),
+                                                      (384, 2048, 0.75), (4096, 1536, 1.0)])  # fmt: skip
+def test_a_kernel_matmul_fills_the_mxu_by_its_held_tile(contracted, columns, fill):
+    """TPU7x's MXU is 256 wide (JAX's TpuInfo): a kernel matmul holding a 128-deep operand
+    keeps half the array busy; each dim is padded up to whole widths."""
+    from trainer.hardware import ACCELERATORS
+    from trainer.step_model import mxu_fill
+
+    width = ACCELERATORS["tpu7x"].mxu_width
+    assert mxu_fill(width, contracted, columns) == pytest.approx(fill)
+    assert mxu_fill(0, contracted, columns) == 1.0  # no tile geometry: as computed
+
+
+def test_splash_at_head_dim_128_spends_twice_the_mxu_of_head_dim_256_on_tpu7x():
+    """The same attention FLOPs (twice the heads at half the width): every Splash matmul
+    holds a head_dim-deep or head_dim-wide block, so at 128 half the 256-wide MXU idles.
+    A kv compute block of 128 halves the forward's share again; without the MXU width
+    (another backend) the FLOPs are as computed."""
+    from trainer.config import load_config
+    from trainer.hardware import ACCELERATORS
+    from trainer.step_model import kernel_flops
+
+    width = ACCELERATORS["tpu7x"].mxu_width
+
+    def flops(heads: int, head_dim: int, mxu: int, **blocks: int) -> float:
+        model = {"preset": "tiny-dense", "num_heads": heads, "num_kv_heads": heads,
+                 "head_dim": head_dim}  # fmt: skip
+        kernels = {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 512), **blocks}
+        config = load_config({"model": model, "seq_len": 4096, "per_device_batch": 1,
+                              "kernels": kernels})  # fmt: skip
+        return kernel_flops(config, global_batch=1, num_devices=1, mxu_width=mxu).total
+
+    assert flops(8, 128, 0) == pytest.approx(flops(4, 256, 0))
+    assert flops(8, 128, width) / flops(4, 256, width) == pytest.approx(2.0)
+    assert flops(4, 256, width) == pytest.approx(flops(4, 256, 0))
+    narrow = flops(4, 256, width, block_kv_compute=128) - flops(4, 256, width)
+    forward = flops(4, 256, 0) / 3  # one forward and a backward of twice its FLOPs
+    assert narrow == pytest.approx(forward)
+
+
 def test_valid_taps_count_every_tap_that_lands_on_an_input_element():
     """The closed form against its definition: each output position's window taps that read
     a position of the dilated input holding an element."""

@@ -159,6 +159,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         program.degrees["context"],
         cost.get("kernel_calls"),
         program.degrees["expert"],
+        accel.mxu_width,
     )
     model = step_time(cost, accel, kernels)
     tokens = program.global_batch * config.seq_len

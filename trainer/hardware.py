@@ -24,6 +24,9 @@ class Accelerator:
     source: str
     device_kind: str = ""  # prefix of JAX's Device.device_kind for this chip
     host_link_bytes_per_s: float = 64e9  # chip <-> host, one direction
+    # A systolic MXU's side: a matmul holds a (contracted x columns) operand in the array in
+    # tiles of this size (0: not a TPU; no tile geometry modelled)
+    mxu_width: int = 0
     sources: dict[str, str] | None = None
 
     @property
@@ -58,6 +61,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         * GIB,  # libtpu: "exceeds available HBM (94.75G)"; XLA's G is GiB
         source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
         device_kind="TPU7x",
+        mxu_width=256,
         sources={
             "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
             "hbm": "docs.cloud.google.com/tpu/docs/tpu7x: 192 GiB, 7380 GB/s per chip",
@@ -67,6 +71,8 @@ ACCELERATORS: dict[str, Accelerator] = {
             "a JAX device",
             "usable_hbm_per_device": "libtpu's OOM message: 'exceeds available HBM (94.75G)'",
             "host_link": "assumed: PCIe Gen5 x16, 64 GB/s per direction (not in the datasheet)",
+            "mxu_width": "JAX's TpuInfo for TPU7x (jax/_src/pallas/mosaic/tpu_info.py, jax "
+            "0.10.2): mxu_column_size 256, 2 MXUs per TensorCore",
         },
     ),
     "v5p": Accelerator(
@@ -79,8 +85,9 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_link_bytes_per_s=100e9,
         ici_links=6,
         usable_hbm_per_device=95 * GIB,
-        source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak)",
+        source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak); MXU width: JAX's TpuInfo",
         device_kind="TPU v5p",
+        mxu_width=128,
     ),
     "v6e": Accelerator(
         name="TPU v6e",
@@ -92,8 +99,10 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_link_bytes_per_s=112e9,
         ici_links=4,
         usable_hbm_per_device=31.25 * GIB,
-        source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights)",
+        source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights); MXU width: "
+        "JAX's TpuInfo",
         device_kind="TPU v6",
+        mxu_width=256,
     ),
     # GPUs: measured runs only, never compile targets. No fp8 peak until the trainer's fp8
     # path on GPU is measured (ACCELERATORS.md); MFU of an fp8 step there is then unknown.

@@ -6,7 +6,9 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   into them) add the FLOPs their tiles compute: Splash attention its blocks (their sizes
   decide how much of the causal mask's diagonal it computes in vain), a grouped matmul its
   whole row tiles, one more per expert boundary inside a tile (trainer/mosaic.py reads
-  each call's tiles from the compiled program).
+  each call's tiles from the compiled program); each kernel matmul over the share of the
+  MXU its held tile fills (`mxu_fill`: on TPU7x's 256-wide array a 128-wide head or tile
+  leaves half idle).
 - HBM: bytes the top-level ops read and write, VMEM-resident values excluded; a slice of a
   stacked (scanned) buffer costs the slice.
 - ICI: bytes each collective moves per device, ring-corrected by its group size, over the
@@ -34,13 +36,14 @@ from trainer.hardware import Accelerator
 
 # Fitted by benchmarks/calibration.py on the published llama3.1-70b 8k rows on 64 chips, one
 # constant per row: the bf16 row fixes `MXU_EFFICIENCY`, the fp8 row `FP8_MXU_EFFICIENCY`
-# (fp8 dots reach a smaller share of their peak than bf16 ones: published fp8 is 1.46x bf16,
-# not the 2x of the peaks). Nothing else is fitted: what communication hides is the
-# schedule's. Held out: the same recipes on 256 chips (+0.5%, +0.1%), the re-tuned fp8
-# recipe (-4.4%, ranked above the original as published), the llama3.1-405b rows (bf16
-# -5.5%, fp8 -2.3%) and the qwen3-235b MoE row (+24.5%: see docs/trainer.md).
-MXU_EFFICIENCY = 0.68
-FP8_MXU_EFFICIENCY = 0.63
+# (the share of each precision's peak its dots reach once the kernels' idle MXU cells are
+# counted: Splash at head_dim 128 fills half of TPU7x's MXU, and runs in bf16 in fp8 programs
+# too). Nothing else is fitted: what communication hides is the schedule's. Held out: the
+# same recipes on 256 chips (+1.2%, +0.3%), the re-tuned fp8 recipe (-3.5%, ranked above the
+# original as published), the llama3.1-405b rows (bf16 -0.7%, fp8 +4.5%) and the qwen3-235b
+# MoE row (+19.9%: see docs/trainer.md).
+MXU_EFFICIENCY = 0.76
+FP8_MXU_EFFICIENCY = 0.77
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
 
 _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
@@ -203,6 +206,7 @@ def kernel_flops(
     context: int = 1,
     calls: list | None = None,
     expert: int = 1,
+    mxu_width: int = 0,
 ) -> KernelFlops:
     """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show,
     in all and for one execution of each call (`calls`, from hlo_cost, in their order): a
@@ -212,8 +216,11 @@ def kernel_flops(
     is another call; a grouped matmul (Megablox, tokamax, libtpu's ragged_dot) its whole
     tiles (`grouped_matmul_flops`); any other kernel its cost estimate. Without the calls (a
     record from before they were read), the model formula's terms. `expert`: the mesh's
-    expert degree."""
-    each = _each_call(config, global_batch, num_devices, context, list(calls or ()), expert)
+    expert degree. `mxu_width` (the chip's, `Accelerator.mxu_width`): count the FLOPs the
+    MXU spends, each kernel matmul over its share of the array (`mxu_fill`); 0: as computed."""
+    each = _each_call(
+        config, global_batch, num_devices, context, list(calls or ()), expert, mxu_width
+    )
     if calls and any(each):
         return KernelFlops(sum(c["times"] * f for c, f in zip(calls, each, strict=True)), each)
     # A record from before kernel calls were read: one forward, backward 2x, each layer.
@@ -222,7 +229,9 @@ def kernel_flops(
     flops = 0.0
     if kernels.attention == "splash":
         forward, backward = _splash_scores(config, context)
-        flops += 2 * _per_score(config, global_batch, num_devices) * (forward + 2 * backward)
+        fill_fwd, fill_dkv, _ = _splash_fills(config, context, mxu_width)
+        per_score = _per_score(config, global_batch, num_devices)
+        flops += 2 * per_score * (forward / fill_fwd + 2 * backward / fill_dkv)
         flops *= m.num_layers
     if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
         tokens = global_batch * config.seq_len
@@ -232,7 +241,13 @@ def kernel_flops(
 
 
 def _each_call(
-    config, global_batch: int, num_devices: int, context: int, calls: list, expert: int
+    config,
+    global_batch: int,
+    num_devices: int,
+    context: int,
+    calls: list,
+    expert: int,
+    mxu_width: int,
 ) -> list[float]:
     """FLOPs of one execution of each call (see `kernel_flops`)."""
     m = config.model
@@ -240,24 +255,61 @@ def _each_call(
     forward, backward = _splash_scores(config, context)
     per_score = _per_score(config, global_batch, num_devices)
     fused_dq = not any("_dq" in c["name"] for c in calls if c["name"].startswith("splash_"))
+    fill_fwd, fill_dkv, fill_dq = _splash_fills(config, context, mxu_width, fused_dq)
     groups = m.num_experts // expert if m.is_moe else 1  # experts on each device
     each = []
     for call in calls:
         name = call["name"]
         if name.startswith("splash_") and kernels.attention == "splash":
             if "_fwd" in name:
-                each.append(2 * per_score * forward)
+                each.append(2 * per_score * forward / fill_fwd)
             elif "_dkv" in name:
-                each.append((5 if fused_dq else 4) * per_score * backward)
+                each.append((5 if fused_dq else 4) * per_score * backward / fill_dkv)
             elif "_dq" in name:
-                each.append(3 * per_score * backward)
+                each.append(3 * per_score * backward / fill_dq)
             else:
                 each.append(call["flops"])
         elif name.startswith(GROUPED_MATMULS) and call["flops"]:
-            each.append(grouped_matmul_flops(call, groups))
+            tiles = _tiles(call)
+            fill = mxu_fill(mxu_width, *_held(call, tiles)) if tiles else 1.0
+            each.append(grouped_matmul_flops(call, groups) / fill)
         else:
             each.append(call["flops"] or 0.0)
     return each
+
+
+def mxu_fill(width: int, contracted: int, columns: int) -> float:
+    """The share of a `width` x `width` systolic MXU a matmul keeps busy: it holds a
+    (`contracted` x `columns`) operand in the array, a whole number of width x width tiles
+    (each dim padded up to the width), and streams the other operand's rows through. 1 where
+    the width is not known (0). Only for Mosaic kernels, whose code fixes which operand the
+    array holds (the right-hand one) and whose tiles set these dims: XLA's emitter lays out
+    its own matmuls, and any of them with a dim under 256 is HBM-bound on TPU7x anyway."""
+    if not width:
+        return 1.0
+    return math.prod(d / (math.ceil(d / width) * width) for d in (contracted, columns))
+
+
+def _splash_fills(
+    config, context: int, width: int, fused_dq: bool = True
+) -> tuple[float, float, float]:
+    """MXU fill of the Splash forward, dK/dV and dQ kernels: each kernel's matmuls at equal
+    FLOPs, each holding its right-hand block. Forward: QK^T (head_dim x kv block) and PV (kv
+    block x head_dim). dK/dV: QK^T and dP = dO V^T (head_dim x kv block), dV = P^T dO and
+    dK = dS^T Q (q block x head_dim), and dQ = dS K (kv block x head_dim) when fused. dQ
+    apart: QK^T, dP and dQ."""
+    head = config.model.head_dim
+    blocks = config.resolved_kernels("tpu", context).blocks(config.seq_len, config.seq_len)
+    kv, kv_dkv, q_dkv = (blocks[k] for k in ("block_kv_compute", "block_kv_dkv_compute",
+                                             "block_q_dkv"))  # fmt: skip
+
+    def over(*fills: float) -> float:  # one fill for matmuls of equal FLOPs
+        return len(fills) / sum(1 / f for f in fills)
+
+    along_kv = mxu_fill(width, head, kv_dkv)  # head_dim x kv, kv x head_dim: the same share
+    along_q = mxu_fill(width, q_dkv, head)
+    dkv = (along_kv, along_kv, along_q, along_q, *((along_kv,) if fused_dq else ()))
+    return mxu_fill(width, head, kv), over(*dkv), along_kv
 
 
 def _per_score(config, global_batch: int, num_devices: int) -> float:
@@ -292,12 +344,10 @@ def grouped_matmul_flops(call: dict, groups: int) -> float:
     group metadata; routed rows rarely end on a tile edge), its contraction and columns
     padded to whole tiles. gmm's output is [m, n] (contracting k), tgmm's [G, k, n]
     (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate."""
-    if call.get("tiling"):
-        tm, tk, tn = call["tiling"]
-    elif call["blocks"]:
-        (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
-    else:
+    tiles = _tiles(call)
+    if not tiles:
         return call["flops"]
+    tm, tk, tn = tiles
     if len(call["out"]) == 3:
         groups, k, n = call["out"]
         rows = call["flops"] / (2 * k * n)
@@ -315,3 +365,21 @@ def splash_scores(seq: int, block_q: int, block_kv: int) -> float:
     rows = seq // block_q
     per_row = (min(seq // block_kv, math.ceil((i + 1) * block_q / block_kv)) for i in range(rows))
     return sum(per_row) * block_q * block_kv
+
+
+def _tiles(call: dict) -> tuple[int, int, int] | None:
+    """A grouped-matmul call's (tm, tk, tn): the tiling its metadata states, else read from
+    its blocks; None without either."""
+    if call.get("tiling"):
+        return tuple(call["tiling"])
+    if call["blocks"]:
+        (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
+        return tm, tk, tn
+    return None
+
+
+def _held(call: dict, tiles: tuple[int, int, int]) -> tuple[int, int]:
+    """The (contracted, columns) tile a grouped matmul holds in the MXU: gmm's right-hand
+    (tk, tn) weights; tgmm (output [G, k, n], contracting the rows) its (tm, tn) gradient."""
+    tm, tk, tn = tiles
+    return (tm, tn) if len(call["out"]) == 3 else (tk, tn)
