@@ -11,7 +11,8 @@ the compiler's per-device memory (fidelity compile, libtpu AOT on this host; no 
 - ours with a float32 first moment (the trainer's default before `mu_dtype`);
 - MaxText 0.2.5's own `train_compile` of the same recipe, when `--maxtext-python` names
   the Python of a MaxText environment; without one, the figure recorded on this host kind
-  (docs/TPU7X.md, 2026-11-30), marked "recorded".
+  (2026-12-01, with the recipe's Splash flags as `maxtext_args` gives them; docs/TPU7X.md's
+  2026-11-30 figure, 0.44 GiB less temp, predates them), marked "recorded".
 
 A MaxText environment (it needs Python >= 3.12; never a dependency of this project):
 
@@ -40,8 +41,8 @@ from trainer.hardware import accelerator_for
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "llama31_70b_8k_tpu7x.yaml"
 GIB = 2**30
-# MaxText 0.2.5 train_compile of the recipe on this host kind (docs/TPU7X.md, 2026-11-30).
-RECORDED_MAXTEXT = {"argument": 5_525_434_368, "temp": 86_279_028_736, "compile_s": 126.0}
+# MaxText 0.2.5 train_compile of the recipe on this host kind (libtpu 0.0.52, 2026-12-01).
+RECORDED_MAXTEXT = {"argument": 5_525_434_368, "temp": 86_750_150_656, "compile_s": 132.0}
 VARIANTS = {
     "ours: as published": {},
     "ours: vocab_tiling 8": {"vocab_tiling": 8},
@@ -151,7 +152,7 @@ def main() -> None:
                 ("MaxText 0.2.5", "compile (this run)", maxtext_compile(args.maxtext_python, trial))
             )
         else:
-            rows.append(("MaxText 0.2.5", "compile (recorded, TPU7X.md)", RECORDED_MAXTEXT))
+            rows.append(("MaxText 0.2.5", "compile (recorded)", RECORDED_MAXTEXT))
     reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECORDED_MAXTEXT)
     ref_total = reference["argument"] + reference["temp"]
     usable = accelerator_for(target).usable_hbm_per_device
