@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.config import SPLASH_BLOCKS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 KERNELS = {
     "attention": "splash",
@@ -55,8 +58,12 @@ CASES = {
 }
 
 
-def compile_trial(config: dict, target: str) -> tuple[dict[str, dict], float]:
-    """`python -m trainer --compile-only` in a child, as a sweep trial; its events by kind, wall s."""
+def compile_trial(
+    config: dict, target: str, python: str | None = None
+) -> tuple[dict[str, dict], float]:
+    """`python -m trainer --compile-only` in a child, as a sweep trial; its events by kind, wall
+    s. `python`: another environment's interpreter (this repository on its path), e.g. one
+    with another JAX and libtpu."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trial.json"
         # A fresh program cache (compile times are measured, never recalled), and no twin
@@ -65,9 +72,10 @@ def compile_trial(config: dict, target: str) -> tuple[dict[str, dict], float]:
         check = {"enabled": False, "cache_dir": tmp}
         path.write_text(json.dumps({**config, "xla": xla, "convergence": check}))
         start = time.time()
-        command = [sys.executable, "-m", "trainer", "--config", str(path), "--compile-only",
-                   "--target", target]  # fmt: skip
-        proc = subprocess.run(command, capture_output=True, text=True)
+        command = [python or sys.executable, "-m", "trainer", "--config", str(path),
+                   "--compile-only", "--target", target]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)} if python else None
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
         wall = time.time() - start
     events = {
         e["event"]: e

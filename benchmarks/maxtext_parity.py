@@ -10,7 +10,9 @@ the compiler's per-device memory (fidelity compile, libtpu AOT on this host; no 
 - ours with the loss in 8 vocabulary tiles (`vocab_tiling: 8`);
 - ours with a float32 first moment (the trainer's default before `mu_dtype`);
 - MaxText 0.2.5's own `train_compile` of the same recipe, when `--maxtext-python` names
-  the Python of a MaxText environment; without one, the figure recorded on this host kind
+  the Python of a MaxText environment, and ours as published compiled in that environment
+  too (its JAX and libtpu: 0.12.0.1 and 0.0.52 where ours pins 0.10.2 and 0.0.42.1), so
+  that one pair differs only in the trainer; without one, the figure recorded on this host kind
   (2026-12-01, with the recipe's Splash flags as `maxtext_args` gives them; docs/TPU7X.md's
   2026-11-30 figure, 0.44 GiB less temp, predates them), marked "recorded".
 
@@ -124,6 +126,18 @@ def maxtext_compile(python: str, trial: dict) -> dict:
     return {key: int(match.group(1)) for key, match in found.items()} | {"compile_s": wall}
 
 
+def _row(events: dict, wall: float) -> dict:
+    """A table row from a compile trial's events: its memory per device, or its failure."""
+    memory = events.get("compiled", {}).get("memory_per_device", {})
+    failure = events.get("failure", {})
+    return {
+        "argument": memory.get("argument_size_in_bytes"),
+        "temp": memory.get("temp_size_in_bytes"),
+        "compile_s": events.get("compiled", {}).get("compile_s", wall),
+        "status": failure.get("failure_class", "ok") if failure or memory else "no events",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,18 +150,11 @@ def main() -> None:
     for name, change in VARIANTS.items():
         if args.only and args.only != name:
             continue
-        events, wall = compile_trial({**trial, **change}, target)
-        memory = events.get("compiled", {}).get("memory_per_device", {})
-        failure = events.get("failure", {})
-        row = {
-            "argument": memory.get("argument_size_in_bytes"),
-            "temp": memory.get("temp_size_in_bytes"),
-            "compile_s": events.get("compiled", {}).get("compile_s", wall),
-            "status": failure.get("failure_class", "ok") if failure or memory else "no events",
-        }
-        rows.append((name, "compile (this run)", row))
+        rows.append((name, "compile (this run)", _row(*compile_trial({**trial, **change}, target))))
     if not args.only:
         if args.maxtext_python:
+            same = compile_trial(trial, target, python=args.maxtext_python)
+            rows.append(("ours: as published, MaxText's JAX", "compile (this run)", _row(*same)))
             rows.append(
                 ("MaxText 0.2.5", "compile (this run)", maxtext_compile(args.maxtext_python, trial))
             )
