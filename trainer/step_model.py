@@ -270,9 +270,7 @@ def _each_call(
             else:
                 each.append(call["flops"])
         elif name.startswith(GROUPED_MATMULS) and call["flops"]:
-            tiles = _tiles(call)
-            fill = mxu_fill(mxu_width, *_held(call, tiles)) if tiles else 1.0
-            each.append(grouped_matmul_flops(call, groups) / fill)
+            each.append(grouped_matmul_flops(call, groups, mxu_width))
         else:
             each.append(call["flops"] or 0.0)
     return each
@@ -337,13 +335,15 @@ def _splash_scores(config, context: int) -> tuple[float, float]:
 GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-")
 
 
-def grouped_matmul_flops(call: dict, groups: int) -> float:
+def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
     """FLOPs one grouped-matmul kernel call computes: whole (tm, tk, tn) tiles (the tiling
     its metadata states, as tokamax's kernels do, else read from its blocks), over at most
     m/tm + G - 1 row tiles (a row tile two groups share runs once for each: the kernels'
     group metadata; routed rows rarely end on a tile edge), its contraction and columns
     padded to whole tiles. gmm's output is [m, n] (contracting k), tgmm's [G, k, n]
-    (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate."""
+    (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate. With
+    `mxu_width`, over the MXU share of the tile it holds (`mxu_fill`): gmm its (tk, tn)
+    weight tile, tgmm its (tm, tn) gradient tile."""
     tiles = _tiles(call)
     if not tiles:
         return call["flops"]
@@ -351,11 +351,14 @@ def grouped_matmul_flops(call: dict, groups: int) -> float:
     if len(call["out"]) == 3:
         groups, k, n = call["out"]
         rows = call["flops"] / (2 * k * n)
+        held = (tm, tn)
     else:
         rows, n = call["out"]
         k = call["flops"] / (2 * rows * n)
+        held = (tk, tn)
     row_tiles = math.ceil(rows / tm) + groups - 1
-    return 2 * row_tiles * tm * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn
+    flops = 2 * row_tiles * tm * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn
+    return flops / mxu_fill(mxu_width, *held)
 
 
 def splash_scores(seq: int, block_q: int, block_kv: int) -> float:
@@ -376,10 +379,3 @@ def _tiles(call: dict) -> tuple[int, int, int] | None:
         (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
         return tm, tk, tn
     return None
-
-
-def _held(call: dict, tiles: tuple[int, int, int]) -> tuple[int, int]:
-    """The (contracted, columns) tile a grouped matmul holds in the MXU: gmm's right-hand
-    (tk, tn) weights; tgmm (output [G, k, n], contracting the rows) its (tm, tn) gradient."""
-    tm, tk, tn = tiles
-    return (tm, tn) if len(call["out"]) == 3 else (tk, tn)
