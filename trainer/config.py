@@ -445,6 +445,12 @@ class FaultConfig(_Frozen):
         default=False,
         description="the process crashes (SIGSEGV) as it compiles the step, as libtpu can",
     )
+    slow_compile_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the process `crash_process` compiles this much longer (a host that misses "
+        "the compile cache)",
+    )
 
 
 class TrialConfig(_Frozen):

@@ -25,7 +25,7 @@ from trainer.config import (
     global_batch_size,
 )
 from trainer.data import BatchSource
-from trainer.distributed import agree
+from trainer.distributed import agree, barrier
 from trainer.effects import knob_effects
 from trainer.events import (
     Accepted,
@@ -168,8 +168,11 @@ def compile_step(program: Program, lowered=None):
     the lowering)."""
     start = time.perf_counter()
     lowered = lowered if lowered is not None else lower_step(program)
-    if program.config.fault.crash_in_compile:
+    fault = program.config.fault
+    if fault.crash_in_compile:
         os.kill(os.getpid(), signal.SIGSEGV)  # as a compiler crash: no event, no cleanup
+    if fault.slow_compile_s and jax.process_index() == fault.crash_process:
+        time.sleep(fault.slow_compile_s)
     with program.mesh, jax.set_mesh(program.mesh), nn.logical_axis_rules(LOGICAL_RULES):
         compiled = lowered.compile()
     return compiled, time.perf_counter() - start
@@ -258,6 +261,8 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     result = RunResult()
     step_times: list[float] = []  # timed steps (warm-up skipped)
     every_step: list[float] = []
+    # Hosts finish compiling at different times: the first step's collectives start together.
+    barrier("first-step")
     loop_start = last_done = time.perf_counter()
 
     def finish(step: int, step_metrics: dict[str, jax.Array]) -> None:
