@@ -3,6 +3,8 @@
     python -m benchmarks.accelerator_mfu [--cases dense-1.3b,dense-3b,dense-3b-fp8,moe-8x]
                                          [--steps 20] [--json results.jsonl]
 
+A case name may carry a compiler variant, `dense-3b-fp8+autotune-0` (XLA_VARIANTS).
+
 First the matmul peak measured here (8192^3, bf16 and fp8 operands, best of 10), then the
 trainer (run fidelity, synthetic data, remat minimal, kernels `auto` unless a case says
 otherwise) on the models below. Each case runs in its own process with its own timeout, so
@@ -48,13 +50,33 @@ CASES: dict[str, tuple[dict, int, dict]] = {
     "dense-3b-fp8": (DENSE_3B, 8, {"precision": {"mode": "fp8"}}),
     "moe-8x": (MOE, 16, {}),
     "moe-8x-ragged-dot": (MOE, 16, {"kernels": {"moe_gmm": "ragged_dot"}}),
+    "moe-8x-tokamax": (MOE, 16, {"kernels": {"moe_gmm": "tokamax"}}),
+    "dense-3b-fp8-fixed": (DENSE_3B, 8, {"precision": {"mode": "fp8", "scaling": "fixed"}}),
+}
+# Compiler variants of a case: `CASE+VARIANT` runs CASE with these XLA flags added. The fp8
+# compile (121 s against 10 s for bf16 on the H200) is mostly GEMM autotuning; these say how
+# much, and what the step pays without it (compare a variant against bf16 with the same one).
+XLA_VARIANTS: dict[str, str] = {
+    "no-triton-gemm": "--xla_gpu_enable_triton_gemm=false",
+    "autotune-1": "--xla_gpu_autotune_level=1",
+    "autotune-0": "--xla_gpu_autotune_level=0",
 }
 # A CPU host runs the same cases at toy size: the wiring, never a finding.
 CPU_SHAPE = dict(d_model=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, mlp_dim=256)
 
 
+def split_case(name: str) -> tuple[str, str]:
+    """`dense-3b-fp8+autotune-0` -> ("dense-3b-fp8", "--xla_gpu_autotune_level=0")."""
+    case, _, variant = name.partition("+")
+    if case not in CASES or (variant and variant not in XLA_VARIANTS):
+        raise SystemExit(
+            f"unknown case {name!r}: cases {sorted(CASES)}, variants +{sorted(XLA_VARIANTS)}"
+        )
+    return case, XLA_VARIANTS.get(variant, "")
+
+
 def trial(name: str, steps: int, cpu: bool) -> dict[str, Any]:
-    model, batch, extra = CASES[name]
+    model, batch, extra = CASES[split_case(name)[0]]
     model = {**model, **(CPU_SHAPE if cpu else {})}
     if cpu and "num_experts" in model:
         model["mlp_dim"] = 128
@@ -197,9 +219,11 @@ def child_case(name: str, steps: int) -> dict[str, Any]:
     return {"case": name, **{k: summary.get(k) for k in keep}}
 
 
-def run_child(args: list[str], timeout: float) -> dict[str, Any]:
+def run_child(args: list[str], timeout: float, xla_flags: str = "") -> dict[str, Any]:
     """One measurement in its own process; a failure or a timeout is a row, not a crash."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -247,6 +271,8 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    names = args.cases.split(",") if args.cases else []
+    flags = {name: split_case(name)[1] for name in names}  # every name checked before a run
     console = Console(width=200)
     deadline = time.monotonic() + args.budget if args.budget else None
     peak = run_child(["--child", "peak"], args.timeout)
@@ -272,7 +298,7 @@ def main() -> None:
         row = run_child(["--child", check], args.timeout)
         console.print(f"{check} (fidelity: run): {row}")
         rows.append({"check": check, **row})
-    for name in args.cases.split(",") if args.cases else []:
+    for name in names:
         timeout = args.timeout
         if deadline is not None:
             timeout = min(timeout, deadline - time.monotonic())
@@ -281,14 +307,15 @@ def main() -> None:
                 table.add_row(name, "not run: budget spent", *[""] * 7)
                 continue
         console.print(f"[{time.strftime('%H:%M:%S')}] {name} ...")
-        row = {"case": name, **run_child(["--child", name, "--steps", str(args.steps)], timeout)}
+        child = ["--child", name, "--steps", str(args.steps)]
+        row = {"case": name, "xla_flags": flags[name], **run_child(child, timeout, flags[name])}
         rows.append(row)
         console.print(row)
         if "error" in row:
             table.add_row(name, row["error"][:60], *[""] * 7)
             continue
         tflops = row["tflops_per_sec_per_chip"]
-        measured = peak.get("fp8" if "fp8" in name else "bf16")
+        measured = peak.get("fp8" if "-fp8" in name else "bf16")
         matmuls = row.get("matmuls") or {}
         table.add_row(
             name,
