@@ -10,7 +10,6 @@ loses nothing it had accepted.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 
 import requests
 from mlflow.exceptions import MlflowException
+
+from trainer.files import write_json
 
 LOCAL_PREFIX = "journal-"
 # MLflow error codes of a store that is down or overloaded, not of a bad request.
@@ -70,12 +71,6 @@ class TrackingJournal:
             self._save()
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
         state = {"pending": self.pending, "resolved": self.resolved, "count": self.count,
                  "saved_at": time.time()}  # fmt: skip
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_json(self.path, state, durable=True)

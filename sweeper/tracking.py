@@ -23,6 +23,7 @@ from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import Space, assemble
 from sweeper.stores import PARENT, store_for
 from trainer.events import TrialStatus
+from trainer.files import write_json
 
 log = logging.getLogger("sweeper")
 
@@ -357,9 +358,7 @@ class TrackingCallback(tune.Callback):
 
     def save(self) -> None:
         runs = {k: self.tracker.resolve(v) for k, v in self.run_ids.items()}
-        tmp = self.id_map_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"runs": runs, "attempts": self.attempts}, indent=1))
-        os.replace(tmp, self.id_map_path)
+        write_json(self.id_map_path, {"runs": runs, "attempts": self.attempts}, indent=1)
 
     def setup(self, **info):
         self.load()  # a restored sweep's callback was pickled when the sweep began

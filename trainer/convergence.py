@@ -15,6 +15,7 @@ import jax
 from filelock import FileLock
 
 from trainer.config import TrialConfig
+from trainer.files import write_json
 
 DEFAULT_CACHE = Path(os.environ.get("SWEEPER_CACHE_DIR", Path.home() / ".cache" / "sweeper"))
 
@@ -75,12 +76,8 @@ def load_reference(config: TrialConfig, platform: str, global_batch: int) -> dic
 
 
 def store_reference(config: TrialConfig, platform: str, global_batch: int, reference: dict) -> Path:
-    path = _path(config, platform, global_batch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"recipe": config.baseline().numerics_signature(), **reference}))
-    tmp.replace(path)  # atomic: a reader never sees half a file
-    return path
+    recipe = config.baseline().numerics_signature()
+    return write_json(_path(config, platform, global_batch), {"recipe": recipe, **reference})
 
 
 def final_loss(losses: list[float], window: int) -> float:

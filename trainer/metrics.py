@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.files import write_json
 from trainer.hardware import ACCELERATORS
 
 
@@ -84,12 +85,8 @@ def measured_cpu_peak_tflops(cache_dir: Path | None) -> float:
         best = min(best, time.perf_counter() - start)
     tflops = 2 * n**3 / best / 1e12
     if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
         cached = json.loads(path.read_text()) if path.exists() else {}
-        cached[key] = tflops
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
+        write_json(path, {**cached, key: tflops})
     return tflops
 
 

@@ -7,6 +7,7 @@ byte-identical to the one compiled with the knob at its default is inert.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import jax
 
 from trainer.config import TrialConfig, XlaFlagsConfig
+from trainer.files import write_json
 from trainer.flags import BASE_LIBTPU_ARGS
 
 # The trial's flag knobs and their values at the default.
@@ -54,13 +56,8 @@ class ProgramCache:
         return json.loads(path.read_text()) if path.exists() else None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.root / f"{key}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(record))
-            tmp.replace(self.root / f"{key}.json")
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # a cache that cannot be written is no cache
+            write_json(self.root / f"{key}.json", record)
 
 
 def cached_compile(
