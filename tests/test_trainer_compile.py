@@ -78,10 +78,10 @@ def test_full_remat_uses_less_tpu_memory_than_minimal(remat_pair):
 
 
 def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
-    """Remat recomputes each layer's attention for the backward (Splash's residuals carry no
-    checkpoint name; MaxText's recipes recompute it too): the compiled program makes two
-    Splash forward calls a layer and one fused backward. The kernel FLOPs count the calls it
-    makes, as their blocks compute them: a forward 2 matmuls a score, the backward 5."""
+    """A policy that does not save the context recomputes each layer's attention for the
+    backward: the compiled program makes two Splash forward calls a layer and one fused
+    backward. The kernel FLOPs count the calls it makes, as their blocks compute them: a
+    forward 2 matmuls a score, the backward 5."""
     from trainer.step_model import kernel_flops, splash_scores
 
     seq, batch, devices = 1024, 2, 8
@@ -99,6 +99,19 @@ def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
         assert times["splash_mqa_dkv_no_residuals"] == layers, (policy, times)
         got = kernel_flops(config, batch * devices, devices, calls=calls).total
         assert got == pytest.approx(per_matmul * layers * (2 * 2 * forward + 5 * backward))
+
+
+def test_a_policy_that_saves_the_context_runs_the_splash_forward_once(tmp_path):
+    """The kernel names its output and its logsumexp "context" (as MaxText's does): saving
+    the context saves what the fused backward reads, so the backward runs no forward (the
+    published recipes save it; their production step has no second forward)."""
+    config = {"model": SMALL, "seq_len": 1024, "per_device_batch": 2}
+    code, events, err = _compile(tmp_path, {**config, "remat": {"policy": "minimal_with_context"}})
+    assert code == 0, err[-2000:]
+    times = {c["name"]: c["times"] for c in events["summary"]["program_cost"]["kernel_calls"]}
+    layers = load_config(config).model.num_layers
+    assert times["splash_mqa_fwd_residuals"] == layers, times
+    assert times["splash_mqa_dkv_no_residuals"] == layers, times
 
 
 def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pair):

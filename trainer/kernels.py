@@ -75,6 +75,10 @@ def splash_config(
         **{f"{x}_layout": splash.QKVLayout[getattr(kernels, f"{x}_layout").upper()] for x in "qkv"},
         max_logit_const=kernels.max_logit_const,
         interpret=interpret,
+        # The kernel names its output and logsumexp "context" (as MaxText's does): a remat
+        # policy that saves the context saves what the fused backward reads, and the backward
+        # does not run the forward kernel again.
+        residual_checkpoint_name="context",
     )
 
 

@@ -100,14 +100,15 @@ class Attention(nn.Module):
         v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
         k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
         if self.kernels.attention == "splash":
+            # Named "context" inside the kernel, with its logsumexp (kernels.splash_config).
             ctx = sharded_splash_attention(
                 q, k, v, self.kernels, self.interpret, self.load_balanced
             )
         elif self.kernels.attention == "cudnn":
-            ctx = fused_attention(q, k, v)
+            ctx = checkpoint_name(fused_attention(q, k, v), "context")
         else:
             ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
-        ctx = checkpoint_name(ctx, "context")
+            ctx = checkpoint_name(ctx, "context")
         wo = weight(self, "out", (h, d, e), ("heads", None, "embed"), h * d)
         return checkpoint_name(dense(ctx, wo.astype(dt), contract=2), "out_proj")
 
