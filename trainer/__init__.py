@@ -7,6 +7,7 @@ JAX_FREE_MODULES = (
     "trainer.effects",
     "trainer.estimate",
     "trainer.events",
+    "trainer.files",
     "trainer.flags",
     "trainer.flops",
     "trainer.hlo",
