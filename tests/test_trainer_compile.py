@@ -7,15 +7,17 @@ import itertools
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from sweeper.space import assemble, load_space
-from tests.helpers import run_trainer
+from tests.helpers import REPO, run_trainer
 from trainer.config import SPLASH_BLOCKS, load_config
 from trainer.estimate import estimate, memory_per_device
 from trainer.events import EXIT_CODES
-from trainer.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD, unknown_flag
+from trainer.flags import ASYNC_FUSION, COMPILER_STACKS, SPARSECORE_OFFLOAD, unknown_flag
 from trainer.hardware import ACCELERATORS
 from trainer.hlo import count_matmuls
 
@@ -658,6 +660,66 @@ def _compiled_text(config: dict, target: str = TARGET) -> str:
 
     compiled, _ = compile_step(build_program(load_config(config), topology_devices(target)))
     return compiled.as_text()
+
+
+def _compiled_text_in(python: str, config: dict, target: str) -> str:
+    """The compiled program's text from `python -m`-style child of another interpreter (one
+    with another JAX and libtpu, this repository on its path)."""
+    code = (
+        "import json, sys\n"
+        "from trainer.aot import topology_devices\n"
+        "from trainer.config import load_config\n"
+        "from trainer.run import build_program, compile_step\n"
+        "program = build_program(load_config(json.loads(sys.argv[1])), topology_devices(sys.argv[2]))\n"
+        "sys.stdout.write(compile_step(program)[0].as_text())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+           "TPU_ACCELERATOR_TYPE": "tpu7x-8", "TPU_WORKER_HOSTNAMES": "localhost",
+           "LIBTPU_INIT_ARGS": " ".join(COMPILER_STACKS)}  # fmt: skip
+    proc = subprocess.run([python, "-c", code, json.dumps(config), target],
+                          capture_output=True, text=True, env=env, timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def most_live_at_once(hlo: str, shape: str, op: str) -> int:
+    """How many values of `shape` made by ops named `op` the entry computation holds at once,
+    in its schedule order (each from its definition to its last use)."""
+    entry = hlo[hlo.index("\nENTRY") :].splitlines()
+    spans = []
+    for i, line in enumerate(entry):
+        made = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ", line)
+        if made and made.group(2).startswith(shape + "{") and op in line:
+            use = re.compile(rf"%{re.escape(made.group(1))}[,)\s]")
+            last = max((j for j in range(i + 1, len(entry)) if use.search(entry[j])), default=i)
+            spans.append((i, last))
+    return max((sum(a <= i <= b for a, b in spans) for i, _ in spans), default=0)
+
+
+# The shape that made libtpu 0.0.52 keep two gradients of the logits: d_model 8192 on 128
+# devices (neither d_model 4096 there nor d_model 8192 on tpu7x:2x2x2 did).
+WIDE_HEAD = {**SMALL, "d_model": 8192, "num_heads": 64, "num_kv_heads": 8, "mlp_dim": 1024,
+             "vocab_size": 128256, "num_layers": 1}  # fmt: skip
+NEWER_JAX = os.environ.get("SWEEPER_NEWER_JAX_PYTHON")  # e.g. a MaxText 0.2.5 venv's python
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "python",
+    [sys.executable, pytest.param(NEWER_JAX, marks=pytest.mark.skipif(
+        not NEWER_JAX, reason="SWEEPER_NEWER_JAX_PYTHON names no interpreter"))],
+    ids=["pinned", "newer-jax"],
+)  # fmt: skip
+def test_the_loss_backward_holds_one_logits_gradient_at_a_time_on_tpu7x(python):
+    """The unembedding's two gradient matmuls read d loss / d logits one after the other.
+    Left to it, libtpu 0.0.52 (MaxText 0.2.5's) made that gradient twice, once for each
+    matmul, both live at once: 3.91 GiB per device more than MaxText at the 70B recipe,
+    the whole gap to it. libtpu 0.0.42.1 fuses the gradient into both matmuls; this checks
+    it in whichever compiler runs (SWEEPER_NEWER_JAX_PYTHON: a second one)."""
+    config = {"model": WIDE_HEAD, "seq_len": 8192, "per_device_batch": 2,
+              "convergence": {"enabled": False}}  # fmt: skip
+    text = _compiled_text_in(python, config, "tpu7x:4x4x4")
+    assert most_live_at_once(text, "bf16[2,8192,128256]", "transpose(") <= 1
 
 
 def test_default_moe_routes_each_devices_own_tokens_on_tpu7x():
