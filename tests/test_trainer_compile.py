@@ -20,6 +20,7 @@ from trainer.events import EXIT_CODES
 from trainer.flags import ASYNC_FUSION, COMPILER_STACKS, SPARSECORE_OFFLOAD, unknown_flag
 from trainer.hardware import ACCELERATORS
 from trainer.hlo import count_matmuls
+from trainer.hlo_cost import parse
 
 pytestmark = pytest.mark.tpu_compile
 TARGET = "tpu7x:2x2x1"  # 4 chips, 8 devices: the smallest default TPU7x topology
@@ -685,14 +686,13 @@ def _compiled_text_in(python: str, config: dict, target: str) -> str:
 def most_live_at_once(hlo: str, shape: str, op: str) -> int:
     """How many values of `shape` made by ops named `op` the entry computation holds at once,
     in its schedule order (each from its definition to its last use)."""
-    entry = hlo[hlo.index("\nENTRY") :].splitlines()
+    computations, entry, _ = parse(hlo)
+    body = computations[entry]
     spans = []
-    for i, line in enumerate(entry):
-        made = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ", line)
-        if made and made.group(2).startswith(shape + "{") and op in line:
-            use = re.compile(rf"%{re.escape(made.group(1))}[,)\s]")
-            last = max((j for j in range(i + 1, len(entry)) if use.search(entry[j])), default=i)
-            spans.append((i, last))
+    for i, instr in enumerate(body):
+        if instr.type.startswith(shape + "{") and op in instr.attrs:
+            uses = [j for j in range(i + 1, len(body)) if instr.name in body[j].operands]
+            spans.append((i, max(uses, default=i)))
     return max((sum(a <= i <= b for a, b in spans) for i, _ in spans), default=0)
 
 
