@@ -664,8 +664,8 @@ def _compiled_text(config: dict, target: str = TARGET) -> str:
 
 
 def _compiled_text_in(python: str, config: dict, target: str) -> str:
-    """The compiled program's text from `python -m`-style child of another interpreter (one
-    with another JAX and libtpu, this repository on its path)."""
+    """The compiled program's text, compiled in a child run by `python` (this interpreter, or
+    another with its own JAX and libtpu), with this repository on its path."""
     code = (
         "import json, sys\n"
         "from trainer.aot import topology_devices\n"
