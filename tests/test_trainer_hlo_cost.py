@@ -47,6 +47,52 @@ def test_a_peeled_loop_counts_from_its_start_and_moves_one_layer_per_trip():
     assert cost["host_transfer_bytes"] == 3 * layer_bytes  # the slice, never the whole stack
 
 
+MAT = "bf16[128,128]{1,0}"
+GPU_STATE = f"(s32[], {MAT})"
+# A layer loop as XLA:GPU prints it: the condition's compare is fused away, and the while op
+# states the trip count XLA proved (a deviceless H200 compile of the trainer reads so).
+GPU_LOOP = f"""HloModule gpu_loop
+
+%fused_compare (a: s32[]) -> pred[] {{
+  %a = s32[] parameter(0)
+  %limit = s32[] constant(8)
+  ROOT %lt = pred[] compare(%a, %limit), direction=LT
+}}
+
+%cond (c: {GPU_STATE}) -> pred[] {{
+  %c = {GPU_STATE} parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  ROOT %f = pred[] fusion(%i), kind=kLoop, calls=%fused_compare
+}}
+
+%body (p: {GPU_STATE}) -> {GPU_STATE} {{
+  %p = {GPU_STATE} parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = {MAT} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = {MAT} dot(%x, %x), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  %k = {MAT} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton"
+  ROOT %t = {GPU_STATE} tuple(%next, %k)
+}}
+
+ENTRY %main (x: {MAT}) -> {MAT} {{
+  %x = {MAT} parameter(0)
+  %zero = s32[] constant(0)
+  %init = {GPU_STATE} tuple(%zero, %x)
+  %loop = {GPU_STATE} while(%init), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"8"}},"known_init_step":{{"init":"0","step":"1"}}}}
+  ROOT %out = {MAT} get-tuple-element(%loop), index=1
+}}
+"""
+
+
+def test_a_gpu_loop_whose_compare_is_fused_counts_the_trips_xla_states():
+    cost = program_cost(GPU_LOOP)
+    assert cost["loop_trips"] == [8]
+    assert cost["flops"]["bf16"] == 8 * 2 * 128**3
+    assert cost["custom_calls"] == {"__gpu$xla.gpu.triton": 8}
+
+
 STACKED = "bf16[80,2,8192,1024]{3,2,1,0}"
 ONE = "bf16[1,2,8192,1024]{3,2,1,0}"
 # A scanned layer saving its residual into the stack, and the backward slicing it back out,

@@ -24,6 +24,7 @@ _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
 _PARAM = re.compile(r"([\w.-]+): ((?:\([^)]*\))|[^,]+(?:\[[^\]]*\])?)")
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CALLEES = re.compile(r"\b(calls|body|to_apply)=%([\w.-]+)")
 HOST_SPACE = "S(5)"  # TPU memory space 5: pinned host memory
 
@@ -430,15 +431,18 @@ def host_bytes(instr: Instr, types: dict[str, str]) -> float:
 def _trips(instr: Instr, computations: dict[str, list[Instr]], by_name: dict[str, Instr]) -> int:
     """Iterations of a `while` op (its condition's bound, less its counter's start)."""
     cond = re.search(r"condition=%([\w.-]+)", instr.attrs)
-    if not cond:
-        return 1
-    init = by_name.get(instr.operands[0]) if instr.operands else None
-    elements = (
-        {k: by_name[o] for k, o in enumerate(init.operands) if o in by_name}
-        if init is not None and init.opcode == "tuple"
-        else {}
-    )
-    return trip_count(computations.get(cond.group(1), []), elements, by_name)
+    counted = 1
+    if cond:
+        init = by_name.get(instr.operands[0]) if instr.operands else None
+        elements = (
+            {k: by_name[o] for k, o in enumerate(init.operands) if o in by_name}
+            if init is not None and init.opcode == "tuple"
+            else {}
+        )
+        counted = trip_count(computations.get(cond.group(1), []), elements, by_name)
+    # XLA:GPU fuses the condition's compare away; it states the count it proved instead.
+    known = _KNOWN_TRIPS.search(instr.attrs)
+    return int(known.group(1)) if counted == 1 and known else counted
 
 
 def _collective_op(instr: Instr, in_async: bool, types: dict[str, str]) -> tuple | None:
