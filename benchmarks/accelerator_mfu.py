@@ -163,6 +163,49 @@ def child_attention_check() -> dict[str, Any]:
     return {"platform": platform, "relative_max_error": errors}
 
 
+def child_gmm_check() -> dict[str, Any]:
+    """The experts' grouped matmul as `moe_gmm: auto` runs it here (tokamax's GPU kernel on
+    a GPU) against a float32 reference, forward and gradients, beside bf16 XLA ragged_dot's
+    own error: the kernel must be no less accurate. Uneven groups, one of them empty."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from trainer.config import KernelsConfig
+    from trainer.kernels import default_device, grouped_matmul, tokamax_gpu_gmm
+
+    platform = jax.devices()[0].platform
+    m, k, n = 4096, 2048, 1024
+    sizes = jnp.array([1000, 0, 2500, 596], jnp.int32)
+    keys = jax.random.split(jax.random.key(0), 3)
+    x, w = jax.random.normal(keys[0], (m, k)), jax.random.normal(keys[1], (4, k, n)) / k**0.5
+    g = jax.random.normal(keys[2], (m, n))
+
+    def with_grads(kernels, dtype):
+        def fn(x, w):
+            return grouped_matmul(x, w, sizes, kernels, platform != "tpu", platform)
+
+        out, vjp = jax.vjp(jax.jit(fn), x.astype(dtype), w.astype(dtype))
+        return [np.asarray(a, np.float32) for a in (out, *vjp(g.astype(dtype)))]
+
+    exact = with_grads(KernelsConfig(moe_gmm="ragged_dot"), jnp.float32)
+    errors = {}
+    for name, gmm in (("ragged_dot_bf16", "ragged_dot"), ("auto_bf16", "auto")):
+        got = with_grads(KernelsConfig(moe_gmm=gmm), jnp.bfloat16)
+        errors[name] = {
+            part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
+            for part, a, e in zip(("out", "dx", "dw"), got, exact, strict=True)
+        }
+    kernel = tokamax_gpu_gmm(default_device()) if platform == "gpu" else (None, {})
+    return {
+        "platform": platform,
+        "auto": KernelsConfig().resolved_moe_gmm(platform),
+        "tokamax_kernel": kernel[0],
+        "tokamax_failures": kernel[1],
+        "relative_max_error": errors,
+    }
+
+
 def child_fp8_hlo() -> dict[str, Any]:
     """Where the fp8 of a 2-layer model goes in the compiled program: its matrix products
     and every instruction that reads an fp8 operand, by opcode."""
@@ -252,7 +295,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--cases", default="dense-1.3b,dense-3b,dense-3b-fp8,moe-8x")
-    parser.add_argument("--checks", default="", help="attention-check,fp8-hlo")
+    parser.add_argument("--checks", default="", help="attention-check,gmm-check,fp8-hlo")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per case")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all cases")
@@ -263,6 +306,7 @@ def main() -> None:
         special = {
             "peak": child_peak,
             "attention-check": child_attention_check,
+            "gmm-check": child_gmm_check,
             "fp8-hlo": child_fp8_hlo,
         }
         result = (

@@ -34,10 +34,10 @@ KERNEL_CHOICES = {
     ),
     "kernels.moe_gmm": (
         "ragged_dot",
-        lambda v, b: v,
+        lambda v, b: KernelsConfig(moe_gmm=v).resolved_moe_gmm(b),
         {"megablox": PALLAS_NATIVE, "tokamax": TOKAMAX_GMM_KERNEL},
-        "Pallas Megablox is a TPU kernel, interpreted elsewhere; tokamax without a kernel for "
-        "the backend runs ragged_dot",
+        "auto is tokamax on GPU and ragged_dot elsewhere; Pallas Megablox is a TPU kernel, "
+        "interpreted elsewhere; tokamax without a kernel for the backend runs ragged_dot",
     ),
 }
 

@@ -250,16 +250,17 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
 
     extra = (
         "  kernels.attention: {values: [auto, xla, cudnn, splash]}\n"
-        "  kernels.moe_gmm: {values: [ragged_dot, tokamax]}\n"
+        "  kernels.moe_gmm: {values: [auto, ragged_dot, tokamax]}\n"
     )
     space = load_space(_write(tmp_path, GOOD + extra))
     on_gpu, gpu_notes = pin_inert(space, "gpu")
     assert on_gpu.knobs["kernels.attention"].values == ["cudnn", "xla"]
-    assert on_gpu.knobs["kernels.moe_gmm"].values == ["ragged_dot", "tokamax"]
+    assert on_gpu.knobs["kernels.moe_gmm"].values == ["tokamax", "ragged_dot"]
     on_cpu, cpu_notes = pin_inert(space, "cpu")
     assert on_cpu.knobs["kernels.attention"].values == ["xla"]
     assert on_cpu.knobs["kernels.moe_gmm"].values == ["ragged_dot"]
-    assert any("tokamax" in n for n in cpu_notes) and not any("moe_gmm" in n for n in gpu_notes)
+    assert any("tokamax" in n for n in cpu_notes)
+    assert any("['auto'] pinned to ['tokamax', 'ragged_dot'] on gpu" in n for n in gpu_notes)
     moe = load_config({"model": {"preset": "tiny-moe"}, "kernels": {"moe_gmm": "tokamax"}})
     assert knob_effects(moe, "cpu")["kernels.moe_gmm"]["status"] == "inert"
     assert "kernels.moe_gmm" not in knob_effects(moe, "gpu")

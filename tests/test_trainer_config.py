@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import trial
-from trainer.config import ConfigError, TrialConfig, load_config
+from trainer.config import ConfigError, KernelsConfig, TrialConfig, load_config
 
 
 def test_json_round_trip_is_identity():
@@ -101,8 +101,35 @@ def test_auto_attention_resolves_to_the_fused_kernel_of_each_backend():
     assert config.is_baseline_numerics("tpu")  # seq_len 64: runs (and is judged as) xla
     assert config.baseline().kernels.resolved("gpu").attention == "xla"
     # Where auto runs the XLA reference (GPU with context shards), the trial is its own
-    # reference: the check resolves kernels exactly as the run does.
-    assert config.is_baseline_numerics("gpu", context=2)
+    # reference: the check resolves kernels exactly as the run does (here with XLA's grouped
+    # matmul too: auto is tokamax's on GPU).
+    ragged = config.kernels.model_copy(update={"moe_gmm": "ragged_dot"})
+    assert config.model_copy(update={"kernels": ragged}).is_baseline_numerics("gpu", context=2)
+    assert not config.is_baseline_numerics("gpu", context=2)
+
+
+def test_auto_moe_gmm_is_tokamax_on_gpu_and_ragged_dot_elsewhere():
+    """XLA expands ragged_dot on GPU into a dense dot over every expert, so `auto` (the
+    default) takes tokamax's Triton kernel there; TPU keeps libtpu's ragged-dot kernels. fp8
+    experts are quantized through ragged_dot only, so they keep it on every backend."""
+    from trainer.effects import knob_effects
+
+    config = load_config(trial() | {"model": {"preset": "tiny-moe"}})
+    assert config.kernels.moe_gmm == "auto"
+    resolved = [config.resolved_kernels(p).moe_gmm for p in ("tpu", "gpu", "cpu")]
+    assert resolved == ["ragged_dot", "tokamax", "ragged_dot"]
+    fp8 = load_config(trial() | {"model": {"preset": "tiny-moe"}, "precision": {"mode": "fp8"}})
+    assert fp8.fp8_experts and fp8.resolved_kernels("gpu").moe_gmm == "ragged_dot"
+    dense_only = {"mode": "fp8", "targets": "dense"}
+    fp8_dense = load_config(trial() | {"model": {"preset": "tiny-moe"}, "precision": dense_only})
+    assert fp8_dense.resolved_kernels("gpu").moe_gmm == "tokamax"
+    effect = knob_effects(config, "gpu")["kernels.moe_gmm"]
+    assert effect == {"status": "active", "reason": "auto resolved to tokamax on gpu"}
+    assert knob_effects(config, "cpu")["kernels.moe_gmm"]["reason"] == (
+        "auto resolved to ragged_dot on cpu"
+    )
+    # Explicit choices are kept as given.
+    assert KernelsConfig(moe_gmm="ragged_dot").resolved("gpu").moe_gmm == "ragged_dot"
 
 
 @pytest.mark.parametrize(

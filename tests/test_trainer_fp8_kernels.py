@@ -238,25 +238,48 @@ def test_megablox_matches_ragged_dot_forward_and_gradients():
         np.testing.assert_allclose(g_mega, g_xla, rtol=1e-4, atol=1e-2)
 
 
-def test_tokamax_grouped_matmul_matches_ragged_dot_forward_and_gradients():
-    """moe_gmm tokamax off TPU (its Triton kernel where one builds, else XLA's)."""
-    keys = jax.random.split(jax.random.key(2), 2)
-    x, w = jax.random.normal(keys[0], (256, 128)), jax.random.normal(keys[1], (4, 128, 64))
-    sizes = jnp.array([50, 0, 150, 56], jnp.int32)
-    toka, xla = KernelsConfig(moe_gmm="tokamax"), KernelsConfig()
+def test_tokamax_off_tpu_and_gpu_is_xla_ragged_dot_itself():
+    """moe_gmm tokamax where tokamax has no kernel (here, CPU) is reported inert as the same
+    program as moe_gmm ragged_dot: it is, to the lowered text."""
+    x = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4, 128, 64), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
 
-    def both(fn):
-        return [fn(k) for k in (toka, xla)]
+    def lowered(gmm):
+        kernels = KernelsConfig(moe_gmm=gmm)
 
-    got, want = both(lambda k: grouped_matmul(x, w, sizes, k, True))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-    grads = both(
-        lambda k: jax.grad(lambda x, w: jnp.sum(grouped_matmul(x, w, sizes, k, True) ** 2), (0, 1))(
-            x, w
-        )
-    )
-    for g_toka, g_xla in zip(*grads, strict=True):
-        np.testing.assert_allclose(g_toka, g_xla, rtol=1e-4, atol=1e-2)
+        def loss(x, w, sizes):
+            out = grouped_matmul(x, w, sizes, kernels, True, "cpu")
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+
+        text = jax.jit(jax.grad(loss, (0, 1))).lower(x, w, sizes).as_text()
+        return text.replace("jit(loss)", "")
+
+    assert "stablehlo.dot_general" in lowered("ragged_dot")
+    assert lowered("tokamax") == lowered("ragged_dot")
+
+
+def test_a_tokamax_gpu_kernel_that_does_not_build_is_named_and_ragged_dot_runs():
+    """Which tokamax GPU kernel builds depends on the JAX and tokamax a host carries; one that
+    does not is named with its error, and the experts run XLA's ragged_dot, said inert."""
+    from trainer.effects import knob_effects
+    from trainer.kernels import tokamax_gpu_gmm
+
+    cpu = jax.devices()[0]  # no sm90 here: tokamax's Mosaic GPU kernel refuses to build
+    kernel, failures = tokamax_gpu_gmm(cpu, ("mosaic_gpu",))
+    assert kernel is None and failures["mosaic_gpu"].startswith("NotImplementedError")
+    # The next candidate builds (Triton needs no architecture to trace): it is the one taken.
+    assert tokamax_gpu_gmm(cpu, ("mosaic_gpu", "triton")) == ("triton", failures)
+    moe = load_config(trial() | {"model": {"preset": "tiny-moe"}})
+    effect = knob_effects(moe, "gpu", gpu_gmm=(kernel, failures))["kernels.moe_gmm"]
+    assert effect["status"] == "inert"
+    assert effect["reason"].startswith("auto resolved to tokamax on gpu: no tokamax")
+    assert f"mosaic_gpu: {failures['mosaic_gpu']}" in effect["reason"]
+    built = knob_effects(moe, "gpu", gpu_gmm=("triton", failures))["kernels.moe_gmm"]
+    assert built == {
+        "status": "active",
+        "reason": "auto resolved to tokamax on gpu: tokamax's triton grouped matmul",
+    }
 
 
 def test_kernels_in_the_trainer_match_the_reference_numerics(cache_dir):

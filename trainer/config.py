@@ -280,9 +280,10 @@ class KernelsConfig(_Frozen):
     """Splash: the physical layout of values (MaxText's sa_v_layout)."""
     max_logit_const: float | None = None
     """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
-    moe_gmm: Literal["ragged_dot", "megablox", "tokamax"] = "ragged_dot"
-    """MoE grouped matmul: ragged_dot (XLA), megablox (Pallas TPU kernel), or tokamax
-    (tokamax.ragged_dot: its Triton kernel on GPU, its Mosaic kernel on TPU, XLA on CPU)."""
+    moe_gmm: Literal["auto", "ragged_dot", "megablox", "tokamax"] = "auto"
+    """MoE grouped matmul: auto (tokamax on GPU, ragged_dot elsewhere), ragged_dot (XLA),
+    megablox (Pallas TPU kernel), or tokamax (tokamax.ragged_dot: its Mosaic kernel on TPU,
+    its Mosaic GPU or Triton kernel on GPU, whichever builds; else XLA's ragged_dot)."""
     gmm_tm: int = Field(default=512, gt=0)
     """Megablox tile along tokens."""
     gmm_tk: int = Field(default=1024, gt=0)
@@ -311,12 +312,26 @@ class KernelsConfig(_Frozen):
             return "splash" if fits else "xla"
         return "cudnn" if platform == "gpu" and context == 1 else "xla"
 
+    def resolved_moe_gmm(self, platform: str, fp8_experts: bool = False) -> str:
+        """`auto` is tokamax's Triton grouped matmul on GPU, where XLA expands ragged_dot into
+        a dense dot over every expert (experts x the FLOPs, and an [rows, experts, d]
+        temporary); libtpu's own ragged-dot kernels on TPU; XLA's ragged_dot on CPU. fp8
+        experts are wired through ragged_dot only, so they keep it everywhere."""
+        if self.moe_gmm != "auto":
+            return self.moe_gmm
+        return "tokamax" if platform == "gpu" and not fp8_experts else "ragged_dot"
+
     def resolved(
-        self, platform: str, context: int = 1, seq_len: int | None = None
+        self,
+        platform: str,
+        context: int = 1,
+        seq_len: int | None = None,
+        fp8_experts: bool = False,
     ) -> KernelsConfig:
         """The concrete implementations this config runs on `platform`."""
         attention = self.resolved_attention(platform, context, seq_len)
-        return self.model_copy(update={"attention": attention})
+        moe_gmm = self.resolved_moe_gmm(platform, fp8_experts)
+        return self.model_copy(update={"attention": attention, "moe_gmm": moe_gmm})
 
 
 # The convergence reference's kernels: XLA attention and XLA's grouped matmul.
@@ -551,9 +566,14 @@ class TrialConfig(_Frozen):
             }
         )
 
+    @property
+    def fp8_experts(self) -> bool:
+        """Whether the MoE grouped matmul is quantized (fp8 with targets dense+moe)."""
+        return self.precision.mode == "fp8" and self.precision.targets == "dense+moe"
+
     def resolved_kernels(self, platform: str, context: int = 1) -> KernelsConfig:
         """The kernels this trial runs on `platform` with `context` shards (`auto` resolved)."""
-        return self.kernels.resolved(platform, context, self.seq_len)
+        return self.kernels.resolved(platform, context, self.seq_len, self.fp8_experts)
 
     def is_baseline_numerics(self, platform: str, context: int = 1) -> bool:
         """Whether this trial, as it runs on `platform`, computes the baseline's numerics."""
@@ -657,8 +677,7 @@ def check_kernels(
                     f"{clamped[name]} must divide the per-device query length "
                     f"(seq_len / context = {local})",
                 )
-    fp8_experts = config.precision.mode == "fp8" and config.precision.targets == "dense+moe"
-    if config.model.is_moe and fp8_experts and kernels.moe_gmm in ("megablox", "tokamax"):
+    if config.model.is_moe and config.fp8_experts and kernels.moe_gmm in ("megablox", "tokamax"):
         raise ConfigError(
             "kernels.moe_gmm",
             f"fp8 of the MoE grouped matmul is wired through ragged_dot only; with {kernels.moe_gmm} "

@@ -17,8 +17,14 @@ CUDNN = ("gpu",)  # cuDNN fused attention
 
 
 def knob_effects(
-    config: TrialConfig, platform: str, degrees: dict[str, int] | None = None
+    config: TrialConfig,
+    platform: str,
+    degrees: dict[str, int] | None = None,
+    gpu_gmm: tuple[str | None, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, str]]:
+    """Each knob's status on `platform`: active, inert, emulated or interpreted, and why.
+    `gpu_gmm` is what `kernels.tokamax_gpu_gmm` found for a GPU trial's device: tokamax's
+    grouped-matmul kernel that builds there, and why the others did not."""
     effects: dict[str, dict[str, str]] = {
         "mesh": {"status": "active", "reason": f"sharded over {platform} devices"},
         "remat.policy": {
@@ -81,6 +87,11 @@ def knob_effects(
             platform, "Splash attention", "tiles and layouts"
         )
     if config.model.is_moe:
+        if config.kernels.moe_gmm == "auto":
+            effects["kernels.moe_gmm"] = {
+                "status": "active",
+                "reason": f"auto resolved to {kernels.moe_gmm} on {platform}",
+            }
         if kernels.moe_gmm == "megablox":
             effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
         if kernels.moe_gmm == "tokamax" and platform not in TOKAMAX_GMM_KERNEL:
@@ -89,12 +100,26 @@ def knob_effects(
                 "reason": f"tokamax has no grouped-matmul kernel for {platform}: it runs XLA's "
                 "ragged_dot, the same program as moe_gmm ragged_dot",
             }
+        if kernels.moe_gmm == "tokamax" and platform == "gpu" and gpu_gmm is not None:
+            effects["kernels.moe_gmm"] = _tokamax_gpu_effect(config.kernels.moe_gmm, *gpu_gmm)
     if config.kernels.max_logit_const is not None:
         effects["kernels.max_logit_const"] = {
             "status": "active",
             "reason": "numerics: softmax uses exp(s - c)",
         }
     return effects
+
+
+def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]):
+    said = "auto resolved to tokamax on gpu: " if asked == "auto" else ""
+    if kernel:
+        return {"status": "active", "reason": f"{said}tokamax's {kernel} grouped matmul"}
+    why = "; ".join(f"{name}: {error}" for name, error in failures.items())
+    return {
+        "status": "inert",
+        "reason": f"{said}no tokamax grouped-matmul kernel builds with this JAX ({why}): it runs "
+        "XLA's ragged_dot, which XLA:GPU expands into a dense dot over every expert",
+    }
 
 
 def _kernel_effect(platform: str, name: str, knobs: str = "tiles") -> dict[str, str]:

@@ -15,6 +15,7 @@ import numpy as np
 import tokamax
 from absl import flags
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+from jax.extend import backend
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
 
@@ -183,21 +184,68 @@ class LoadBalancedCausalMask(splash_mask._ComputableMask):
         return hash((type(self), self.shape, self.context))
 
 
-# Off TPU: tokamax's Mosaic GPU grouped matmul (0.0.12) does not build on jax 0.11.2 (seen
-# on an H200: Mesh(out_shape=) rejected), and tokamax falls through only on
-# NotImplementedError: Triton first, XLA where Triton cannot. Unmeasured on GPU. On TPU
-# tokamax's own order (its Mosaic TPU kernel first).
-TOKAMAX_GMM_ORDER_OFF_TPU = ("triton", "xla")
+# tokamax's grouped-matmul kernels for NVIDIA GPUs, in tokamax's own order of preference.
+# Which of them builds depends on the JAX and tokamax a host carries (seen in deviceless H200
+# compiles, benchmarks.gpu_compile): tokamax 0.0.12 builds both under jax 0.10.2 and neither
+# under jax 0.11.2 (Mosaic: `Mesh(out_shape=)` rejected; Triton: `pl.dot` removed); tokamax
+# 0.0.17 builds Mosaic under jax 0.11.2, and Triton only with jax_triton installed.
+TOKAMAX_GPU_GMM = ("mosaic_gpu", "triton")
 
 
-def grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool):
-    """Dropless grouped matmul: lax.ragged_dot (XLA), tokamax.ragged_dot (its best kernel for
-    the backend: Mosaic or Triton on GPU, Mosaic on TPU, XLA on CPU) or Megablox GMM (Pallas)."""
-    if kernels.moe_gmm == "ragged_dot":
+@functools.cache
+def tokamax_gpu_gmm(
+    device: jax.Device, candidates: tuple[str, ...] = TOKAMAX_GPU_GMM
+) -> tuple[str | None, dict[str, str]]:
+    """The first of tokamax's GPU grouped-matmul kernels (`candidates`) that traces for
+    `device` (a GPU, or an AOT target's), forward and both gradients on a small problem, or
+    None; and why each one before it did not. Tracing is where version skew shows (an API a
+    kernel calls is gone); nothing runs."""
+    from tokamax._src import config as tokamax_config
+
+    x = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((2, 128, 128), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((2,), jnp.int32)
+    failures: dict[str, str] = {}
+    for name in candidates:
+
+        def loss(x, w, sizes, name=name):
+            out = tokamax.ragged_dot(x, w, sizes, implementation=name)
+            return jnp.sum(out.astype(jnp.float32))
+
+        try:
+            with jax.default_device(device), tokamax_config.cross_compile(True):
+                jax.eval_shape(jax.grad(loss, (0, 1)), x, w, sizes)
+        except Exception as exc:
+            failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            continue
+        return name, failures
+    return None, failures
+
+
+def default_device() -> jax.Device:
+    """The device programs are being built for (set by `jax.default_device`, as an AOT
+    lowering does), else this host's first."""
+    return backend.get_default_device()
+
+
+def grouped_matmul(
+    x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool, platform: str = "cpu"
+):
+    """Dropless grouped matmul: lax.ragged_dot (XLA), tokamax.ragged_dot (its kernel for the
+    backend: Mosaic on TPU, the first of `TOKAMAX_GPU_GMM` that builds on GPU; XLA's
+    ragged_dot where it has none) or Megablox GMM (Pallas)."""
+    moe_gmm = kernels.resolved_moe_gmm(platform)
+    if moe_gmm == "tokamax" and platform != "tpu":
+        # Its GPU kernel where one builds; else XLA's ragged_dot itself (the program of
+        # moe_gmm ragged_dot, as the knob's effect then says), not tokamax's own XLA path.
+        kernel = tokamax_gpu_gmm(default_device())[0] if platform == "gpu" else None
+        if kernel:
+            return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=kernel)
+        moe_gmm = "ragged_dot"
+    if moe_gmm == "ragged_dot":
         return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
-    if kernels.moe_gmm == "tokamax":
-        order = TOKAMAX_GMM_ORDER_OFF_TPU if interpret else None
-        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=order)
+    if moe_gmm == "tokamax":  # on TPU, tokamax's own order: its Mosaic TPU kernel first
+        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     tiling = (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn)
     # ops.gmm is the differentiable (custom_vjp) entry; its static arguments are positional.
     return megablox.gmm(

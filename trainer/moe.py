@@ -69,7 +69,9 @@ class MoeBlock(nn.Module):
 
     def _route(self, x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights):
         interpret = self.platform != "tpu"
-        gmm = functools.partial(grouped_matmul, kernels=self.kernels, interpret=interpret)
+        gmm = functools.partial(
+            grouped_matmul, kernels=self.kernels, interpret=interpret, platform=self.platform
+        )
         common = {"gmm": gmm, "capacity_factor": self.cfg.capacity_factor, "tag": _tag}
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:

@@ -39,6 +39,7 @@ from trainer.events import (
 )
 from trainer.flops import training_flops_per_step
 from trainer.hlo import count_collectives, count_matmuls, fingerprint
+from trainer.kernels import tokamax_gpu_gmm
 from trainer.model import Transformer
 from trainer.precision import check_rules_used, quantize
 from trainer.remat import checkpoint_policy
@@ -107,7 +108,13 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     # Abstract key: a concrete one would be placed on the mesh's devices, which for an AOT
     # target do not exist on this host.
     abstract_key = jax.eval_shape(lambda: jax.random.key(0))
-    with mesh, jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+    # Kernel libraries choose by the default device (see lower_step): the mesh's, here too.
+    with (
+        mesh,
+        jax.set_mesh(mesh),
+        nn.logical_axis_rules(LOGICAL_RULES),
+        jax.default_device(devices[0]),
+    ):
         abstract_boxed = jax.eval_shape(init_boxed, abstract_key)
         shardings = state_shardings(abstract_boxed, mesh)
     check_rules_used(provider)
@@ -189,6 +196,15 @@ def _cost(compiled) -> dict[str, float]:
     }
 
 
+def _gpu_gmm(program: Program, devices: list) -> tuple[str | None, dict[str, str]] | None:
+    """Which tokamax grouped matmul a GPU program's experts run (see `tokamax_gpu_gmm`)."""
+    config = program.config
+    if devices[0].platform != "gpu" or not config.model.is_moe:
+        return None
+    kernels = config.resolved_kernels("gpu", program.degrees["context"])
+    return tokamax_gpu_gmm(devices[0]) if kernels.moe_gmm == "tokamax" else None
+
+
 def accepted_event(
     config: TrialConfig,
     program: Program,
@@ -210,7 +226,7 @@ def accepted_event(
         tokens_per_step=program.global_batch * config.seq_len,
         mesh=program.degrees,
         global_batch=program.global_batch,
-        effects=knob_effects(config, platform, program.degrees),
+        effects=knob_effects(config, platform, program.degrees, _gpu_gmm(program, devices)),
         **extra,
     )
 
