@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SPACE ?= moe_short
 
-.PHONY: setup run test test-slow lint bench clean
+.PHONY: setup gpu-compile run test test-slow lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,12 +14,21 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 setup: $(VENV)/.installed
 
+# XLA's CUDA compiler, for deviceless H200 compiles (benchmarks.gpu_compile and its test): a
+# folder of its own, not the venv, where it would try to start CUDA in every CPU process.
+GPU_COMPILE := .gpu-compile
+$(GPU_COMPILE)/.installed: constraints.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(GPU_COMPILE) -c constraints.txt jax-cuda12-plugin jax-cuda12-pjrt
+	touch $@
+
+gpu-compile: $(GPU_COMPILE)/.installed
+
 run: setup
 	$(BIN)/sweeper run spaces/$(SPACE).yaml
 
 # Two workers: the suite is CPU-bound compiles and trainings, CI has 2 cores (TEST_WORKERS=0: one process).
 TEST_WORKERS ?= 2
-test: setup
+test: setup gpu-compile
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
@@ -34,4 +43,4 @@ bench: setup
 	$(BIN)/python -m benchmarks.trainer_throughput
 
 clean:
-	rm -rf $(VENV) results/mlflow.db results/optuna.db results/ray results/cache
+	rm -rf $(VENV) $(GPU_COMPILE) results/mlflow.db results/optuna.db results/ray results/cache
