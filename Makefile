@@ -17,8 +17,12 @@ setup: $(VENV)/.installed
 # XLA's CUDA compiler, for deviceless H200 compiles (benchmarks.gpu_compile and its test): a
 # folder of its own, not the venv, where it would try to start CUDA in every CPU process.
 GPU_COMPILE := .gpu-compile
+# Its wheels are Linux x86-64 only: elsewhere the folder stays empty and its test is skipped.
 $(GPU_COMPILE)/.installed: constraints.txt $(VENV)/.installed
-	$(BIN)/pip install --quiet --no-deps --upgrade --target $(GPU_COMPILE) -c constraints.txt jax-cuda12-plugin jax-cuda12-pjrt
+	mkdir -p $(GPU_COMPILE)
+	if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
+	  $(BIN)/pip install --quiet --no-deps --upgrade --target $(GPU_COMPILE) -c constraints.txt jax-cuda12-plugin jax-cuda12-pjrt; \
+	else echo "no CUDA compiler wheels for $$(uname -sm): deviceless GPU compiles skipped"; fi
 	touch $@
 
 gpu-compile: $(GPU_COMPILE)/.installed
