@@ -172,7 +172,7 @@ def child_gmm_check() -> dict[str, Any]:
     import numpy as np
 
     from trainer.config import KernelsConfig
-    from trainer.kernels import default_device, grouped_matmul, tokamax_gpu_gmm
+    from trainer.kernels import default_device, experts_run_as, grouped_matmul
 
     platform = jax.devices()[0].platform
     m, k, n = 4096, 2048, 1024
@@ -196,12 +196,10 @@ def child_gmm_check() -> dict[str, Any]:
             part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
             for part, a, e in zip(("out", "dx", "dw"), got, exact, strict=True)
         }
-    kernel = tokamax_gpu_gmm(default_device()) if platform == "gpu" else (None, {})
+    auto = KernelsConfig().resolved_moe_gmm(platform)
     return {
         "platform": platform,
-        "auto": KernelsConfig().resolved_moe_gmm(platform),
-        "tokamax_kernel": kernel[0],
-        "tokamax_failures": kernel[1],
+        "auto_runs_as": experts_run_as(auto, platform, default_device()),
         "relative_max_error": errors,
     }
 
@@ -241,11 +239,16 @@ def child_case(name: str, steps: int) -> dict[str, Any]:
 
     from trainer.config import load_config
     from trainer.events import Emitter
+    from trainer.kernels import experts_run_as
     from trainer.run import train
 
-    cpu = jax.devices()[0].platform == "cpu"
+    device = jax.devices()[0]
+    cpu = device.platform == "cpu"
     config = load_config(trial(name, steps, cpu))
     summary = train(config, Emitter(quiet=True)).summary
+    if config.model.is_moe:
+        moe_gmm = config.resolved_kernels(device.platform).moe_gmm
+        summary["experts_run_as"] = experts_run_as(moe_gmm, device.platform, device)
     keep = (
         "tokens_per_sec",
         "tflops_per_sec_per_chip",
@@ -258,6 +261,7 @@ def child_case(name: str, steps: int) -> dict[str, Any]:
         "hardware",
         "backend",
         "final_loss",
+        "experts_run_as",
     )
     return {"case": name, **{k: summary.get(k) for k in keep}}
 

@@ -122,7 +122,7 @@ def compile_case(name: str) -> dict[str, Any]:
     from trainer import metrics
     from trainer.config import load_config
     from trainer.flops import training_flops_per_step
-    from trainer.kernels import tokamax_gpu_gmm
+    from trainer.kernels import experts_run_as
     from trainer.run import build_program, compile_step, lower_step
 
     recipe = trial(split_case(name)[0], steps=2, cpu=False)
@@ -139,7 +139,9 @@ def compile_case(name: str) -> dict[str, Any]:
         "case": name,
         "fidelity": "compile",
         "hardware": "NVIDIA H200 (deviceless XLA:GPU compile, no autotuning)",
-        "moe_gmm": _gmm(config.model.is_moe, kernels.moe_gmm, tokamax_gpu_gmm, devices[0]),
+        "moe_gmm": experts_run_as(kernels.moe_gmm, "gpu", devices[0])
+        if config.model.is_moe
+        else None,
         "precision": config.precision.mode,
         "compile_s": compile_s,
         "model_flops": model_flops,
@@ -147,16 +149,6 @@ def compile_case(name: str) -> dict[str, Any]:
         "memory_per_device": metrics.memory_per_device(compiled),
         **figures,
     }
-
-
-def _gmm(is_moe: bool, moe_gmm: str, probe, device) -> str | None:
-    """The grouped matmul the experts run: tokamax's kernel that builds here, if tokamax."""
-    if not is_moe:
-        return None
-    if moe_gmm != "tokamax":
-        return moe_gmm
-    kernel, failures = probe(device)
-    return f"tokamax {kernel}" if kernel else f"tokamax xla ({'; '.join(failures.values())})"
 
 
 def _child(name: str) -> None:

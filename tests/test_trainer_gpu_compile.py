@@ -23,7 +23,7 @@ def test_the_default_moe_on_gpu_runs_tokamax_kernels_not_a_dense_dot_over_every_
     assert ragged["moe_gmm"] == "ragged_dot"
     assert ragged["dot_flops_over_model"] > 4
     assert ragged["largest_dot_value"] == "bf16[8,65536,2048]"  # experts x routed rows x d
-    assert auto["moe_gmm"].startswith("tokamax ") and "xla" not in auto["moe_gmm"]
+    assert auto["moe_gmm"].startswith("tokamax ")  # a kernel built: not ragged_dot (why)
     assert auto["kernel_calls"] == 8 * 3 * 3
     assert auto["dot_flops_over_model"] < 1
     assert "[8,65536" not in auto["largest_dot_value"]

@@ -222,6 +222,15 @@ def tokamax_gpu_gmm(
     return None, failures
 
 
+def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
+    """What a resolved `moe_gmm` runs as on `device`: for tokamax on a GPU, the kernel that
+    builds there, or XLA's ragged_dot with why none did; otherwise the choice itself."""
+    if moe_gmm != "tokamax" or platform != "gpu":
+        return moe_gmm
+    kernel, failures = tokamax_gpu_gmm(device)
+    return f"tokamax {kernel}" if kernel else f"ragged_dot ({'; '.join(failures.values())})"
+
+
 def default_device() -> jax.Device:
     """The device programs are being built for (set by `jax.default_device`, as an AOT
     lowering does), else this host's first."""
