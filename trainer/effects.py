@@ -14,6 +14,10 @@ PALLAS_NATIVE = ("tpu",)  # Pallas TPU kernels run compiled; elsewhere interpret
 LIBTPU = ("tpu",)  # LIBTPU_INIT_ARGS reach only libtpu
 TOKAMAX_GMM_KERNEL = ("gpu", "tpu")  # tokamax.ragged_dot has a kernel; elsewhere XLA's
 CUDNN = ("gpu",)  # cuDNN fused attention
+GPU_RAGGED_DOT = (
+    "XLA:GPU expands ragged_dot into a dense dot over every expert (the experts' FLOPs times "
+    "their number)"
+)
 
 
 def knob_effects(
@@ -102,6 +106,20 @@ def knob_effects(
             }
         if kernels.moe_gmm == "tokamax" and platform == "gpu" and gpu_gmm is not None:
             effects["kernels.moe_gmm"] = _tokamax_gpu_effect(config.kernels.moe_gmm, *gpu_gmm)
+        if kernels.moe_gmm == "ragged_dot" and platform == "gpu":
+            said = (
+                "auto resolved to ragged_dot on gpu: " if config.kernels.moe_gmm == "auto" else ""
+            )
+            why = (
+                "fp8 experts are quantized through ragged_dot only (precision.targets dense "
+                "runs them on tokamax's kernel in bf16); "
+                if config.fp8_experts
+                else ""
+            )
+            effects["kernels.moe_gmm"] = {
+                "status": "active",
+                "reason": f"{said}{why}{GPU_RAGGED_DOT}",
+            }
     if config.kernels.max_logit_const is not None:
         effects["kernels.max_logit_const"] = {
             "status": "active",
@@ -118,7 +136,7 @@ def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]
     return {
         "status": "inert",
         "reason": f"{said}no tokamax grouped-matmul kernel builds with this JAX ({why}): it runs "
-        "XLA's ragged_dot, which XLA:GPU expands into a dense dot over every expert",
+        f"XLA's ragged_dot: {GPU_RAGGED_DOT}",
     }
 
 
