@@ -313,10 +313,11 @@ class KernelsConfig(_Frozen):
         return "cudnn" if platform == "gpu" and context == 1 else "xla"
 
     def resolved_moe_gmm(self, platform: str, fp8_experts: bool = False) -> str:
-        """`auto` is tokamax's Triton grouped matmul on GPU, where XLA expands ragged_dot into
-        a dense dot over every expert (experts x the FLOPs, and an [rows, experts, d]
-        temporary); libtpu's own ragged-dot kernels on TPU; XLA's ragged_dot on CPU. fp8
-        experts are wired through ragged_dot only, so they keep it everywhere."""
+        """`auto` is tokamax's grouped matmul on GPU (its Mosaic GPU or Triton kernel,
+        whichever builds there), where XLA expands ragged_dot into a dense dot over every expert
+        (experts x the FLOPs, and an [experts, rows, d] value); libtpu's own ragged-dot
+        kernels on TPU; XLA's ragged_dot on CPU. fp8 experts are wired through ragged_dot
+        only, so they keep it everywhere."""
         if self.moe_gmm != "auto":
             return self.moe_gmm
         return "tokamax" if platform == "gpu" and not fp8_experts else "ragged_dot"
