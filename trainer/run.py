@@ -13,7 +13,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer import convergence, metrics
 from trainer.config import (
@@ -108,13 +108,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     # Abstract key: a concrete one would be placed on the mesh's devices, which for an AOT
     # target do not exist on this host.
     abstract_key = jax.eval_shape(lambda: jax.random.key(0))
-    # Kernel libraries choose by the default device (see lower_step): the mesh's, here too.
-    with (
-        mesh,
-        jax.set_mesh(mesh),
-        nn.logical_axis_rules(LOGICAL_RULES),
-        jax.default_device(devices[0]),
-    ):
+    with tracing_on(mesh):
         abstract_boxed = jax.eval_shape(init_boxed, abstract_key)
         shardings = state_shardings(abstract_boxed, mesh)
     check_rules_used(provider)
@@ -152,21 +146,27 @@ def place_batch(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+@contextlib.contextmanager
+def tracing_on(mesh: Mesh):
+    """Where the model is traced (its init, its step): the mesh, its logical axis rules, and
+    the mesh's device as the default one. Kernel libraries pick an implementation by the
+    default device (tokamax's ragged_dot: its Mosaic kernels on a TPU, its GPU kernels on a
+    GPU), so an AOT compile on a CPU host gets the program the target's host would."""
+    with (
+        mesh,
+        jax.set_mesh(mesh),
+        nn.logical_axis_rules(LOGICAL_RULES),
+        jax.default_device(mesh.devices.flat[0]),
+    ):
+        yield
+
+
 def lower_step(program: Program):
     """The train step lowered for the program's mesh (what the compiler is given)."""
     batch = jax.ShapeDtypeStruct(
         (program.global_batch, program.config.seq_len), np.int32, sharding=program.batch_sharding
     )
-    # Kernel libraries pick an implementation by the default device (tokamax's ragged_dot runs
-    # its Mosaic kernels only when that is a TPU, else XLA's ragged_dot): the mesh's device,
-    # so an AOT compile for TPU on a CPU host gets the program a TPU host would.
-    device = program.mesh.devices.flat[0]
-    with (
-        program.mesh,
-        jax.set_mesh(program.mesh),
-        nn.logical_axis_rules(LOGICAL_RULES),
-        jax.default_device(device),
-    ):
+    with tracing_on(program.mesh):
         return program.step_fn.lower(program.abstract_state, batch, batch, batch)
 
 
