@@ -6,10 +6,10 @@ float32 inside fused reductions (a custom VJP over the unembedding and the loss 
 the logits and each token's log-sum-exp, and runs the two gradient matmuls one after the
 other), so no float32 [batch, seq, vocab] array is made and at most one bf16 gradient of
 the logits is: the values are MaxText's, float32 logits of bf16 numbers. With
-`vocab_tiling` 1 the logits exist in full. With N > 1 (MaxText's `num_vocab_tiling`) the tokens are split into N tiles along the sequence; each
-tile's logits are made, reduced to its loss and dropped, and made again in the backward
-pass (jax.checkpoint), so only one tile's logits is ever live. The cost is one more
-unembedding matmul per step.
+`vocab_tiling` 1 the logits exist in full. With N > 1 (MaxText's `num_vocab_tiling`) the
+tokens are split into N tiles along the sequence; each tile's logits are made, reduced to
+its loss and dropped, and made again in the backward pass (jax.checkpoint), so only one
+tile's logits is ever live. The cost is one more unembedding matmul per step.
 """
 
 from __future__ import annotations
