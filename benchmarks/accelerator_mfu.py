@@ -124,6 +124,16 @@ def child_peak() -> dict[str, Any]:
     return {"platform": device.platform, "device_kind": device.device_kind, "size": size, **peaks}
 
 
+def relative_max_errors(parts, got, exact) -> dict[str, float]:
+    """Each part's largest absolute error, relative to the exact part's largest magnitude."""
+    import numpy as np
+
+    return {
+        part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
+        for part, a, e in zip(parts, got, exact, strict=True)
+    }
+
+
 def child_attention_check() -> dict[str, Any]:
     """The fused attention against a float32 reference, forward and gradients, beside the
     bf16 XLA reference's own error: the fused kernel must be no less accurate."""
@@ -156,10 +166,7 @@ def child_attention_check() -> dict[str, Any]:
     errors = {}
     for name, fn in (("xla_bf16", reference), ("fused_bf16", fused)):
         got = with_grads(fn, jnp.bfloat16)
-        errors[name] = {
-            part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
-            for part, a, e in zip(("out", "dq", "dk", "dv"), got, exact, strict=True)
-        }
+        errors[name] = relative_max_errors(("out", "dq", "dk", "dv"), got, exact)
     return {"platform": platform, "relative_max_error": errors}
 
 
@@ -192,10 +199,7 @@ def child_gmm_check() -> dict[str, Any]:
     errors = {}
     for name, gmm in (("ragged_dot_bf16", "ragged_dot"), ("auto_bf16", "auto")):
         got = with_grads(KernelsConfig(moe_gmm=gmm), jnp.bfloat16)
-        errors[name] = {
-            part: float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
-            for part, a, e in zip(("out", "dx", "dw"), got, exact, strict=True)
-        }
+        errors[name] = relative_max_errors(("out", "dx", "dw"), got, exact)
     auto = KernelsConfig().resolved_moe_gmm(platform)
     return {
         "platform": platform,
