@@ -52,9 +52,9 @@ PUBLISHED = {
     "llama3.1-70b 8k fp8 re-tuned 64 chips": ("llama31_70b_8k_tpu7x", "fp8", "tpu7x:4x4x4", 7.93, 4127.56),
     "llama3.1-405b 8k bf16 256 chips": ("llama31_405b_8k_tpu7x", "bf16", "tpu7x:4x8x8", 101.89, 482.41),
     "llama3.1-405b 8k fp8 256 chips": ("llama31_405b_8k_tpu7x", "fp8", "tpu7x:4x8x8", 64.71, 759.55),
-    # Its fp8 row (4,736.72) quantizes the experts inside tokamax's grouped matmul, which this
-    # trainer refuses (fp8 experts go through ragged_dot only): not a row here.
     "qwen3-235b-a22b 4k bf16 256 chips": ("qwen3_235b_4k_tpu7x", "bf16", "tpu7x:4x8x8", 31.58, 4150.78),
+    # fp8 experts inside tokamax's grouped matmuls (trainer/fp8_gmm.py), as the recipe runs them.
+    "qwen3-235b-a22b 4k fp8 256 chips": ("qwen3_235b_4k_tpu7x", "fp8", "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
 # Where a row's recipe differs from trial 0 of its space (beyond precision): its own knobs.
 # Splash layouts, the fused backward kernel and the splash scheduler have no knob here.
@@ -65,6 +65,12 @@ OVERRIDES = {
         "precision": {"scaling": "fixed", "fixed_bound": 224.0},
         "xla": {"extra": ["--xla_tpu_enable_offloading_copy_to_sparsecore=false",
                           "--xla_tpu_enable_sparse_core_collective_offload_nd_reduce_scatter=false"]},
+    },
+    # 4k-fp8-tpu7x-4x8x8: fixed scales (fp8_full through qwix: scales per axis) and its own
+    # grouped-matmul tiles (no knob here: tokamax's table picks them); no DVFS flag.
+    "qwen3-235b-a22b 4k fp8 256 chips": {
+        "precision": {"granularity": "per_axis", "scaling": "fixed", "fixed_bound": 224.0},
+        "xla": {"drop": ["--xla_tpu_dvfs_p_state=3"], "extra": []},
     },
     "llama3.1-405b 8k fp8 256 chips": {  # 8k-fp8-tpu7x-4x8x8: only the layer input offloaded
         "remat": {"policy": "custom", "custom": {"decoder_layer_input": "offload"}},
@@ -81,8 +87,9 @@ def recipe(name: str) -> tuple[dict, str]:
     config = assemble(space, space.search.warm_start[0])
     config["precision"] = {**config.get("precision", {}), "mode": precision}
     for section, values in OVERRIDES.get(name, {}).items():
-        if section == "xla":  # the recipe's flags join the space's
-            extra = [*config["xla"].get("extra", []), *values["extra"]]
+        if section == "xla":  # the recipe's flags join the space's (less those it lacks)
+            kept = [f for f in config["xla"].get("extra", []) if f not in values.get("drop", ())]
+            extra = [*kept, *values["extra"]]
             config["xla"] = {**config["xla"], "extra": extra}
         else:  # a section's keys replace the space's (remat: its policy and placements)
             config[section] = {**config.get(section, {}), **values}

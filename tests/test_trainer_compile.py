@@ -526,6 +526,34 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     assert xla["ragged_dot"] - xla["tokamax"] == pytest.approx(dense_weight_gradients, rel=0.01)
 
 
+def test_fp8_experts_in_tokamax_are_fp8_kernel_calls_on_tpu7x(compile_once):
+    """With fp8 experts and moe_gmm tokamax, all three grouped matmuls of the step (forward,
+    input and weight gradient) are tokamax kernel calls with fp8 operands, as MaxText's fp8
+    MoE recipes run them; the step model runs them at the fp8 rate. With bf16 experts (the
+    test above's program) none is fp8."""
+    from trainer.step_model import step_time
+
+    def calls(precision: dict) -> tuple[dict, list]:
+        config = {"model": MOE_LAYER, "seq_len": 512, "per_device_batch": 1,
+                  "mesh": {"fsdp": 8}, "kernels": {"moe_gmm": "tokamax"}, **precision}  # fmt: skip
+        code, events, err = compile_once(config)
+        assert code == 0, err[-2000:]
+        cost = events["summary"]["program_cost"]
+        return cost, [c for c in cost["kernel_calls"] if "gmm" in c["name"]]
+
+    _, bf16 = calls({})
+    cost, fp8 = calls({"precision": {"mode": "fp8", "granularity": "per_axis"}})
+    assert {c["precision"] for c in bf16} == {"bf16"}
+    assert {c["precision"] for c in fp8} == {"fp8"}, fp8
+    names = collections.Counter()
+    for call in fp8:
+        names[call["name"]] += call["times"]
+    assert names == {"gmm_megablox": 6, "gmm_megablox_transpose_rhs": 3, "tgmm_megablox": 3}
+    as_bf16 = {**cost, "kernel_calls": [{**c, "precision": "bf16"} for c in cost["kernel_calls"]]}
+    tpu7x = ACCELERATORS["tpu7x"]
+    assert step_time(cost, tpu7x)["est_compute_s"] < step_time(as_bf16, tpu7x)["est_compute_s"]
+
+
 def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_path, monkeypatch):
     """Compile trials run libtpu with 32 MiB thread stacks (libtpu 0.0.42.1 overflows a
     compiler fiber's stack on qwen3-235b's MoE layer). A compiler setting, not a program

@@ -111,7 +111,8 @@ def test_auto_attention_resolves_to_the_fused_kernel_of_each_backend():
 def test_auto_moe_gmm_is_tokamax_on_gpu_and_ragged_dot_elsewhere():
     """XLA expands ragged_dot on GPU into a dense dot over every expert, so `auto` (the
     default) takes tokamax's Triton kernel there; TPU keeps libtpu's ragged-dot kernels. fp8
-    experts are quantized through ragged_dot only, so they keep it on every backend."""
+    experts keep ragged_dot on every backend (tokamax's GPU kernels do not multiply in fp8;
+    on TPU, moe_gmm tokamax runs them in its kernels by choice)."""
     from trainer.effects import knob_effects
 
     config = load_config(trial() | {"model": {"preset": "tiny-moe"}})

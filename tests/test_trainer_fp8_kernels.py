@@ -238,6 +238,81 @@ def test_megablox_matches_ragged_dot_forward_and_gradients():
         np.testing.assert_allclose(g_mega, g_xla, rtol=1e-4, atol=1e-2)
 
 
+def _relative_errors(outs, refs) -> list[float]:
+    return [
+        float(jnp.max(jnp.abs(o.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
+        for o, r in zip(outs, refs, strict=True)
+    ]
+
+
+def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
+    """trainer/fp8_gmm.py (through tokamax's XLA path here: the operands the TPU kernels get,
+    dequantized) against a float32 grouped matmul: output, input and weight gradients carry
+    fp8's error, as large as qwix's own quantized ragged_dot's and far above bf16's; and
+    each knob it reads changes the result."""
+    from qwix._src.core import ragged_dot_qt
+
+    from trainer.config import PrecisionConfig
+    from trainer.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    m, kdim, n, groups = 512, 256, 384, 4
+    x = jax.random.normal(keys[0], (m, kdim))
+    w = jax.random.normal(keys[1], (groups, kdim, n)) * kdim**-0.5
+    g = jax.random.normal(keys[2], (m, n))
+    sizes = jnp.array([100, 0, 250, 162], jnp.int32)  # ragged, one empty group
+
+    def with_vjp(fn, *operands):
+        out, vjp = jax.vjp(fn, *operands)
+        return [out, *vjp(g.astype(out.dtype))]
+
+    exact = with_vjp(lambda x, w: jax.lax.ragged_dot(x, w, sizes, precision="highest"), x, w)
+    bf16_x, bf16_w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+
+    def fp8(**knobs):
+        how = Fp8Gmm.of(PrecisionConfig(mode="fp8", **knobs), "xla")
+        return with_vjp(lambda x, w: fp8_grouped_matmul(x, w, sizes, how), bf16_x, bf16_w)
+
+    qwix_config = ragged_dot_qt.RaggedDotQtConfig(
+        lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,
+        dlhs_grad_qtype=jnp.float8_e5m2, drhs_grad_qtype=jnp.float8_e5m2,
+    )  # fmt: skip
+    qwix = with_vjp(
+        lambda x, w: ragged_dot_qt.ragged_dot_qt(x, w, sizes, qwix_config), bf16_x, bf16_w
+    )
+    bf16 = with_vjp(lambda x, w: jax.lax.ragged_dot(x, w, sizes), bf16_x, bf16_w)
+    ours = fp8(granularity="per_axis")  # the scales qwix's ragged_dot takes
+    errors = _relative_errors(ours, exact)
+    for mine, theirs, plain in zip(
+        errors, _relative_errors(qwix, exact), _relative_errors(bf16, exact), strict=True
+    ):
+        assert mine < 1.5 * theirs and mine > 4 * plain, (errors, theirs, plain)
+    assert max(errors) < 0.1
+    # Rows of the empty group get nothing; each knob the op reads changes the result.
+    for variant in (
+        fp8(),  # per tensor
+        fp8(granularity="per_axis", scaling="fixed", fixed_bound=8.0),
+        fp8(granularity="per_axis", backward_format="e4m3"),
+    ):
+        assert any(not jnp.array_equal(a, b) for a, b in zip(variant, ours, strict=True))
+        assert max(_relative_errors(variant, exact)) < 0.1
+
+
+def test_fp8_moe_in_tokamax_converges_and_is_its_own_program(cache_dir):
+    """fp8 experts with moe_gmm tokamax train to within tolerance of bf16, and are not qwix's
+    ragged_dot path: the lowered programs differ."""
+    fp8 = {"mode": "fp8", "granularity": "per_axis"}
+    verdict = _converges(cache_dir, "tiny-moe", precision=fp8, kernels={"moe_gmm": "tokamax"})
+    assert verdict["passed"], verdict
+    tokamax = _lowered_text(precision=fp8, kernels={"moe_gmm": "tokamax"})
+    ragged = _lowered_text(precision=fp8, kernels={"moe_gmm": "ragged_dot"})
+    dense_only = _lowered_text(precision={**fp8, "targets": "dense"})
+    assert tokamax != ragged
+    assert "f8E5M2" in tokamax  # the experts' output gradients quantized to e5m2
+    # The experts' operands are quantized (casts to fp8) beyond the dense layers'.
+    assert tokamax.count("xf8E4M3FN>") > dense_only.count("xf8E4M3FN>")
+
+
 def test_tokamax_off_tpu_and_gpu_is_xla_ragged_dot_itself():
     """moe_gmm tokamax where tokamax has no kernel (here, CPU) is reported inert as the same
     program as moe_gmm ragged_dot: it is, to the lowered text."""
@@ -355,6 +430,24 @@ def test_bad_max_logit_constant_is_diverged(tmp_path):
         ),
         (
             {
+                "model": {"preset": "tiny-moe"},
+                "precision": {"mode": "fp8", "scaling": "static"},
+                "kernels": {"moe_gmm": "tokamax"},
+            },
+            "precision.scaling",
+            "dynamic or fixed",
+        ),
+        (
+            {
+                "model": {"preset": "tiny-moe"},
+                "precision": {"mode": "fp8", "granularity": "subchannel", "tile_size": 8},
+                "kernels": {"moe_gmm": "tokamax"},
+            },
+            "precision.granularity",
+            "per tensor or per axis",
+        ),
+        (
+            {
                 "kernels": {"attention": "splash", **BLOCKS["all_128"]},
                 "mesh": {"fsdp": 4, "context": 2},
                 "seq_len": 384,
@@ -368,6 +461,32 @@ def test_invalid_kernel_and_precision_configs_name_the_field(change, field, frag
     with pytest.raises(ConfigError) as err:
         check_static(load_config(trial() | change), 8)
     assert err.value.field == field and fragment in err.value.message
+
+
+def test_fp8_experts_in_tokamax_are_refused_on_gpu_and_reported_per_backend():
+    """tokamax's GPU grouped matmuls take fp8 weights only with subchannel scales and
+    multiply in bf16, so fp8 experts there are refused with tokamax; on TPU they are its fp8
+    kernels, on CPU an emulation; through ragged_dot, the sub-knobs the experts ignore are
+    named."""
+    from trainer.effects import knob_effects
+
+    moe = {"model": {"preset": "tiny-moe"}, "precision": {"mode": "fp8"}}
+    config = load_config(trial() | moe | {"kernels": {"moe_gmm": "tokamax"}})
+    with pytest.raises(ConfigError) as err:
+        check_static(config, 8, "gpu")
+    assert err.value.field == "kernels.moe_gmm" and "precision.targets dense" in err.value.message
+    check_static(config, 8, "tpu")
+    assert knob_effects(config, "tpu")["kernels.moe_gmm"]["status"] == "active"
+    assert knob_effects(config, "cpu")["kernels.moe_gmm"]["status"] == "emulated"
+    assert "precision.experts" not in knob_effects(config, "tpu")
+    ragged = load_config(trial() | moe | {"kernels": {"moe_gmm": "ragged_dot"}})
+    reason = knob_effects(ragged, "tpu")["precision.experts"]["reason"]
+    assert "granularity per_tensor reaches the dense layers only" in reason
+    per_axis = {"mode": "fp8", "granularity": "per_axis"}
+    same = load_config(
+        trial() | moe | {"precision": per_axis, "kernels": {"moe_gmm": "ragged_dot"}}
+    )
+    assert "precision.experts" not in knob_effects(same, "tpu")
 
 
 def test_effects_say_emulated_and_interpreted_on_cpu(tmp_path):

@@ -316,8 +316,8 @@ class KernelsConfig(_Frozen):
         """`auto` is tokamax's grouped matmul on GPU (its Mosaic GPU or Triton kernel,
         whichever builds there), where XLA expands ragged_dot into a dense dot over every expert
         (experts x the FLOPs, and an [experts, rows, d] value); libtpu's own ragged-dot
-        kernels on TPU; XLA's ragged_dot on CPU. fp8 experts are wired through ragged_dot
-        only, so they keep it everywhere."""
+        kernels on TPU; XLA's ragged_dot on CPU. fp8 experts keep ragged_dot everywhere: on
+        GPU tokamax's kernels do not multiply them in fp8 (`check_fp8_experts`)."""
         if self.moe_gmm != "auto":
             return self.moe_gmm
         return "tokamax" if platform == "gpu" and not fp8_experts else "ragged_dot"
@@ -572,6 +572,12 @@ class TrialConfig(_Frozen):
         """Whether the MoE grouped matmul is quantized (fp8 with targets dense+moe)."""
         return self.precision.mode == "fp8" and self.precision.targets == "dense+moe"
 
+    def fp8_experts_in_tokamax(self, platform: str) -> bool:
+        """Whether the experts are fp8 in tokamax's kernels (trainer/fp8_gmm.py) on
+        `platform`, rather than quantized by qwix through ragged_dot."""
+        moe_gmm = self.kernels.resolved_moe_gmm(platform, self.fp8_experts)
+        return self.model.is_moe and self.fp8_experts and moe_gmm == "tokamax"
+
     def resolved_kernels(self, platform: str, context: int = 1) -> KernelsConfig:
         """The kernels this trial runs on `platform` with `context` shards (`auto` resolved)."""
         return self.kernels.resolved(platform, context, self.seq_len, self.fp8_experts)
@@ -678,12 +684,8 @@ def check_kernels(
                     f"{clamped[name]} must divide the per-device query length "
                     f"(seq_len / context = {local})",
                 )
-    if config.model.is_moe and config.fp8_experts and kernels.moe_gmm in ("megablox", "tokamax"):
-        raise ConfigError(
-            "kernels.moe_gmm",
-            f"fp8 of the MoE grouped matmul is wired through ragged_dot only; with {kernels.moe_gmm} "
-            "the experts would silently stay bf16. Use moe_gmm ragged_dot, or precision.targets dense",
-        )
+    if config.model.is_moe and config.fp8_experts:
+        check_fp8_experts(config.precision, kernels.moe_gmm, platform)
     if config.model.is_moe and kernels.moe_gmm == "megablox":
         # On TPU each device runs the kernel on its own tokens (shard_map), so the tile must
         # divide the per-device routed rows (which also divide the global count used off TPU).
@@ -700,6 +702,40 @@ def check_kernels(
                 f"{kernels.gmm_tm} must divide the routed token count per device "
                 f"(batch x seq x experts_per_token / batch and context shards = {rows})",
             )
+
+
+def check_fp8_experts(precision: PrecisionConfig, moe_gmm: str, platform: str | None) -> None:
+    """fp8 experts run through qwix's ragged_dot, or in tokamax's TPU kernels
+    (trainer/fp8_gmm.py), which take dynamic or fixed scales per tensor or per axis."""
+    if moe_gmm == "megablox":
+        raise ConfigError(
+            "kernels.moe_gmm",
+            "fp8 of the MoE grouped matmul runs through ragged_dot or tokamax; with megablox the "
+            "experts would silently stay bf16. Use moe_gmm ragged_dot or tokamax, or "
+            "precision.targets dense",
+        )
+    if moe_gmm != "tokamax":
+        return
+    if platform == "gpu":
+        raise ConfigError(
+            "kernels.moe_gmm",
+            "tokamax's GPU grouped matmuls take fp8 weights only with subchannel scales and "
+            "multiply the rows in bf16: fp8 experts on GPU run through ragged_dot (moe_gmm auto "
+            "or ragged_dot), or use precision.targets dense to run the experts on tokamax in bf16",
+        )
+    if precision.scaling == "static":
+        raise ConfigError(
+            "precision.scaling",
+            "fp8 experts in tokamax's kernels take dynamic or fixed scales; static ones are "
+            "kept by qwix for the dense layers only (use dynamic or fixed, or precision.targets "
+            "dense)",
+        )
+    if precision.granularity == "subchannel":
+        raise ConfigError(
+            "precision.granularity",
+            "fp8 experts in tokamax's kernels are scaled per tensor or per axis, not per "
+            "subchannel tile (use per_tensor or per_axis, or precision.targets dense)",
+        )
 
 
 def check_precision(config: TrialConfig) -> None:

@@ -98,7 +98,9 @@ def knob_effects(
             }
         if kernels.moe_gmm == "megablox":
             effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
-        if kernels.moe_gmm == "tokamax" and platform not in TOKAMAX_GMM_KERNEL:
+        if config.fp8_experts_in_tokamax(platform):
+            effects["kernels.moe_gmm"] = _fp8_experts_effect(platform)
+        elif kernels.moe_gmm == "tokamax" and platform not in TOKAMAX_GMM_KERNEL:
             effects["kernels.moe_gmm"] = {
                 "status": "inert",
                 "reason": f"tokamax has no grouped-matmul kernel for {platform}: it runs XLA's "
@@ -111,8 +113,8 @@ def knob_effects(
                 "auto resolved to ragged_dot on gpu: " if config.kernels.moe_gmm == "auto" else ""
             )
             why = (
-                "fp8 experts are quantized through ragged_dot only (precision.targets dense "
-                "runs them on tokamax's kernel in bf16); "
+                "fp8 experts on GPU are quantized through ragged_dot only (precision.targets "
+                "dense runs them on tokamax's kernel in bf16); "
                 if config.fp8_experts
                 else ""
             )
@@ -120,12 +122,44 @@ def knob_effects(
                 "status": "active",
                 "reason": f"{said}{why}{GPU_RAGGED_DOT}",
             }
+    if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
+        precision = config.precision
+        unlike = [
+            f"{knob} {value}"
+            for knob, value, experts in (
+                ("granularity", precision.granularity, "per_axis"),
+                ("scaling", precision.scaling, "dynamic"),
+            )
+            if value != experts
+        ]
+        if unlike:
+            effects["precision.experts"] = {
+                "status": "active",
+                "reason": "the experts are quantized by qwix's ragged_dot, which takes dynamic "
+                f"scales per row and per column: {' and '.join(unlike)} "
+                f"{'reaches' if len(unlike) == 1 else 'reach'} the dense layers only (with "
+                "moe_gmm tokamax on TPU, the experts too)",
+            }
     if config.kernels.max_logit_const is not None:
         effects["kernels.max_logit_const"] = {
             "status": "active",
             "reason": "numerics: softmax uses exp(s - c)",
         }
     return effects
+
+
+def _fp8_experts_effect(platform: str) -> dict[str, str]:
+    if platform == "tpu":
+        return {
+            "status": "active",
+            "reason": "fp8 experts in tokamax's Mosaic TPU kernels: fp8 operands in the forward "
+            "and both gradients (trainer/fp8_gmm.py)",
+        }
+    return {
+        "status": "emulated",
+        "reason": "fp8 experts quantized as tokamax's TPU kernels take them (trainer/fp8_gmm.py); "
+        f"on {platform} tokamax's XLA path multiplies them dequantized: numerics, not speed",
+    }
 
 
 def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]):

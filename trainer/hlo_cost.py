@@ -54,7 +54,7 @@ class Cost:
     host_transfer_bytes: float = 0.0
     custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Mosaic kernel calls by (name, output dims, cost-estimate FLOPs and bytes, grid, blocks,
-    # tiling)
+    # tiling, precision)
     kernel_calls: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))
     loop_trips: list[int] = field(default_factory=list)
 
@@ -75,8 +75,18 @@ class Cost:
             "host_transfer_bytes": self.host_transfer_bytes,
             "custom_calls": dict(self.custom_calls),
             "kernel_calls": [
-                dict(name=n, out=list(o), flops=f, bytes=b, grid=g, blocks=k, tiling=m, times=t)
-                for (n, o, f, b, g, k, m), t in self.kernel_calls.items()
+                dict(
+                    name=n,
+                    out=list(o),
+                    flops=f,
+                    bytes=b,
+                    grid=g,
+                    blocks=k,
+                    tiling=m,
+                    precision=p,
+                    times=t,
+                )
+                for (n, o, f, b, g, k, m, p), t in self.kernel_calls.items()
             ],
             "loop_trips": self.loop_trips,
         }
@@ -484,19 +494,22 @@ def _op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     return operands + nbytes(instr.type, "S(1)")
 
 
-def _kernel_key(instr: Instr) -> tuple | None:
+def _kernel_key(instr: Instr, types: dict[str, str]) -> tuple | None:
     """A Mosaic kernel call's (name, output dims, cost-estimate FLOPs and bytes, grid, blocks,
-    tiling): see trainer/mosaic.py."""
+    tiling: see trainer/mosaic.py; and the precision its matmuls run in: fp8 when an operand
+    is fp8, as in fp8 experts' grouped matmuls, else bf16)."""
     if instr.opcode != "custom-call":
         return None
     kernel = kernel_call(instr.name, instr.attrs)
     if not kernel:
         return None
     out = next((tuple(dims) for _, dims, _ in arrays(instr.type)), ())
+    fp8 = any(d.startswith("f8") for o in instr.operands for d, _, _ in arrays(types.get(o, "")))
     return (
         kernel["name"],
         out,
         *(kernel[k] for k in ("flops", "bytes", "grid", "blocks", "tiling")),
+        "fp8" if fp8 else "bf16",
     )
 
 
@@ -528,7 +541,7 @@ def program_cost(hlo_text: str) -> dict:
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if target and not target.group(1).startswith(("PrepareAsync", "Allocate")):
                     cost.custom_calls[target.group(1)] += times
-                key = _kernel_key(instr)
+                key = _kernel_key(instr, types)
                 if key:
                     cost.kernel_calls[key] += times
             moved = _op_hbm_bytes(instr, computations, types) * times if top_level else 0.0
@@ -637,7 +650,7 @@ def schedule(computations: dict[str, list[Instr]], entry: str, types: dict[str, 
                 flops = dict(flops_within(callee)) if op == "fusion" else {}
                 if own:
                     flops[_precision(instr, types)] = own
-                kernel = index.get(_kernel_key(instr), -1)
+                kernel = index.get(_kernel_key(instr, types), -1)
                 matmul = bool(own) or kernel >= 0 or callee in matmul_bodies
                 hbm = _op_hbm_bytes(instr, computations, types)
                 if not matmul and not hbm:

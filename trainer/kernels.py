@@ -19,8 +19,9 @@ from jax.extend import backend
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
 
-from trainer.config import KernelsConfig
+from trainer.config import KernelsConfig, PrecisionConfig
 from trainer.data import load_balance_order
+from trainer.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
 
 # tokamax reads its absl flags on first use, parsing sys.argv if nobody has: our own command
 # lines (the trainer's, a benchmark's) are not absl's, so its defaults are taken as parsed.
@@ -238,12 +239,24 @@ def default_device() -> jax.Device:
 
 
 def grouped_matmul(
-    x_MxK, w_GxKxN, group_sizes_G, kernels: KernelsConfig, interpret: bool, platform: str = "cpu"
+    x_MxK,
+    w_GxKxN,
+    group_sizes_G,
+    kernels: KernelsConfig,
+    interpret: bool,
+    platform: str = "cpu",
+    fp8: PrecisionConfig | None = None,
 ):
     """Dropless grouped matmul: lax.ragged_dot (XLA), tokamax.ragged_dot (its kernel for the
     backend: Mosaic on TPU, the first of `TOKAMAX_GPU_GMM` that builds on GPU; XLA's
-    ragged_dot where it has none) or Megablox GMM (Pallas)."""
-    moe_gmm = kernels.resolved_moe_gmm(platform)
+    ragged_dot where it has none) or Megablox GMM (Pallas). `fp8`: the experts are fp8 in
+    tokamax's kernels (trainer/fp8_gmm.py; on TPU, and on CPU through tokamax's XLA path,
+    which multiplies the dequantized operands: the same quantization, emulated)."""
+    moe_gmm = kernels.resolved_moe_gmm(platform, fp8_experts=fp8 is not None)
+    if fp8 is not None and moe_gmm == "tokamax" and platform in ("tpu", "cpu"):
+        implementation = None if platform == "tpu" else "xla"  # on TPU, tokamax's own order
+        how = Fp8Gmm.of(fp8, implementation)
+        return fp8_grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, how)
     if moe_gmm == "tokamax" and platform != "tpu":
         # Its GPU kernel where one builds; else XLA's ragged_dot itself (the program of
         # moe_gmm ragged_dot, as the knob's effect then says), not tokamax's own XLA path.

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from trainer.config import KernelsConfig, ModelConfig
+from trainer.config import KernelsConfig, ModelConfig, PrecisionConfig
 from trainer.kernels import fused_attention, reference_attention, sharded_splash_attention
 from trainer.loss import mean_cross_entropy
 from trainer.loss import unembed as output_logits
@@ -137,6 +137,7 @@ class DecoderLayer(nn.Module):
     kernels: KernelsConfig
     platform: str
     load_balanced: bool = False
+    expert_fp8: PrecisionConfig | None = None  # fp8 experts in tokamax's kernels (fp8_gmm)
 
     @nn.compact
     def __call__(self, x_BxSxE, positions_BxS):
@@ -155,7 +156,10 @@ class DecoderLayer(nn.Module):
         x = x + attention(h, positions_BxS)
         h = RMSNorm(cfg.norm_eps, self.dtype, name="mlp_norm")(x)
         if cfg.is_moe:
-            y, aux_loss = MoeBlock(cfg, self.dtype, self.kernels, self.platform, name="moe")(h)
+            moe = MoeBlock(
+                cfg, self.dtype, self.kernels, self.platform, self.expert_fp8, name="moe"
+            )
+            y, aux_loss = moe(h)
         else:
             y, aux_loss = Mlp(cfg, self.dtype, name="mlp")(h), jnp.zeros((), jnp.float32)
         x = nn.with_logical_constraint(x + y, ACT_BxSxE)
@@ -173,6 +177,7 @@ class Transformer(nn.Module):
     platform: str = "cpu"  # Pallas kernels run interpreted unless on tpu
     load_balanced: bool = False  # the sequence arrives in causal load-balanced order (context > 1)
     vocab_tiling: int = 1
+    expert_fp8: PrecisionConfig | None = None  # see DecoderLayer
 
     @nn.compact
     def __call__(self, tokens_BxS, positions_BxS, targets_BxS=None):
@@ -189,7 +194,13 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         layers = stack(
-            cfg, self.dtype, self.kernels, self.platform, self.load_balanced, name="layers"
+            cfg,
+            self.dtype,
+            self.kernels,
+            self.platform,
+            self.load_balanced,
+            self.expert_fp8,
+            name="layers",
         )
         x, aux_per_layer = layers(x, positions_BxS)
         x = RMSNorm(cfg.norm_eps, self.dtype, name="final_norm")(x)

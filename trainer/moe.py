@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig
+from trainer.config import BATCH_AXES, KernelsConfig, ModelConfig, PrecisionConfig
 from trainer.dispatch import expert_parallel, local_experts
 from trainer.effects import NATIVE_RAGGED_A2A
 from trainer.kernels import grouped_matmul
@@ -27,6 +27,7 @@ class MoeBlock(nn.Module):
     dtype: Any
     kernels: KernelsConfig
     platform: str
+    fp8: PrecisionConfig | None = None  # fp8 experts in tokamax's kernels (trainer/fp8_gmm.py)
 
     @nn.compact
     def __call__(self, x_BxSxE):
@@ -70,7 +71,11 @@ class MoeBlock(nn.Module):
     def _route(self, x_BxSxE, top_i_BxSxK, top_w_BxSxK, weights):
         interpret = self.platform != "tpu"
         gmm = functools.partial(
-            grouped_matmul, kernels=self.kernels, interpret=interpret, platform=self.platform
+            grouped_matmul,
+            kernels=self.kernels,
+            interpret=interpret,
+            platform=self.platform,
+            fp8=self.fp8,
         )
         common = {"gmm": gmm, "capacity_factor": self.cfg.capacity_factor, "tag": _tag}
         mesh = jax.sharding.get_abstract_mesh()

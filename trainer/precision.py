@@ -11,19 +11,21 @@ from trainer.config import ConfigError, PrecisionConfig
 FORMATS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 # Weight matmuls go through lax.dot_general (dense) and lax.ragged_dot (MoE); attention's
 # score and context einsums are neither, so they stay in bf16 as in MaxText's fp8_full.
+# Experts in tokamax's kernels are quantized by trainer/fp8_gmm.py, not by this rule.
 OP_NAMES = {"dense": ("dot_general",), "dense+moe": ("dot_general", "ragged_dot")}
 # Decoder layers only: embedding lookup and the logits projection stay in bf16.
 MODULE_PATH = "layers/.*"
 
 
-def qt_rule(precision: PrecisionConfig) -> qwix.QtRule:
+def qt_rule(precision: PrecisionConfig, experts_in_tokamax: bool = False) -> qwix.QtRule:
     fwd, bwd = FORMATS[precision.forward_format], FORMATS[precision.backward_format]
+    op_names = OP_NAMES["dense" if experts_in_tokamax else precision.targets]
     calibration = "absmax"
     if precision.scaling == "fixed":
         calibration = f"fixed,{-precision.fixed_bound},{precision.fixed_bound}"
     return qwix.QtRule(
         module_path=MODULE_PATH,
-        op_names=OP_NAMES[precision.targets],
+        op_names=op_names,
         weight_qtype=fwd,
         act_qtype=fwd,
         bwd_qtype=bwd,
@@ -36,11 +38,13 @@ def qt_rule(precision: PrecisionConfig) -> qwix.QtRule:
 
 
 def quantize(
-    model: nn.Module, precision: PrecisionConfig
+    model: nn.Module, precision: PrecisionConfig, experts_in_tokamax: bool = False
 ) -> tuple[nn.Module, qwix.QtProvider | None]:
+    """The model with the trial's fp8 rule; `experts_in_tokamax`: the experts' grouped
+    matmuls quantize themselves (trainer/fp8_gmm.py), so the rule leaves ragged_dot alone."""
     if precision.mode == "bf16":
         return model, None
-    provider = qwix.QtProvider([qt_rule(precision)])
+    provider = qwix.QtProvider([qt_rule(precision, experts_in_tokamax)])
     return qwix.quantize_model(model, provider), provider
 
 

@@ -93,6 +93,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     global_batch = global_batch_size(config, n)
     mesh = build_mesh(degrees, devices)
     kernels = config.resolved_kernels(platform, degrees["context"])
+    expert_fp8 = config.precision if config.fp8_experts_in_tokamax(platform) else None
     model = Transformer(
         config.model,
         checkpoint_policy(config.remat),
@@ -100,8 +101,9 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
         platform=platform,
         load_balanced=degrees["context"] > 1 and config.mesh.context_load_balance,
         vocab_tiling=config.vocab_tiling,
+        expert_fp8=expert_fp8,
     )
-    model, provider = quantize(model, config.precision)
+    model, provider = quantize(model, config.precision, expert_fp8 is not None)
     tx = make_optimizer(config)
     batch_shards = math.prod(degrees[a] for a in BATCH_AXES)
     init_boxed = make_init_fn(model, tx, config, (batch_shards, config.seq_len))

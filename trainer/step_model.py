@@ -2,7 +2,8 @@
 chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a compile).
 
 - compute: matrix FLOPs by precision over the peak of that precision, at `MXU_EFFICIENCY`
-  (bf16, f32) or `FP8_MXU_EFFICIENCY` (fp8 dots); Mosaic kernels (the HLO cannot look
+  (bf16, f32) or `FP8_MXU_EFFICIENCY` (fp8 dots, and kernels with fp8 operands: fp8
+  experts' grouped matmuls); Mosaic kernels (the HLO cannot look
   into them) add the FLOPs their tiles compute: Splash attention its blocks (their sizes
   decide how much of the causal mask's diagonal it computes in vain), a grouped matmul its
   whole row tiles, one more per expert boundary inside a tile (trainer/mosaic.py reads
@@ -73,8 +74,13 @@ def step_time(
     schedule runs it; without them, each call at its cost estimate."""
     rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
     flops = cost["flops"]
+    calls = cost.get("kernel_calls") or []
+    each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
+    fp8_calls = [c.get("precision") == "fp8" for c in calls]  # fp8 experts' grouped matmuls
     total = kernels.total if kernels else 0.0
-    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0) + total,
+    kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
+    compute = rates.compute(flops.get("fp8", 0.0) + kernel_fp8,
+                            flops.get("bf16", 0.0) + total - kernel_fp8,
                             flops.get("f32", 0.0))  # fmt: skip
     hbm = cost["hbm_bytes"] / rates.hbm
     alone = cost.get("hbm_bytes_without_matmul", 0.0) / rates.hbm
@@ -82,9 +88,7 @@ def step_time(
               for op in _collective_ops(cost))  # fmt: skip
     host = cost["host_transfer_bytes"] / rates.host
     if cost.get("schedule"):
-        calls = cost.get("kernel_calls") or []
-        each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
-        busy, step = _run(cost["schedule"], rates, each)
+        busy, step = _run(cost["schedule"], rates, each, fp8_calls)
     else:  # a record from before the schedule was read: ops one at a time, nothing hidden
         busy = max(compute, hbm - alone) + alone
         step = busy + ici + host
@@ -132,7 +136,9 @@ class _Rates:
         )
 
 
-def _run(schedule: dict, rates: _Rates, call_flops: list[float]) -> tuple[float, float]:
+def _run(
+    schedule: dict, rates: _Rates, call_flops: list[float], fp8_calls: list[bool]
+) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
     counts); an asynchronous op starts when both the TensorCore reaches it and its engine is
@@ -145,7 +151,9 @@ def _run(schedule: dict, rates: _Rates, call_flops: list[float]) -> tuple[float,
 
     def op_seconds(event: list) -> float:
         _, fp8, bf16, f32, hbm, matmul, kernel = event
-        if kernel >= 0:
+        if kernel >= 0 and fp8_calls[kernel]:
+            fp8 += call_flops[kernel]
+        elif kernel >= 0:
             bf16 += call_flops[kernel]
         seconds = rates.compute(fp8, bf16, f32)
         return max(seconds, hbm / rates.hbm) if matmul else hbm / rates.hbm
