@@ -228,7 +228,8 @@ class PrecisionConfig(_Frozen):
     backward_format: Literal["e4m3", "e5m2"] = "e5m2"
     """fp8 format of backward-pass (gradient) operands."""
     targets: Literal["dense", "dense+moe"] = "dense+moe"
-    """quantize dense layers only, or the MoE experts too."""
+    """quantize dense layers only, or the MoE experts too (through ragged_dot, or in tokamax's
+    TPU kernels with moe_gmm tokamax)."""
     rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
     """fp8 rounding; stochastic is refused (qwix ignores it for float8)."""
 
@@ -283,7 +284,8 @@ class KernelsConfig(_Frozen):
     moe_gmm: Literal["auto", "ragged_dot", "megablox", "tokamax"] = "auto"
     """MoE grouped matmul: auto (tokamax on GPU, ragged_dot elsewhere), ragged_dot (XLA),
     megablox (Pallas TPU kernel), or tokamax (tokamax.ragged_dot: its Mosaic kernel on TPU,
-    its Mosaic GPU or Triton kernel on GPU, whichever builds; else XLA's ragged_dot)."""
+    fp8 experts included; its Mosaic GPU or Triton kernel on GPU, whichever builds, bf16
+    experts only; else XLA's ragged_dot)."""
     gmm_tm: int = Field(default=512, gt=0)
     """Megablox tile along tokens."""
     gmm_tk: int = Field(default=1024, gt=0)
