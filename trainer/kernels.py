@@ -252,11 +252,11 @@ def grouped_matmul(
     ragged_dot where it has none) or Megablox GMM (Pallas). `fp8`: the experts are fp8 in
     tokamax's kernels (trainer/fp8_gmm.py; on TPU, and on CPU through tokamax's XLA path,
     which multiplies the dequantized operands: the same quantization, emulated)."""
-    moe_gmm = kernels.resolved_moe_gmm(platform, fp8_experts=fp8 is not None)
-    if fp8 is not None and moe_gmm == "tokamax" and platform in ("tpu", "cpu"):
+    if fp8 is not None:  # moe_gmm tokamax, not on GPU (config.check_fp8_experts)
         implementation = None if platform == "tpu" else "xla"  # on TPU, tokamax's own order
         how = Fp8Gmm.of(fp8, implementation)
         return fp8_grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, how)
+    moe_gmm = kernels.resolved_moe_gmm(platform)
     if moe_gmm == "tokamax" and platform != "tpu":
         # Its GPU kernel where one builds; else XLA's ragged_dot itself (the program of
         # moe_gmm ragged_dot, as the knob's effect then says), not tokamax's own XLA path.
