@@ -632,15 +632,17 @@ def test_the_published_70b_recipe_fits_tpu7x_within_8_percent_of_maxtext(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_published_qwen3_moe_recipe_compiles_and_fits_tpu7x(tmp_path):
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_the_published_qwen3_moe_recipe_compiles_and_fits_tpu7x(precision, tmp_path):
     """qwen3-235b-a22b 4k on tpu7x:4x8x8 as published (tpu-recipes; the loss untiled, as
-    MaxText's default): it compiles (libtpu 0.0.42.1 overflowed a compiler stack on it
-    before compile trials ran with 32 MiB stacks, and failed a SparseCore gather of bf16
-    logits) and fits (float32 logits took 37 GiB more before), every expert matmul in
-    tokamax's own kernels (3 weight gradients a layer by tgmm) and the 94 layers' inputs in
-    host memory."""
+    MaxText's default), bf16 and fp8: it compiles (libtpu 0.0.42.1 overflowed a compiler
+    stack on it before compile trials ran with 32 MiB stacks, and failed a SparseCore gather
+    of bf16 logits) and fits (float32 logits took 37 GiB more before), every expert matmul
+    in tokamax's own kernels (3 weight gradients a layer by tgmm; with fp8 operands in the
+    fp8 recipe) and the 94 layers' inputs in host memory."""
     space = load_space("spaces/qwen3_235b_4k_tpu7x.yaml")
-    recipe = assemble(space, space.search.warm_start[0])
+    recipe = assemble(space, space.search.warm_start[["bf16", "fp8"].index(precision)])
+    assert recipe["precision"]["mode"] == precision
     assert recipe["vocab_tiling"] == 1
     config = {**recipe, "xla": {**recipe["xla"], "judge": False}}
     code, events, err = _compile(tmp_path, config, target=space.target, timeout=3600)
@@ -652,6 +654,8 @@ def test_the_published_qwen3_moe_recipe_compiles_and_fits_tpu7x(tmp_path):
     calls = collections.Counter()
     for call in events["summary"]["program_cost"]["kernel_calls"]:
         calls[call["name"]] += call["times"]
+        if "gmm" in call["name"]:
+            assert call["precision"] == precision, call
     assert calls["tgmm_megablox"] == 3 * layers, calls
 
 
