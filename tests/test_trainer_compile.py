@@ -554,6 +554,31 @@ def test_fp8_experts_in_tokamax_are_fp8_kernel_calls_on_tpu7x(compile_once):
     assert step_time(cost, tpu7x)["est_compute_s"] < step_time(as_bf16, tpu7x)["est_compute_s"]
 
 
+def test_tokamax_tiles_reach_their_kernels_on_tpu7x(compile_once):
+    """`kernels.tokamax_tiles` sets the tiles of the pass and weight it names (clamped to the
+    matmul's dims), in bf16 (tokamax's own VJP) and fp8 experts alike; the other passes keep
+    tokamax's choice."""
+    tiles = {"wi_fwd": "256x4096x512", "wo_drhs": "512x256x4096"}
+    model = {**MOE_LAYER, "mlp_dim": 1024}  # wi and wo told apart by their shapes
+    for precision in ({}, {"precision": {"mode": "fp8", "granularity": "per_axis"}}):
+        config = {"model": model, "seq_len": 512, "per_device_batch": 1, "mesh": {"fsdp": 8},
+                  "kernels": {"moe_gmm": "tokamax", "tokamax_tiles": tiles}, **precision}  # fmt: skip
+        code, events, err = compile_once(config)
+        assert code == 0, err[-2000:]
+        by_name = collections.defaultdict(set)
+        for call in events["summary"]["program_cost"]["kernel_calls"]:
+            if "gmm" in call["name"]:
+                by_name[call["name"], tuple(call["out"])].add(tuple(call["tiling"]))
+        d, mlp = model["d_model"], model["mlp_dim"]
+        # wi forward: 1024 rows x d_model -> mlp, tk clamped to d_model.
+        assert by_name["gmm_megablox", (1024, mlp)] == {(256, d, 512)}, by_name
+        # wo weight gradient (tgmm, out [experts, mlp, d_model]), tn clamped to d_model.
+        assert by_name["tgmm_megablox", (8, mlp, d)] == {(512, 256, d)}, by_name
+        # The passes not named keep tokamax's choice (its 128s for these shapes).
+        assert by_name["gmm_megablox", (1024, d)] == {(128, 128, 128)}, by_name
+        assert by_name["tgmm_megablox", (8, d, mlp)] == {(128, 128, 128)}, by_name
+
+
 def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_path, monkeypatch):
     """Compile trials run libtpu with 32 MiB thread stacks (libtpu 0.0.42.1 overflows a
     compiler fiber's stack on qwen3-235b's MoE layer). A compiler setting, not a program

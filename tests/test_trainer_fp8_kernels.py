@@ -270,7 +270,7 @@ def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
     bf16_x, bf16_w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
 
     def fp8(**knobs):
-        how = Fp8Gmm.of(PrecisionConfig(mode="fp8", **knobs), "xla")
+        how = Fp8Gmm.of(PrecisionConfig(mode="fp8", **knobs), ("xla",) * 3)
         return with_vjp(lambda x, w: fp8_grouped_matmul(x, w, sizes, how), bf16_x, bf16_w)
 
     qwix_config = ragged_dot_qt.RaggedDotQtConfig(
@@ -296,6 +296,32 @@ def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
     ):
         assert any(not jnp.array_equal(a, b) for a, b in zip(variant, ours, strict=True))
         assert max(_relative_errors(variant, exact)) < 0.1
+
+
+def test_fp8_experts_take_tokamax_bf16_tiles_where_its_table_has_no_fp8_ones():
+    """tokamax's tile table lists qwen3-235b's grouped matmuls (524,288 routed rows per
+    device, d_model 4096, mlp 1536, 128 experts) for bf16 operands only; for fp8 ones it would
+    take 128 x 128 x 128, a quarter of TPU7x's MXU. fp8 experts take the bf16 entry; bf16
+    keeps tokamax's own choice; the knob wins over both, clamped to the matmul."""
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
+
+    from trainer.config import TokamaxTiles
+    from trainer.kernels import tokamax_tpu_configs
+
+    x = jax.ShapeDtypeStruct((524288, 4096), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((128, 4096, 1536), jnp.bfloat16)
+    fp8 = tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=True)
+    tables = (tokamax_tpu.GMM_TILING_TUNED_LUT, tokamax_tpu.GMM_RHS_TRANSPOSE_TILING_TUNED_LUT,
+              tokamax_tpu.TGMM_TILING_TUNED_LUT)  # fmt: skip
+    for table, name in zip(tables, ("fwd", "dlhs", "drhs"), strict=True):
+        assert (524288, 4096, 1536, 128, True) not in table
+        (tm, tk, tn), buffers = table[524288, 4096, 1536, 128, False]
+        assert (fp8[name].tile_m, fp8[name].tile_k, fp8[name].tile_n) == (tm, tk, tn)
+        assert fp8[name].input_buffer_count == buffers
+    assert set(tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=False).values()) == {None}
+    knob = TokamaxTiles(wi_dlhs="512x4096x8192")  # contraction 1536, output 4096
+    dlhs = tokamax_tpu_configs(x, w, "wi", knob, fp8=True)["dlhs"]
+    assert (dlhs.tile_m, dlhs.tile_k, dlhs.tile_n) == (512, 1536, 4096)
 
 
 def test_fp8_moe_in_tokamax_converges_and_is_its_own_program(cache_dir):
@@ -479,6 +505,13 @@ def test_fp8_experts_in_tokamax_are_refused_on_gpu_and_reported_per_backend():
     assert knob_effects(config, "tpu")["kernels.moe_gmm"]["status"] == "active"
     assert knob_effects(config, "cpu")["kernels.moe_gmm"]["status"] == "emulated"
     assert "precision.experts" not in knob_effects(config, "tpu")
+    tiled = load_config(
+        trial()
+        | moe
+        | {"kernels": {"moe_gmm": "tokamax", "tokamax_tiles": {"wo_fwd": "512x512x512"}}}
+    )
+    assert knob_effects(tiled, "tpu")["kernels.tokamax_tiles"]["status"] == "active"
+    assert knob_effects(tiled, "cpu")["kernels.tokamax_tiles"]["status"] == "inert"
     ragged = load_config(trial() | moe | {"kernels": {"moe_gmm": "ragged_dot"}})
     reason = knob_effects(ragged, "tpu")["precision.experts"]["reason"]
     assert "granularity per_tensor reaches the dense layers only" in reason

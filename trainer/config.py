@@ -253,6 +253,57 @@ class PrecisionConfig(_Frozen):
         return self
 
 
+TILES = r"^\d+x\d+x\d+$"
+GMM_PASSES = ("fwd", "dlhs", "drhs")
+
+
+class TokamaxTiles(_Frozen):
+    """tokamax's TPU grouped-matmul tiles, "TMxTKxTN", for each expert weight (wi: the two
+    input projections, wo: the output one) and pass (MaxText's wi_tile_* / wo_tile_*): in the
+    kernel's own order, rows x contraction x output columns; for drhs (tgmm, the weight
+    gradient) the contracted rows x the weight's rows x its columns. Each is clamped to the
+    matmul's dims. Unset: tokamax's table for the shape, and for fp8 operands, where its table
+    has none, its bf16 entry for the shape (its default 128 x 128 x 128 fills a quarter of
+    TPU7x's MXU)."""
+
+    wi_fwd: str | None = Field(default=None, pattern=TILES)
+    """wi forward: routed rows x d_model x mlp."""
+    wi_dlhs: str | None = Field(default=None, pattern=TILES)
+    """wi input gradient: routed rows x mlp x d_model."""
+    wi_drhs: str | None = Field(default=None, pattern=TILES)
+    """wi weight gradient: routed rows x d_model x mlp."""
+    wo_fwd: str | None = Field(default=None, pattern=TILES)
+    """wo forward: routed rows x mlp x d_model."""
+    wo_dlhs: str | None = Field(default=None, pattern=TILES)
+    """wo input gradient: routed rows x d_model x mlp."""
+    wo_drhs: str | None = Field(default=None, pattern=TILES)
+    """wo weight gradient: routed rows x mlp x d_model."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TokamaxTiles:
+        for name, tiles in self.model_dump().items():
+            if tiles and any(int(t) % 128 for t in tiles.split("x")):
+                raise ValueError(f"{name}: each tile of {tiles} must be a multiple of 128")
+        return self
+
+    @property
+    def is_default(self) -> bool:
+        return not any(self.model_dump().values())
+
+    def of(self, weight: str, clamp_to: dict[str, tuple[int, int, int]]):
+        """{pass: (tm, tk, tn) clamped to that pass's (m, k, n), or None} for `weight`."""
+        out = {}
+        for name in GMM_PASSES:
+            tiles = getattr(self, f"{weight}_{name}")
+            dims = clamp_to[name]
+            out[name] = (
+                tuple(min(int(t), d) for t, d in zip(tiles.split("x"), dims, strict=True))
+                if tiles
+                else None
+            )
+        return out
+
+
 class KernelsConfig(_Frozen):
     """Attention and MoE grouped-matmul implementations, their tiles, and the max-logit estimate."""
 
@@ -292,6 +343,8 @@ class KernelsConfig(_Frozen):
     """Megablox tile along the contraction."""
     gmm_tn: int = Field(default=1024, gt=0)
     """Megablox tile along the output."""
+    tokamax_tiles: TokamaxTiles = TokamaxTiles()
+    """tokamax's TPU grouped-matmul tiles per expert weight and pass (see TokamaxTiles)."""
 
     def blocks(self, q_len: int | None = None, kv_len: int | None = None) -> dict[str, int]:
         """Splash blocks; given the kernel's query and key lengths, a block longer than its

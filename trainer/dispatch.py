@@ -119,10 +119,12 @@ def expert_mlp(h_MxE, weights, group_sizes, rows_used, gmm: Callable, tag: Calla
     group; they are kept exactly zero so that no kernel's unwritten rows reach a gradient."""
     wi_0, wi_1, wo = weights
     valid = (jnp.arange(h_MxE.shape[0]) < rows_used)[:, None]
-    gate = tag(gmm(h_MxE, wi_0, group_sizes), "mlpwi_0")
-    up = tag(gmm(h_MxE, wi_1, group_sizes), "mlpwi_1")
+    gate = tag(gmm(h_MxE, wi_0, group_sizes, weight="wi"), "mlpwi_0")
+    up = tag(gmm(h_MxE, wi_1, group_sizes, weight="wi"), "mlpwi_1")
     act = jnp.where(valid, jax.nn.silu(gate) * up, 0).astype(h_MxE.dtype)
-    return jnp.where(valid, tag(gmm(act, wo, group_sizes), "mlpwo"), 0).astype(h_MxE.dtype)
+    return jnp.where(valid, tag(gmm(act, wo, group_sizes, weight="wo"), "mlpwo"), 0).astype(
+        h_MxE.dtype
+    )
 
 
 def combine(out_sorted, order, inverse, top_w_BxSxK, dtype):

@@ -122,6 +122,17 @@ def knob_effects(
                 "status": "active",
                 "reason": f"{said}{why}{GPU_RAGGED_DOT}",
             }
+    if not config.kernels.tokamax_tiles.is_default:
+        runs = config.model.is_moe and kernels.moe_gmm == "tokamax" and platform == "tpu"
+        effects["kernels.tokamax_tiles"] = (
+            {"status": "active", "reason": "tiles of tokamax's TPU grouped-matmul kernels"}
+            if runs
+            else {
+                "status": "inert",
+                "reason": "they tile tokamax's TPU grouped-matmul kernels, which this trial "
+                f"does not run (moe_gmm {kernels.moe_gmm} on {platform})",
+            }
+        )
     if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
         precision = config.precision
         unlike = [

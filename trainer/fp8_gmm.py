@@ -44,10 +44,12 @@ class Fp8Gmm(NamedTuple):
     backward: Any  # dtype of the output gradient
     calibration: str  # of the forward operands (qwix's names); gradients: absmax
     channelwise: bool  # a scale per row / column, else one per tensor
-    implementation: Any  # tokamax's: a name or an implementation object
+    # tokamax's implementation of each pass (forward, input gradient, weight gradient): a
+    # name, an implementation object (its tiles), or a sequence of them to try in order
+    implementations: tuple[Any, Any, Any]
 
     @classmethod
-    def of(cls, precision: PrecisionConfig, implementation: Any) -> Fp8Gmm:
+    def of(cls, precision: PrecisionConfig, implementations: tuple[Any, Any, Any]) -> Fp8Gmm:
         calibration = "absmax"
         if precision.scaling == "fixed":
             calibration = f"fixed,{-precision.fixed_bound},{precision.fixed_bound}"
@@ -56,7 +58,7 @@ class Fp8Gmm(NamedTuple):
             _FORMATS[precision.backward_format],
             calibration,
             precision.granularity == "per_axis",
-            implementation,
+            implementations,
         )
 
     def quantize(self, x, qtype, axis: int, calibration: str = "absmax") -> qwix.QArray:
@@ -74,7 +76,11 @@ def _forward(x_MxK, w_GxKxN, group_sizes_G, how: Fp8Gmm):
     qx = how.quantize(x_MxK, how.forward, 0, how.calibration)  # scales [M, 1]
     qw = how.quantize(w_GxKxN, how.forward, 2, how.calibration)  # scales [1, 1, N]
     out = tokamax.ragged_dot(
-        qx, qw, group_sizes_G, preferred_element_type=x_MxK.dtype, implementation=how.implementation
+        qx,
+        qw,
+        group_sizes_G,
+        preferred_element_type=x_MxK.dtype,
+        implementation=how.implementations[0],
     )
     return out, (qx, qw, group_sizes_G)
 
@@ -85,13 +91,13 @@ def _backward(how: Fp8Gmm, residuals, g_MxN):
     g_for_dx = how.quantize(g_MxN * qw.scale[0], how.backward, 0)
     dx = tokamax.ragged_dot_general(
         g_for_dx, qw.qvalue, group_sizes_G, DLHS,
-        preferred_element_type=qx.scale.dtype, implementation=how.implementation,
+        preferred_element_type=qx.scale.dtype, implementation=how.implementations[1],
     )  # fmt: skip
     # dw = x^T g contracts M: x's row scales go into g, the product takes x's fp8 values.
     g_for_dw = how.quantize(g_MxN * qx.scale, how.backward, 1)
     dw = tokamax.ragged_dot_general(
         qx.qvalue, g_for_dw, group_sizes_G, DRHS,
-        preferred_element_type=qw.scale.dtype, implementation=how.implementation,
+        preferred_element_type=qw.scale.dtype, implementation=how.implementations[2],
     )  # fmt: skip
     return dx, dw, None
 

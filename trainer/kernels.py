@@ -18,8 +18,10 @@ from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.extend import backend
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
+from tokamax._src.ops.ragged_dot import base as ragged_dot_base
+from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
-from trainer.config import KernelsConfig, PrecisionConfig
+from trainer.config import GMM_PASSES, KernelsConfig, PrecisionConfig, TokamaxTiles
 from trainer.data import load_balance_order
 from trainer.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
 
@@ -232,6 +234,58 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
     return f"tokamax {kernel}" if kernel else f"ragged_dot ({'; '.join(failures.values())})"
 
 
+# tokamax's tuned tiles for its TPU kernels, by (m, k, n, groups, quantized): m routed rows,
+# k the input's features, n the output's; one table per pass (see TokamaxTiles).
+_TOKAMAX_TILE_TABLES = {
+    "fwd": tokamax_tpu.GMM_TILING_TUNED_LUT,
+    "dlhs": tokamax_tpu.GMM_RHS_TRANSPOSE_TILING_TUNED_LUT,
+    "drhs": tokamax_tpu.TGMM_TILING_TUNED_LUT,
+}
+
+
+def tokamax_tpu_configs(
+    x_MxK, w_GxKxN, weight: str, tiles: TokamaxTiles, fp8: bool
+) -> dict[str, tokamax_tpu.Config | None]:
+    """The tile config of tokamax's TPU kernel for each pass: the knob's (clamped to the
+    pass's dims); else, for fp8 operands where tokamax's table has no fp8 entry, its bf16 one
+    for the shape (tokamax would take 128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles
+    take half the VMEM of bf16 ones); else None, tokamax's own choice."""
+    (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
+    chosen = tiles.of(weight, {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)})
+    configs: dict[str, tokamax_tpu.Config | None] = {}
+    for name in GMM_PASSES:
+        table, buffers = _TOKAMAX_TILE_TABLES[name], 2
+        tuned = table.get((m, k, n, groups, False))
+        if not chosen[name] and fp8 and (m, k, n, groups, True) not in table and tuned:
+            chosen[name], buffers = tuned
+        if chosen[name]:
+            tm, tk, tn = chosen[name]
+            configs[name] = tokamax_tpu.Config(
+                tile_m=tm, tile_k=tk, tile_n=tn, input_buffer_count=buffers
+            )
+        else:
+            configs[name] = None
+    return configs
+
+
+def _tokamax_tpu(config: tokamax_tpu.Config | None, **fields):
+    """tokamax's TPU kernel with `config` (None: its choice), then its XLA path where the
+    kernel declines a shape (any dim under 128), as tokamax's default order does."""
+    return (tokamax_tpu.PallasMosaicTpuRaggedDot(config=config, **fields), "xla")
+
+
+def tokamax_tpu_gmm(x_MxK, w_GxKxN, group_sizes_G, weight: str, tiles: TokamaxTiles):
+    """tokamax.ragged_dot on TPU with the knob's tiles for each pass (tokamax's own VJP, its
+    gradient kernels given their tiles); without any, tokamax's default."""
+    if tiles.is_default:
+        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
+    configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, tiles, fp8=False)
+    dlhs, drhs = (tokamax_tpu.PallasMosaicTpuRaggedDot(config=configs[p]) for p in ("dlhs", "drhs"))
+    vjp = functools.partial(ragged_dot_base.vjp, dlhs_ragged_dot=dlhs, drhs_ragged_dot=drhs)
+    implementation = _tokamax_tpu(configs["fwd"], vjp=vjp)
+    return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=implementation)
+
+
 def default_device() -> jax.Device:
     """The device programs are being built for (set by `jax.default_device`, as an AOT
     lowering does), else this host's first."""
@@ -246,15 +300,20 @@ def grouped_matmul(
     interpret: bool,
     platform: str = "cpu",
     fp8: PrecisionConfig | None = None,
+    weight: str = "wi",
 ):
     """Dropless grouped matmul: lax.ragged_dot (XLA), tokamax.ragged_dot (its kernel for the
     backend: Mosaic on TPU, the first of `TOKAMAX_GPU_GMM` that builds on GPU; XLA's
     ragged_dot where it has none) or Megablox GMM (Pallas). `fp8`: the experts are fp8 in
     tokamax's kernels (trainer/fp8_gmm.py; on TPU, and on CPU through tokamax's XLA path,
-    which multiplies the dequantized operands: the same quantization, emulated)."""
+    which multiplies the dequantized operands: the same quantization, emulated). `weight`
+    (wi, wo) picks tokamax's TPU tiles (`kernels.tokamax_tiles`)."""
     if fp8 is not None:  # moe_gmm tokamax, not on GPU (config.check_fp8_experts)
-        implementation = None if platform == "tpu" else "xla"  # on TPU, tokamax's own order
-        how = Fp8Gmm.of(fp8, implementation)
+        passes: tuple = ("xla",) * 3
+        if platform == "tpu":
+            configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, kernels.tokamax_tiles, True)
+            passes = tuple(_tokamax_tpu(configs[p]) for p in GMM_PASSES)
+        how = Fp8Gmm.of(fp8, passes)
         return fp8_grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, how)
     moe_gmm = kernels.resolved_moe_gmm(platform)
     if moe_gmm == "tokamax" and platform != "tpu":
@@ -267,7 +326,7 @@ def grouped_matmul(
     if moe_gmm == "ragged_dot":
         return jax.lax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     if moe_gmm == "tokamax":  # on TPU, tokamax's own order: its Mosaic TPU kernel first
-        return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
+        return tokamax_tpu_gmm(x_MxK, w_GxKxN, group_sizes_G, weight, kernels.tokamax_tiles)
     tiling = (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn)
     # ops.gmm is the differentiable (custom_vjp) entry; its static arguments are positional.
     return megablox.gmm(
