@@ -124,6 +124,12 @@ def pin_inert(space: Space, backend: str | None = None) -> tuple[Space, list[str
             notes.append(
                 f"{key}: pinned to {first} on {backend} (TPU kernels are interpreted there: tiles have no speed meaning)"
             )
+        elif key.startswith("kernels.tokamax_tiles."):
+            knobs[key], first = _pin_first(knob)
+            notes.append(
+                f"{key}: pinned to {first!r} on {backend} (inert there: they tile tokamax's TPU "
+                "grouped-matmul kernels, which run on TPU only)"
+            )
     return space.model_copy(update={"knobs": knobs}), notes
 
 

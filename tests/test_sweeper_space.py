@@ -251,8 +251,12 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
     extra = (
         "  kernels.attention: {values: [auto, xla, cudnn, splash]}\n"
         "  kernels.moe_gmm: {values: [auto, ragged_dot, tokamax]}\n"
+        "  kernels.tokamax_tiles.wi_fwd: {values: [512x4096x1536, 256x4096x1536]}\n"
     )
     space = load_space(_write(tmp_path, GOOD + extra))
+    assert pin_inert(space, "tpu")[0] == space  # TPU trials keep every value
+    tiles = "kernels.tokamax_tiles.wi_fwd"
+    assert pin_inert(space, "gpu")[0].knobs[tiles].values == ["512x4096x1536"]
     on_gpu, gpu_notes = pin_inert(space, "gpu")
     assert on_gpu.knobs["kernels.attention"].values == ["cudnn", "xla"]
     assert on_gpu.knobs["kernels.moe_gmm"].values == ["tokamax", "ragged_dot"]
