@@ -42,7 +42,7 @@ from trainer.hardware import Accelerator
 # too). Nothing else is fitted: what communication hides is the schedule's. Fitted on
 # programs whose backward runs no second Splash forward (as MaxText's; 0.76/0.77 on programs
 # that did) and whose loss runs its two gradient matmuls in turn (0.72/0.70 before). Held
-# out: see docs/trainer.md (median 2.9%).
+# out: see docs/trainer.md (median 3.9%).
 MXU_EFFICIENCY = 0.72
 FP8_MXU_EFFICIENCY = 0.71
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
