@@ -19,13 +19,12 @@ import functools
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import qwix
 import tokamax
 
 from trainer.config import PrecisionConfig
+from trainer.precision import FORMATS
 
-_FORMATS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 # dlhs [M, N] x [G, K, N] -> [M, K]; drhs [M, K] x [M, N] -> [G, K, N] (tokamax's names).
 DLHS = jax.lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(([1], [2]), ([], [])),
@@ -54,8 +53,8 @@ class Fp8Gmm(NamedTuple):
         if precision.scaling == "fixed":
             calibration = f"fixed,{-precision.fixed_bound},{precision.fixed_bound}"
         return cls(
-            _FORMATS[precision.forward_format],
-            _FORMATS[precision.backward_format],
+            FORMATS[precision.forward_format],
+            FORMATS[precision.backward_format],
             calibration,
             precision.granularity == "per_axis",
             implementations,
