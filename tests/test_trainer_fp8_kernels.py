@@ -89,6 +89,9 @@ def test_fp8_reaches_the_experts_under_expert_parallelism():
     fp8 = _lowered_text(8, precision={"mode": "fp8", "targets": "dense+moe"}, **ep)
     dense_only = _lowered_text(8, precision={"mode": "fp8", "targets": "dense"}, **ep)
     assert _fp8_dots(fp8) > _fp8_dots(dense_only) > 0
+    # ... and in tokamax's path (trainer/fp8_gmm.py) the experts' operands are quantized too.
+    tokamax = _lowered_text(8, precision={"mode": "fp8"}, kernels={"moe_gmm": "tokamax"}, **ep)
+    assert tokamax.count("xf8E4M3FN>") > dense_only.count("xf8E4M3FN>")
 
 
 def test_per_tensor_and_per_axis_scales_differ():
