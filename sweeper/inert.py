@@ -55,6 +55,19 @@ def _kernel_twins(key: str, values: list, backend: str) -> dict:
     return twins
 
 
+def _fp8_experts_possible(space: Space) -> bool:
+    """Whether some trial of the space may quantize the MoE experts (fp8, targets
+    dense+moe): `auto` then resolves trial by trial (on GPU, ragged_dot for fp8 experts)."""
+    base = space.base_trial().get("precision", {})
+
+    def values(key: str) -> list:
+        knob = space.knobs.get(f"precision.{key}")
+        default = {"mode": "bf16", "targets": "dense+moe"}[key]
+        return knob.values if knob and knob.values else [base.get(key, default)]
+
+    return "fp8" in values("mode") and "dense+moe" in values("targets")
+
+
 def _drop(knob: Knob, inert: set, twin_of: dict) -> Knob:
     kept: list = []
     for value in knob.values:
@@ -99,6 +112,8 @@ def pin_inert(space: Space, backend: str | None = None) -> tuple[Space, list[str
             )
         elif key in KERNEL_CHOICES and knob.values:
             twins = _kernel_twins(key, knob.values, backend)
+            if key == "kernels.moe_gmm" and _fp8_experts_possible(space):
+                twins.pop("auto", None)  # it resolves per trial: ragged_dot for fp8 experts
             kept = _drop(knob, set(twins), twins)
             if kept.values != knob.values:
                 knobs[key] = kept
