@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from sweeper.space import Knob, Space, target_backend
-from trainer.config import KernelsConfig
+from trainer.config import KernelsConfig, PrecisionConfig
 from trainer.effects import CUDNN, FP8_EMULATED, NO_HOST_OFFLOAD, PALLAS_NATIVE, TOKAMAX_GMM_KERNEL
 from trainer.policies import OFFLOAD_TWINS
 
@@ -62,7 +62,7 @@ def _fp8_experts_possible(space: Space) -> bool:
 
     def values(key: str) -> list:
         knob = space.knobs.get(f"precision.{key}")
-        default = {"mode": "bf16", "targets": "dense+moe"}[key]
+        default = PrecisionConfig.model_fields[key].default
         return knob.values if knob and knob.values else [base.get(key, default)]
 
     return "fp8" in values("mode") and "dense+moe" in values("targets")
