@@ -141,7 +141,7 @@ def child_attention_check() -> dict[str, Any]:
     import jax.numpy as jnp
     import numpy as np
 
-    from trainer.kernels import fused_attention, reference_attention
+    from trainer.model.attention import fused_attention, reference_attention
 
     platform = jax.devices()[0].platform
     b, s, h, kv, d = 2, 1024, 8, 4, 128
@@ -178,8 +178,8 @@ def child_gmm_check() -> dict[str, Any]:
     import jax.numpy as jnp
     import numpy as np
 
-    from trainer.config import KernelsConfig
-    from trainer.kernels import default_device, experts_run_as, grouped_matmul
+    from trainer.model.grouped_matmul import default_device, experts_run_as, grouped_matmul
+    from trainer.spec.config import KernelsConfig
 
     platform = jax.devices()[0].platform
     m, k, n = 4096, 2048, 1024
@@ -216,9 +216,9 @@ def child_fp8_hlo() -> dict[str, Any]:
 
     import jax
 
-    from trainer.config import load_config
-    from trainer.hlo import count_matmuls
-    from trainer.run import build_program, compile_step
+    from trainer.program.build import build_program, compile_step
+    from trainer.program.hlo import count_matmuls
+    from trainer.spec.config import load_config
 
     config = load_config(trial("dense-3b-fp8", 2, jax.devices()[0].platform == "cpu"))
     config = config.model_copy(update={"model": config.model.model_copy(update={"num_layers": 2})})
@@ -241,10 +241,10 @@ def child_fp8_hlo() -> dict[str, Any]:
 def child_case(name: str, steps: int) -> dict[str, Any]:
     import jax
 
-    from trainer.config import load_config
-    from trainer.events import Emitter
-    from trainer.kernels import experts_run_as
-    from trainer.run import train
+    from trainer.model.grouped_matmul import experts_run_as
+    from trainer.run.train import train
+    from trainer.spec.config import load_config
+    from trainer.spec.events import Emitter
 
     device = jax.devices()[0]
     cpu = device.platform == "cpu"

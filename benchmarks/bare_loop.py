@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.config import ModelConfig
-from trainer.kernels import reference_attention as causal_attention
-from trainer.model import apply_rope
+from trainer.model.attention import reference_attention as causal_attention
+from trainer.model.transformer import apply_rope
+from trainer.spec.config import ModelConfig
 
 BF16 = jnp.bfloat16
 

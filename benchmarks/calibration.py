@@ -1,4 +1,4 @@
-"""The step-time model (trainer/step_model.py) against the published Ironwood results.
+"""The step-time model (trainer/compile/step_model.py) against the published Ironwood results.
 
     python -m benchmarks.calibration [--recompile]
 
@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sweeper.space import assemble, load_space
-from trainer.config import load_config
-from trainer.hardware import ACCELERATORS, chips_in
-from trainer.hlo_cost import program_cost
-from trainer.step_model import kernel_flops, step_time
+from trainer.compile.cost import program_cost
+from trainer.compile.step_model import kernel_flops, step_time
+from trainer.spec.config import load_config
+from trainer.spec.hardware import ACCELERATORS, chips_in
 
 RECORDS = Path(__file__).resolve().parents[1] / "results" / "calibration"
 # The table as of AI-Hypercomputer/tpu-recipes@39ff447 (training/ironwood/README.md), whose
@@ -53,7 +53,7 @@ PUBLISHED = {
     "llama3.1-405b 8k bf16 256 chips": ("llama31_405b_8k_tpu7x", "bf16", "tpu7x:4x8x8", 101.89, 482.41),
     "llama3.1-405b 8k fp8 256 chips": ("llama31_405b_8k_tpu7x", "fp8", "tpu7x:4x8x8", 64.71, 759.55),
     "qwen3-235b-a22b 4k bf16 256 chips": ("qwen3_235b_4k_tpu7x", "bf16", "tpu7x:4x8x8", 31.58, 4150.78),
-    # fp8 experts inside tokamax's grouped matmuls (trainer/fp8_gmm.py), as the recipe runs them.
+    # fp8 experts inside tokamax's grouped matmuls (trainer/model/fp8_gmm.py), as the recipe runs them.
     "qwen3-235b-a22b 4k fp8 256 chips": ("qwen3_235b_4k_tpu7x", "fp8", "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
 # Where a row's recipe differs from trial 0 of its space (beyond precision): its own knobs.
@@ -103,15 +103,14 @@ def recipe(name: str) -> tuple[dict, str]:
 def compile_row(name: str) -> None:
     """In this process (a child: libtpu reads its flags once): compile the row's program and
     keep its optimized HLO (gzipped) and memory, so its cost can be recounted as
-    trainer/hlo_cost.py improves, without compiling again."""
+    trainer/compile/cost.py improves, without compiling again."""
     config, target = recipe(name)
     trial = load_config({**config, "compile_target": target})
     from trainer.cli import prepare_environment
 
     prepare_environment(trial)  # the trial's LIBTPU flags, before libtpu starts
-    from trainer.aot import topology_devices
-    from trainer.metrics import memory_per_device
-    from trainer.run import build_program, compile_step
+    from trainer.compile.aot import topology_devices
+    from trainer.program.build import build_program, compile_step, memory_per_device
 
     compiled, compile_s = compile_step(build_program(trial, topology_devices(target)))
     RECORDS.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trainer.config import SPLASH_BLOCKS
+from trainer.spec.config import SPLASH_BLOCKS
 
 ROOT = Path(__file__).resolve().parents[1]
 

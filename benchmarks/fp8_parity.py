@@ -19,9 +19,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from trainer.config import load_config
-from trainer.events import Emitter
-from trainer.run import train
+from trainer.run.train import train
+from trainer.spec.config import load_config
+from trainer.spec.events import Emitter
 
 VARIANTS = {
     "bf16": {},

@@ -87,8 +87,8 @@ def program_figures(hlo: str) -> dict[str, Any]:
     """What the compiled GPU program does in one step (loops counted by their trips): dot
     FLOPs, GEMM custom calls, kernel calls (Pallas Triton or Mosaic GPU, such as tokamax's
     grouped matmul), fp8 products, and the largest value a dot reads or writes."""
-    from trainer.hlo import count_matmuls
-    from trainer.hlo_cost import nbytes, parse, program_cost
+    from trainer.compile.cost import nbytes, parse, program_cost
+    from trainer.program.hlo import count_matmuls
 
     cost = program_cost(hlo)
     calls = cost["custom_calls"]
@@ -119,11 +119,10 @@ def program_figures(hlo: str) -> dict[str, Any]:
 def compile_case(name: str) -> dict[str, Any]:
     """Compile one case for the H200 in this process and return its figures."""
     from benchmarks.accelerator_mfu import split_case, trial
-    from trainer import metrics
-    from trainer.config import load_config
-    from trainer.flops import training_flops_per_step
-    from trainer.kernels import experts_run_as
-    from trainer.run import build_program, compile_step, lower_step
+    from trainer.model.grouped_matmul import experts_run_as
+    from trainer.program.build import build_program, compile_step, lower_step, memory_per_device
+    from trainer.spec.config import load_config
+    from trainer.spec.flops import training_flops_per_step
 
     recipe = trial(split_case(name)[0], steps=2, cpu=False)
     # cuDNN attention compiles only against the device's cuDNN: XLA attention stands in.
@@ -146,7 +145,7 @@ def compile_case(name: str) -> dict[str, Any]:
         "compile_s": compile_s,
         "model_flops": model_flops,
         "dot_flops_over_model": figures["dot_flops"] / model_flops,
-        "memory_per_device": metrics.memory_per_device(compiled),
+        "memory_per_device": memory_per_device(compiled),
         **figures,
     }
 

@@ -39,7 +39,7 @@ from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
-from trainer.hardware import accelerator_for
+from trainer.spec.hardware import accelerator_for
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "llama31_70b_8k_tpu7x.yaml"
 GIB = 2**30

@@ -23,11 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.bare_loop import make_step
-from trainer.config import load_config
-from trainer.data import BatchSource
-from trainer.events import Emitter
-from trainer.run import train
-from trainer.step import make_optimizer
+from trainer.program.step import make_optimizer
+from trainer.run.data import BatchSource
+from trainer.run.train import train
+from trainer.spec.config import load_config
+from trainer.spec.events import Emitter
 
 SHAPES = {
     "tiny-dense": (8, 128),
@@ -54,7 +54,7 @@ def trial(model: str, steps: int) -> dict:
 
 def bare_median_step_s(config, steps: int, skip: int) -> float:
     """The same model and batches through the hand-written loop."""
-    from trainer.run import build_program
+    from trainer.program.build import build_program
 
     program = build_program(config, jax.devices("cpu")[:1])
     state = program.init_fn(jax.random.key(config.seed))

@@ -229,7 +229,7 @@ def plan(
     ] = "tpu7x:4x4x4",
 ) -> None:
     """The guide's decision table: primary/secondary strategy with the estimates behind it."""
-    from trainer.plan import recommend
+    from trainer.estimate.plan import recommend
 
     try:
         rec = recommend({"preset": model}, seq, target)

@@ -108,8 +108,8 @@ def check_flags(space: Space) -> None:
     """An unknown LIBTPU flag would abort every trial that carries it: refuse it before the sweep."""
     if space.target == "local":
         return
-    from trainer.config import load_config
-    from trainer.flags import unknown_flag
+    from trainer.spec.config import load_config
+    from trainer.spec.flags import unknown_flag
 
     for key, knob in {"trial": None, **space.knobs}.items():
         values = [None] if knob is None else (knob.values or [])

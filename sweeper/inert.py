@@ -9,9 +9,15 @@ from __future__ import annotations
 import json
 
 from sweeper.space import Knob, Space, target_backend
-from trainer.config import KernelsConfig, PrecisionConfig
-from trainer.effects import CUDNN, FP8_EMULATED, NO_HOST_OFFLOAD, PALLAS_NATIVE, TOKAMAX_GMM_KERNEL
-from trainer.policies import OFFLOAD_TWINS
+from trainer.spec.config import KernelsConfig, PrecisionConfig
+from trainer.spec.effects import (
+    CUDNN,
+    FP8_EMULATED,
+    NO_HOST_OFFLOAD,
+    PALLAS_NATIVE,
+    TOKAMAX_GMM_KERNEL,
+)
+from trainer.spec.remat import OFFLOAD_TWINS
 
 # Values whose throughput on a backend says nothing about the target: measuring them would
 # rank an emulation. Their numerics are checked by the trainer's tests, not by such a sweep.

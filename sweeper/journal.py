@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from mlflow.exceptions import MlflowException
 
-from trainer.files import write_json
+from trainer.spec.files import write_json
 
 LOCAL_PREFIX = "journal-"
 # MLflow error codes of a store that is down or overloaded, not of a bad request.

@@ -104,7 +104,7 @@ def driver_host(hosts: list[Host]) -> Host:
 
 def find_slices(hosts: list[Host], target: str) -> tuple[list[Slice], list[str]]:
     """Complete slices of `target` (e.g. tpu7x:2x2x2), and why incomplete ones were left out."""
-    from trainer.hardware import chips_in
+    from trainer.spec.hardware import chips_in
 
     prefix, _, topology = target.partition(":")
     accelerator_type, _ = RAY_TPU_NAMES[prefix]
@@ -255,7 +255,7 @@ def _gpu_host(space: Space, hosts: list[Host]) -> Placement:
 
 
 def _slice(space: Space, hosts: list[Host]) -> Placement:
-    from trainer.hardware import accelerator_for, chips_in
+    from trainer.spec.hardware import accelerator_for, chips_in
 
     slices, skipped = find_slices(hosts, space.target)
     prefix, _, topology = space.target.partition(":")

@@ -8,7 +8,7 @@ from ray import tune
 from rich.console import Console
 
 from sweeper.space import Space
-from trainer.events import TrialStatus
+from trainer.spec.events import TrialStatus
 
 
 class ProgressCallback(tune.Callback):

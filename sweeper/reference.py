@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from sweeper.space import Knob, Space
-from trainer.config import TrialConfig
-from trainer.events import Accepted, Compiled, Failure, Step, Summary
+from trainer.spec.config import TrialConfig
+from trainer.spec.events import Accepted, Compiled, Failure, Step, Summary
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
@@ -84,7 +84,7 @@ def render() -> str:
         "Generated from the code by `python -m sweeper.reference`; do not edit by hand "
         "(a test fails when this file and the schemas differ).",
         "",
-        "## Trial configuration (`trainer.config.TrialConfig`)",
+        "## Trial configuration (`trainer.spec.config.TrialConfig`)",
         "",
         "A space's `model` and `trial` sections, and each knob, are keys of this table.",
         "",
@@ -98,7 +98,7 @@ def render() -> str:
         "",
         table(Space),
         "",
-        "## Trainer events (protocol `trainer.events`)",
+        "## Trainer events (protocol `trainer.spec.events`)",
         "",
     ]
     for event in (Accepted, Compiled, Step, Summary, Failure):

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
-from trainer.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
-from trainer.events import STEP_METRICS as TRAINER_STEP_METRICS
+from trainer.spec.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
+from trainer.spec.events import STEP_METRICS as TRAINER_STEP_METRICS
 
 
 def missing(value: Any) -> bool:

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from sweeper.space import Knob, Space, active, assemble
-from trainer.events import FailureClass, TrialStatus
+from trainer.spec.events import FailureClass, TrialStatus
 
 OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
 # A point measured before in this study: its stored result, reused instead of run again.

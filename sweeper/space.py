@@ -8,17 +8,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from sweeper.spacefile import SpaceFileError, read_space_file
-from trainer.config import (
-    RECIPE_HYPERPARAMETERS,
-    ConfigError,
-    TrialConfig,
-    check_static,
-    load_config,
-)
-from trainer.events import MEASURED_METRICS
+from trainer.spec.checks import check_static
+from trainer.spec.config import RECIPE_HYPERPARAMETERS, ConfigError, TrialConfig, load_config
+from trainer.spec.events import MEASURED_METRICS
+from trainer.spec.schema import Frozen, first_error
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 KEY_SEPARATOR = "."
@@ -45,11 +41,7 @@ class SpaceError(ValueError):
         self.file, self.line, self.field, self.message = file, line, field, message
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class Knob(_Strict):
+class Knob(Frozen):
     """One searchable trial-config key: categorical `values`, or an int/float range."""
 
     values: list[Any] | None = Field(default=None, max_length=MAX_CANDIDATES)
@@ -110,14 +102,14 @@ class Knob(_Strict):
         return None
 
 
-class Objective(_Strict):
+class Objective(Frozen):
     metric: str = "tokens_per_sec_per_chip"
     """a trial result to optimize (measured by runs, est_* by estimate/compile)."""
     mode: Literal["max", "min"] = "max"
     """max or min."""
 
 
-class Objectives(_Strict):
+class Objectives(Frozen):
     primary: Objective = Objective()
     """what Optuna optimizes."""
     secondary: Objective | None = None
@@ -136,7 +128,7 @@ class Objectives(_Strict):
         return [self.primary] + ([self.secondary] if self.secondary else [])
 
 
-class Constraints(_Strict):
+class Constraints(Frozen):
     convergence: bool = True
     """trials must pass the loss check (sets trial convergence.enabled)."""
     tolerance: float | None = Field(default=None, gt=0)
@@ -146,7 +138,7 @@ class Constraints(_Strict):
     """memory budget per device; more is oom_hbm."""
 
 
-class Search(_Strict):
+class Search(Frozen):
     sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "nsga2"] = "tpe"
     """Optuna sampler."""
     trials: int = Field(default=8, gt=0, le=MAX_TRIALS)
@@ -177,7 +169,7 @@ def gpus_in(target: str) -> int | None:
     return int(count)
 
 
-class Resources(_Strict):
+class Resources(Frozen):
     cpus_per_trial: int | None = Field(
         default=None,
         gt=0,
@@ -187,7 +179,7 @@ class Resources(_Strict):
     )
 
 
-class Space(_Strict):
+class Space(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     """the sweep's name (MLflow experiment, Optuna study)."""
     description: str = ""
@@ -242,7 +234,7 @@ class Space(_Strict):
                     f"{self.target} trials run on the cluster's GPU hosts: use fidelity run"
                 )
         elif self.target != "local":
-            from trainer.hardware import accelerator_for, chips_in
+            from trainer.spec.hardware import accelerator_for, chips_in
 
             try:
                 accelerator_for(self.target)
@@ -280,7 +272,7 @@ class Space(_Strict):
             return self.devices or 8
         if gpus_in(self.target) is not None:
             return gpus_in(self.target)
-        from trainer.hardware import accelerator_for, chips_in
+        from trainer.spec.hardware import accelerator_for, chips_in
 
         return chips_in(self.target) * accelerator_for(self.target).devices_per_chip
 
@@ -429,13 +421,7 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     try:
         space = Space.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        message = (
-            "unknown key (remove it or check its spelling)"
-            if err["type"] == "extra_forbidden"
-            else err["msg"].removeprefix("Value error, ")
-        )
+        loc, message = first_error(exc)
         raise SpaceError(
             message, file=file, line=_line_of(root, loc), field=".".join(map(str, loc))
         ) from None

@@ -40,7 +40,7 @@ from sweeper.tracking import (
     default_tracking_uri,
 )
 from sweeper.trainable import TrialRuntime, failure_result, run_trial
-from trainer.events import ENDED, FailureClass, TrialStatus
+from trainer.spec.events import ENDED, FailureClass, TrialStatus
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach

@@ -22,8 +22,8 @@ from sweeper.results import FINAL_METRICS, LAYOUT_TAGS, STEP_METRICS, final_of
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import Space, assemble
 from sweeper.stores import PARENT, store_for
-from trainer.events import TrialStatus
-from trainer.files import write_json
+from trainer.spec.events import TrialStatus
+from trainer.spec.files import write_json
 
 log = logging.getLogger("sweeper")
 

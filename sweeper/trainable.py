@@ -38,8 +38,8 @@ from sweeper.launch import (
 from sweeper.placement import Placement
 from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
-from trainer.config import ConfigError
-from trainer.events import (
+from trainer.spec.config import ConfigError
+from trainer.spec.events import (
     EXIT_CODES,
     STEP_METRICS,
     Accepted,

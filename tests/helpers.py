@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.events import parse_event, parse_line
+from trainer.spec.events import parse_event, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 It shares no code with trainer/: it reads the trainer's parameters by name and recomputes
 the forward pass from the textbook definitions (RMSNorm, rotate-half RoPE, causal grouped-
-query attention, SwiGLU, untied unembedding), so a change to any of them in trainer/model.py
+query attention, SwiGLU, untied unembedding), so a change to any of them in trainer/model/transformer.py
 shows up as a mismatch.
 """
 

@@ -1,16 +1,20 @@
-"""The engine stays light: importing any sweeper module loads no JAX, and reaches into the
-trainer only through its JAX-free modules (config, events, estimate and the fact tables)."""
+"""The layout holds: the engine stays light (no JAX, only the trainer's JAX-free folders),
+each trainer folder imports only the folders `trainer.LAYERS` names, and no modules import
+each other in a circle."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers import REPO
-from trainer import JAX_FREE_MODULES
+from trainer import JAX_FREE, LAYERS
 
 HEAVY = ("jax", "jaxlib", "flax", "optax", "qwix", "tokamax")
+PACKAGES = ("trainer", "sweeper")
 
 
 def _loaded_after(imports: str) -> list[str]:
@@ -24,21 +28,107 @@ def _loaded_after(imports: str) -> list[str]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def _jax_free(module: str) -> bool:
+    return module == "trainer" or _folder(module) in JAX_FREE
+
+
+def _modules(package: str) -> dict[str, Path]:
+    root = REPO / package
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = {m: p for package in PACKAGES for m, p in _modules(package).items()}
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules `path` imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in MODULES}
+
+
+def _folder(module: str) -> str:
+    """The trainer folder a module is in ("top" for trainer/cli.py and its like)."""
+    parts = module.split(".")
+    package = len(parts) == 2 and MODULES[module].name == "__init__.py"
+    return parts[1] if len(parts) > 2 or package else "top"
+
+
 def test_every_sweeper_module_imports_without_jax():
     loaded = _loaded_after(
         "import sweeper\n"
         "for m in pkgutil.iter_modules(sweeper.__path__): importlib.import_module('sweeper.' + m.name)"
     )
     assert [m for m in loaded if not m.startswith("trainer")] == []
-    assert "trainer.events" in loaded  # the protocol is shared, not copied
-    assert set(loaded) <= {"trainer", *JAX_FREE_MODULES}, set(loaded) - set(JAX_FREE_MODULES)
+    assert "trainer.spec.events" in loaded  # the protocol is shared, not copied
+    assert all(_jax_free(m) for m in loaded), [m for m in loaded if not _jax_free(m)]
 
 
-def test_the_trainers_jax_free_modules_are_so():
-    imports = "\n".join(f"import {m}" for m in JAX_FREE_MODULES)
-    loaded = _loaded_after(imports)
+def test_the_trainers_jax_free_folders_are_so():
+    free = [m for m in MODULES if m.startswith("trainer.") and _jax_free(m)]
+    assert {_folder(m) for m in free} == set(JAX_FREE)
+    loaded = _loaded_after("\n".join(f"import {m}" for m in free))
     assert [m for m in loaded if not m.startswith("trainer")] == []
-    assert set(loaded) == {"trainer", *JAX_FREE_MODULES}
+    assert all(_jax_free(m) for m in loaded), [m for m in loaded if not _jax_free(m)]
+
+
+def test_each_trainer_folder_imports_only_the_folders_below_it():
+    folders = {_folder(m) for m in MODULES if m.startswith("trainer.")} - {"top"}
+    assert folders == set(LAYERS), "every folder of trainer/ has its place in trainer.LAYERS"
+    wrong = []
+    for module, path in MODULES.items():
+        if not module.startswith("trainer.") or _folder(module) == "top":
+            continue
+        allowed = LAYERS[_folder(module)] | {_folder(module)}
+        wrong += [
+            f"{module} -> {target}"
+            for target in _imports(path)
+            if target.startswith("trainer.") and _folder(target) not in allowed
+        ]
+    assert wrong == []
+
+
+def test_the_engine_imports_only_the_trainers_jax_free_folders():
+    wrong = [
+        f"{module} -> {target}"
+        for module, path in MODULES.items()
+        if module.startswith("sweeper")
+        for target in _imports(path)
+        if target.startswith("trainer") and not _jax_free(target)
+    ]
+    assert wrong == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    graph = {m: _imports(p) - {m} for m, p in MODULES.items()}
+    # A package's __init__ that only describes it imports nothing; a module's parent package is
+    # imported with it, so edges into packages are not circles of their own.
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
 
 
 def test_docs_reference_is_generated_from_the_schemas():

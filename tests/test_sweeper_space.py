@@ -231,7 +231,7 @@ def test_every_shipped_space_validates(path):
     ],
 )
 def test_decision_table_rows(model, seq, workload, primary, secondary):
-    from trainer.plan import recommend
+    from trainer.estimate.plan import recommend
 
     rec = recommend(model, seq, "tpu7x:4x4x4")
     assert (rec.workload, rec.primary, rec.secondary) == (workload, primary, secondary)
@@ -245,8 +245,8 @@ def test_decision_table_rows(model, seq, workload, primary, secondary):
 def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
     """`auto` is measured as what it resolves to; cuDNN only on GPU; tokamax's grouped matmul
     is ragged_dot on CPU; each such value is folded into its twin, with a note."""
-    from trainer.config import load_config
-    from trainer.effects import knob_effects
+    from trainer.spec.config import load_config
+    from trainer.spec.effects import knob_effects
 
     extra = (
         "  kernels.attention: {values: [auto, xla, cudnn, splash]}\n"
@@ -283,8 +283,8 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
 def test_a_sampled_learning_rate_is_judged_against_the_recipes(tmp_path):
     """The reference of a trial that samples a hyperparameter trains with the space's value
     of it (or the trainer's default), never the trial's: half the rate is a deviation."""
-    from trainer.config import load_config
-    from trainer.convergence import reference_key
+    from trainer.run.convergence import reference_key
+    from trainer.spec.config import load_config
 
     text = GOOD.replace("steps: 4,", "steps: 4, learning_rate: 0.01,") + (
         "  learning_rate: {values: [0.01, 0.005]}\n  warmup_steps: {values: [0, 5]}\n"

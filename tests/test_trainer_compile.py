@@ -14,13 +14,13 @@ import pytest
 
 from sweeper.space import assemble, load_space
 from tests.helpers import REPO, run_trainer
-from trainer.config import SPLASH_BLOCKS, load_config
-from trainer.estimate import estimate, memory_per_device
-from trainer.events import EXIT_CODES
-from trainer.flags import ASYNC_FUSION, COMPILER_STACKS, SPARSECORE_OFFLOAD, unknown_flag
-from trainer.hardware import ACCELERATORS
-from trainer.hlo import count_matmuls
-from trainer.hlo_cost import parse
+from trainer.compile.cost import parse
+from trainer.estimate.analytic import estimate, memory_per_device
+from trainer.program.hlo import count_matmuls
+from trainer.spec.config import SPLASH_BLOCKS, load_config
+from trainer.spec.events import EXIT_CODES
+from trainer.spec.flags import ASYNC_FUSION, COMPILER_STACKS, SPARSECORE_OFFLOAD, unknown_flag
+from trainer.spec.hardware import ACCELERATORS
 
 pytestmark = pytest.mark.tpu_compile
 TARGET = "tpu7x:2x2x1"  # 4 chips, 8 devices: the smallest default TPU7x topology
@@ -85,7 +85,7 @@ def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
     backward: the compiled program makes two Splash forward calls a layer and one fused
     backward. The kernel FLOPs count the calls it makes, as their blocks compute them: a
     forward 2 matmuls a score, the backward 5."""
-    from trainer.step_model import kernel_flops, splash_scores
+    from trainer.compile.step_model import kernel_flops, splash_scores
 
     seq, batch, devices = 1024, 2, 8
     config = load_config({"model": SMALL, "seq_len": seq, "per_device_batch": batch})
@@ -334,7 +334,7 @@ def test_estimate_only_needs_no_compiler_and_says_so(tmp_path):
 
 
 def test_collective_counting_reads_sync_and_async_forms():
-    from trainer.hlo import count_collectives
+    from trainer.program.hlo import count_collectives
 
     hlo = """
   %ag = bf16[8,128]{1,0} all-gather(bf16[1,128]{1,0} %p), replica_groups={}
@@ -377,8 +377,8 @@ def test_splash_with_context_parallelism_compiles_for_tpu7x(tmp_path):
 
 def test_fp8_is_in_the_compiled_tpu7x_program():
     """The compiled TPU program (not only the lowered one) holds fp8 operands: fp8 is really on."""
-    from trainer.aot import topology_devices
-    from trainer.run import build_program, compile_step
+    from trainer.compile.aot import topology_devices
+    from trainer.program.build import build_program, compile_step
 
     texts = {}
     for mode in ("bf16", "fp8"):
@@ -448,8 +448,8 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     group metadata): 1,024 routed rows per device over 8 experts are 2 + 7 tiles of 512
     rows (4.5x the rows) but 8 + 7 tiles of 128 (1.875x). The estimate reads each call's
     tiles from its Mosaic module in the compiled program, and counts the calls it makes."""
-    from trainer.hardware import accelerator_for
-    from trainer.step_model import MXU_EFFICIENCY
+    from trainer.compile.step_model import MXU_EFFICIENCY
+    from trainer.spec.hardware import accelerator_for
 
     summaries = {}
     for tm in (512, 128):
@@ -487,9 +487,9 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     target's TPU device, so the program is the one a TPU host runs: tokamax's Mosaic gmm
     and tgmm, the expert weight gradient included. XLA's ragged_dot (what tokamax fell back
     to on this CPU host before) computes that gradient densely over all experts."""
-    from trainer.config import load_config
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import kernel_flops
+    from trainer.compile.step_model import kernel_flops
+    from trainer.spec.config import load_config
+    from trainer.spec.hardware import ACCELERATORS
 
     programs = {}
     for gmm in ("tokamax", "ragged_dot"):
@@ -531,7 +531,7 @@ def test_fp8_experts_in_tokamax_are_fp8_kernel_calls_on_tpu7x(compile_once):
     input and weight gradient) are tokamax kernel calls with fp8 operands, as MaxText's fp8
     MoE recipes run them; the step model runs them at the fp8 rate. With bf16 experts (the
     test above's program) none is fp8."""
-    from trainer.step_model import step_time
+    from trainer.compile.step_model import step_time
 
     def calls(precision: dict) -> tuple[dict, list]:
         config = {"model": MOE_LAYER, "seq_len": 512, "per_device_batch": 1,
@@ -584,7 +584,7 @@ def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_
     compiler fiber's stack on qwen3-235b's MoE layer). A compiler setting, not a program
     one: without them a model compiles to the same program."""
     from trainer.cli import prepare_environment
-    from trainer.flags import COMPILER_STACKS
+    from trainer.spec.flags import COMPILER_STACKS
 
     config = {"model": SMALL, "per_device_batch": 2}
     monkeypatch.setattr(os, "environ", dict(os.environ))  # what prepare_environment sets goes
@@ -713,8 +713,8 @@ def test_offloading_the_70b_layer_input_saves_its_20_gib_on_tpu7x(tmp_path):
 
 
 def _compiled_text(config: dict, target: str = TARGET) -> str:
-    from trainer.aot import topology_devices
-    from trainer.run import build_program, compile_step
+    from trainer.compile.aot import topology_devices
+    from trainer.program.build import build_program, compile_step
 
     compiled, _ = compile_step(build_program(load_config(config), topology_devices(target)))
     return compiled.as_text()
@@ -725,9 +725,9 @@ def _compiled_text_in(python: str, config: dict, target: str) -> str:
     another with its own JAX and libtpu), with this repository on its path."""
     code = (
         "import json, sys\n"
-        "from trainer.aot import topology_devices\n"
-        "from trainer.config import load_config\n"
-        "from trainer.run import build_program, compile_step\n"
+        "from trainer.compile.aot import topology_devices\n"
+        "from trainer.spec.config import load_config\n"
+        "from trainer.run.train import build_program, compile_step\n"
         "program = build_program(load_config(json.loads(sys.argv[1])), topology_devices(sys.argv[2]))\n"
         "sys.stdout.write(compile_step(program)[0].as_text())\n"
     )
@@ -815,8 +815,8 @@ def test_mesh_follows_the_torus():
     """Consecutive devices of a mesh axis sit nearer on the torus with mesh_utils than in
     plain device order: within each plane of tpu7x:2x2x2 they snake one link at a time
     (one 2-link step between planes), where device order jumps diagonally."""
-    from trainer.aot import topology_devices
-    from trainer.sharding import build_mesh
+    from trainer.compile.aot import topology_devices
+    from trainer.parallel.sharding import build_mesh
 
     def hops(order):
         return [
@@ -853,8 +853,8 @@ def test_128k_context_parallel_splash_compiles_for_tpu7x_4x4x4(tmp_path):
 def test_program_cost_counts_scanned_layers_by_trip_count(compile_once):
     """XLA's cost analysis counts a scanned layer once; the HLO walk counts it L times, and
     its matrix FLOPs agree with the model formula (plus full remat's recomputed forward)."""
-    from trainer.config import load_config
-    from trainer.flops import training_flops_per_step
+    from trainer.spec.config import load_config
+    from trainer.spec.flops import training_flops_per_step
 
     costs = {}
     for layers in (2, 4):

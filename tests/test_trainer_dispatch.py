@@ -11,10 +11,15 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import BATCH_AXES, KernelsConfig
-from trainer.dispatch import emulated_ragged_all_to_all, expert_parallel, local_experts, take_slots
-from trainer.kernels import grouped_matmul
-from trainer.sharding import build_mesh
+from trainer.model.dispatch import (
+    emulated_ragged_all_to_all,
+    expert_parallel,
+    local_experts,
+    take_slots,
+)
+from trainer.model.grouped_matmul import grouped_matmul
+from trainer.parallel.sharding import build_mesh
+from trainer.spec.config import BATCH_AXES, KernelsConfig
 
 
 def _ragged_a2a_on(devices: int, per_device: dict[str, list]) -> np.ndarray:

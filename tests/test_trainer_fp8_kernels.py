@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_trainer, trial
-from trainer.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, check_static, load_config
-from trainer.events import EXIT_CODES, Emitter
-from trainer.kernels import grouped_matmul, reference_attention, splash_attention, splash_config
-from trainer.run import build_program, check_convergence, train
+from trainer.model.attention import reference_attention, splash_attention, splash_config
+from trainer.model.grouped_matmul import grouped_matmul
+from trainer.program.build import build_program
+from trainer.run.train import check_convergence, train
+from trainer.spec.checks import check_static
+from trainer.spec.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, load_config
+from trainer.spec.events import EXIT_CODES, Emitter
 
 ONE_DEVICE = {
     "num_devices": 1,
@@ -89,7 +92,7 @@ def test_fp8_reaches_the_experts_under_expert_parallelism():
     fp8 = _lowered_text(8, precision={"mode": "fp8", "targets": "dense+moe"}, **ep)
     dense_only = _lowered_text(8, precision={"mode": "fp8", "targets": "dense"}, **ep)
     assert _fp8_dots(fp8) > _fp8_dots(dense_only) > 0
-    # ... and in tokamax's path (trainer/fp8_gmm.py) the experts' operands are quantized too.
+    # ... and in tokamax's path (trainer/model/fp8_gmm.py) the experts' operands are quantized too.
     tokamax = _lowered_text(8, precision={"mode": "fp8"}, kernels={"moe_gmm": "tokamax"}, **ep)
     assert tokamax.count("xf8E4M3FN>") > dense_only.count("xf8E4M3FN>")
 
@@ -249,14 +252,14 @@ def _relative_errors(outs, refs) -> list[float]:
 
 
 def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
-    """trainer/fp8_gmm.py (through tokamax's XLA path here: the operands the TPU kernels get,
+    """trainer/model/fp8_gmm.py (through tokamax's XLA path here: the operands the TPU kernels get,
     dequantized) against a float32 grouped matmul: output, input and weight gradients carry
     fp8's error, as large as qwix's own quantized ragged_dot's and far above bf16's; and
     each knob it reads changes the result."""
     from qwix._src.core import ragged_dot_qt
 
-    from trainer.config import PrecisionConfig
-    from trainer.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
+    from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
+    from trainer.spec.config import PrecisionConfig
 
     keys = jax.random.split(jax.random.key(0), 3)
     m, kdim, n, groups = 512, 256, 384, 4
@@ -308,8 +311,8 @@ def test_fp8_experts_take_tokamax_bf16_tiles_where_its_table_has_no_fp8_ones():
     keeps tokamax's own choice; the knob wins over both, clamped to the matmul."""
     from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
-    from trainer.config import TokamaxTiles
-    from trainer.kernels import tokamax_tpu_configs
+    from trainer.model.grouped_matmul import tokamax_tpu_configs
+    from trainer.spec.config import TokamaxTiles
 
     x = jax.ShapeDtypeStruct((524288, 4096), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((128, 4096, 1536), jnp.bfloat16)
@@ -366,8 +369,8 @@ def test_tokamax_off_tpu_and_gpu_is_xla_ragged_dot_itself():
 def test_a_tokamax_gpu_kernel_that_does_not_build_is_named_and_ragged_dot_runs():
     """Which tokamax GPU kernel builds depends on the JAX and tokamax a host carries; one that
     does not is named with its error, and the experts run XLA's ragged_dot, said inert."""
-    from trainer.effects import knob_effects
-    from trainer.kernels import tokamax_gpu_gmm
+    from trainer.model.grouped_matmul import tokamax_gpu_gmm
+    from trainer.spec.effects import knob_effects
 
     cpu = jax.devices()[0]  # no sm90 here: tokamax's Mosaic GPU kernel refuses to build
     kernel, failures = tokamax_gpu_gmm(cpu, ("mosaic_gpu",))
@@ -497,7 +500,7 @@ def test_fp8_experts_in_tokamax_are_refused_on_gpu_and_reported_per_backend():
     multiply in bf16, so fp8 experts there are refused with tokamax; on TPU they are its fp8
     kernels, on CPU an emulation; through ragged_dot, the sub-knobs the experts ignore are
     named."""
-    from trainer.effects import knob_effects
+    from trainer.spec.effects import knob_effects
 
     moe = {"model": {"preset": "tiny-moe"}, "precision": {"mode": "fp8"}}
     config = load_config(trial() | moe | {"kernels": {"moe_gmm": "tokamax"}})
@@ -629,7 +632,7 @@ def test_fused_attention_call_matches_the_reference():
     """The cuDNN path's call (jax.nn.dot_product_attention: GQA, causal, scale) through XLA
     agrees with the reference; on an H200 cuDNN itself was held to a float32 reference
     (benchmarks.accelerator_mfu --checks attention-check)."""
-    from trainer.kernels import fused_attention, reference_attention
+    from trainer.model.attention import fused_attention, reference_attention
 
     b, s, h, kv, d = 2, 64, 4, 2, 16
     q, k, v = (
@@ -655,8 +658,8 @@ def test_cudnn_attention_is_refused_where_it_cannot_run():
 def test_load_balanced_mask_is_lazy_and_causal_in_positions():
     """The context-parallel Splash mask is computed from each row's position (no S x S array),
     and undoing the pipeline's chunk order puts gathered keys back in position order."""
-    from trainer.data import load_balance_order
-    from trainer.kernels import LoadBalancedCausalMask, natural_chunk_order
+    from trainer.model.attention import LoadBalancedCausalMask
+    from trainer.parallel.context import load_balance_order, natural_chunk_order
 
     s, context = 32, 2
     order = load_balance_order(s, context)

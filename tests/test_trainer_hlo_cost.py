@@ -3,8 +3,8 @@ tuple elements named in place (`%param#3`) and a loop XLA peeled for host offloa
 
 import pytest
 
-from trainer.config import SPLASH_BLOCKS
-from trainer.hlo_cost import program_cost
+from trainer.compile.cost import program_cost
+from trainer.spec.config import SPLASH_BLOCKS
 
 LAYER = "bf16[1,2,1024,512]{3,2,1,0}"
 STACK = "bf16[4,2,1024,512]{3,2,1,0:S(5)}"
@@ -156,8 +156,8 @@ ENTRY %main (a: bf16[1024,1024], b: bf16[1024,1024]) -> bf16[1024,1024] {
 def test_hbm_of_ops_without_matmuls_adds_to_the_step():
     """The TensorCore runs one op at a time: an elementwise fusion's HBM time is not hidden
     under the matmul's compute."""
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import step_time
+    from trainer.compile.step_model import step_time
+    from trainer.spec.hardware import ACCELERATORS
 
     matrix = 1024 * 1024 * 2
     cost = program_cost(MATMUL)
@@ -236,8 +236,8 @@ def test_collectives_are_costed_by_engine_and_by_the_torus_dims_they_use():
     """A SparseCore-offloaded collective runs beside the TensorCore; a synchronous one adds
     to the step; rings over three torus dims move bytes three times as fast as one ring.
     Here nothing runs between the offloaded collective's start and done: it is exposed."""
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import step_time
+    from trainer.compile.step_model import step_time
+    from trainer.spec.hardware import ACCELERATORS
 
     cost = program_cost(COLLECTIVES)
     matrix = 1024 * 1024 * 4
@@ -305,8 +305,8 @@ def test_an_offloaded_collective_hides_behind_the_work_scheduled_before_its_done
     """The compiled schedule decides what overlaps: an all-reduce whose start comes before a
     matmul and its done after costs nothing while it takes less than the matmul; the same
     ops with the done before the matmul add the all-reduce's time, in every trip of a loop."""
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import step_time
+    from trainer.compile.step_model import step_time
+    from trainer.spec.hardware import ACCELERATORS
 
     accel = ACCELERATORS["tpu7x"]
     hidden = step_time(program_cost(_scheduled("\n".join((_START, _PRODUCT, _DONE)), trips)), accel)
@@ -327,7 +327,7 @@ def test_the_re_tuned_recipe_ranks_above_the_original_fp8_recipe():
     whose rings use all three torus dims. Read from the kept compiled programs
     (results/calibration/), the model ranks the pair the same way."""
     from benchmarks.calibration import estimate_rows, predict
-    from trainer.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     rows = estimate_rows(recompile=False, only="fp8 re-tuned 64", recorded=True)
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
@@ -346,7 +346,7 @@ def test_the_qwen3_fp8_recipe_ranks_above_its_bf16_one():
     bf16 ones (compiled with tokamax's default 128-wide tiles they filled a quarter of the
     MXU, and the model put fp8 1.36x slower)."""
     from benchmarks.calibration import estimate_rows, predict
-    from trainer.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     rows = estimate_rows(recompile=False, only="qwen3", recorded=True)
     bf16, fp8 = (rows[f"qwen3-235b-a22b 4k {p} 256 chips"] for p in ("bf16", "fp8"))
@@ -362,7 +362,7 @@ def test_splash_computes_every_block_the_causal_mask_touches(block_q, block_kv):
     counted against the blocks of an explicit mask."""
     import numpy as np
 
-    from trainer.step_model import splash_scores
+    from trainer.compile.step_model import splash_scores
 
     seq = 1024
     causal = np.tril(np.ones((seq, seq), bool))
@@ -373,8 +373,8 @@ def test_splash_computes_every_block_the_causal_mask_touches(block_q, block_kv):
 def test_splash_blocks_change_the_kernel_flops():
     """Bigger query blocks compute more of the diagonal in vain: at 8k, 2048-row blocks
     compute 1.25x the causal half, 1024-row blocks 1.125x."""
-    from trainer.config import load_config
-    from trainer.step_model import kernel_flops
+    from trainer.compile.step_model import kernel_flops
+    from trainer.spec.config import load_config
 
     def flops(block: int) -> float:
         kernels = {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, block)}
@@ -391,8 +391,8 @@ def test_splash_blocks_change_the_kernel_flops():
 def test_a_kernel_matmul_fills_the_mxu_by_its_held_tile(contracted, columns, fill):
     """TPU7x's MXU is 256 wide (JAX's TpuInfo): a kernel matmul holding a 128-deep operand
     keeps half the array busy; each dim is padded up to whole widths."""
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import mxu_fill
+    from trainer.compile.step_model import mxu_fill
+    from trainer.spec.hardware import ACCELERATORS
 
     width = ACCELERATORS["tpu7x"].mxu_width
     assert mxu_fill(width, contracted, columns) == pytest.approx(fill)
@@ -404,9 +404,9 @@ def test_splash_at_head_dim_128_spends_twice_the_mxu_of_head_dim_256_on_tpu7x():
     holds a head_dim-deep or head_dim-wide block, so at 128 half the 256-wide MXU idles.
     A kv compute block of 128 halves the forward's share again; without the MXU width
     (another backend) the FLOPs are as computed."""
-    from trainer.config import load_config
-    from trainer.hardware import ACCELERATORS
-    from trainer.step_model import kernel_flops
+    from trainer.compile.step_model import kernel_flops
+    from trainer.spec.config import load_config
+    from trainer.spec.hardware import ACCELERATORS
 
     width = ACCELERATORS["tpu7x"].mxu_width
 
@@ -431,7 +431,7 @@ def test_valid_taps_count_every_tap_that_lands_on_an_input_element():
     a position of the dilated input holding an element."""
     import random
 
-    from trainer.hlo_cost import valid_taps
+    from trainer.compile.cost import valid_taps
 
     def by_definition(in_size, out_size, size, stride, lhs_dil, rhs_dil, lo):
         positions = (o * stride + k * rhs_dil - lo for o in range(out_size) for k in range(size))

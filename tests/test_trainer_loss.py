@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer.config import ConfigError, check_static, load_config
-from trainer.loss import mean_cross_entropy
-from trainer.step import make_optimizer
+from trainer.model.loss import mean_cross_entropy
+from trainer.program.step import make_optimizer
+from trainer.spec.checks import check_static
+from trainer.spec.config import ConfigError, load_config
 
 
 def _problem(seed=0, b=2, s=64, e=16, v=300):
@@ -21,7 +22,7 @@ def _problem(seed=0, b=2, s=64, e=16, v=300):
 
 
 def _numpy_cross_entropy(x, w, t):
-    """Independent of trainer/loss.py: float64 NumPy."""
+    """Independent of trainer/model/loss.py: float64 NumPy."""
     logits = np.einsum("bse,ev->bsv", np.asarray(x, np.float64), np.asarray(w, np.float64))
     top = logits.max(-1, keepdims=True)
     lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]

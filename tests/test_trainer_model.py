@@ -8,10 +8,11 @@ import pytest
 
 from benchmarks.bare_loop import loss_fn
 from tests.helpers import trial
-from trainer.config import load_config
-from trainer.data import BatchSource
-from trainer.events import Emitter
-from trainer.run import build_program, train
+from trainer.program.build import build_program
+from trainer.run.data import BatchSource
+from trainer.run.train import train
+from trainer.spec.config import load_config
+from trainer.spec.events import Emitter
 
 
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
@@ -35,8 +36,8 @@ def test_logits_match_an_independent_reference_model(qk_norm):
     import jax.numpy as jnp
 
     from tests.reference_model import forward
-    from trainer.config import ModelConfig
-    from trainer.model import Transformer
+    from trainer.model.transformer import Transformer
+    from trainer.spec.config import ModelConfig
 
     cfg = ModelConfig(preset="tiny-dense", qk_norm=qk_norm)
     model = Transformer(cfg, dtype=jnp.float32)

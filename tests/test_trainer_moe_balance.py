@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer.config import KernelsConfig, ModelConfig
-from trainer.moe import MoeBlock
+from trainer.model.moe import MoeBlock
+from trainer.spec.config import KernelsConfig, ModelConfig
 
 EXPERTS, WEIGHT, TOKENS, D = 4, 0.01, 16, 8
 

@@ -6,7 +6,7 @@ import pytest
 
 from sweeper.space import Objective
 from tests.helpers import run_trainer, trial
-from trainer.events import (
+from trainer.spec.events import (
     EXIT_CODES,
     JAX_CACHE_ENV,
     MEASURED_METRICS,
@@ -128,7 +128,7 @@ def test_convergence_reference_is_a_dedicated_run_with_a_tolerance_from_its_nois
 ):
     """The smoke recipe of benchmarks/convergence_noise.py: 40 steps, where another
     initialization ends 0.5-1% away, half the learning rate 3.7% and a reshard 0.02%."""
-    from trainer.convergence import NOISE_MULTIPLE, TOLERANCE_FLOOR
+    from trainer.run.convergence import NOISE_MULTIPLE, TOLERANCE_FLOOR
 
     check = {"enabled": True, "cache_dir": str(cache_dir / "dedicated"), "window": 5}
     base = trial(steps=40, learning_rate=1e-2, convergence=check)

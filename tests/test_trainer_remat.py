@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from tests.helpers import trial
-from trainer.config import REMAT_POLICIES, load_config
-from trainer.effects import knob_effects
-from trainer.events import Emitter
-from trainer.run import train
+from trainer.run.train import train
+from trainer.spec.config import load_config
+from trainer.spec.effects import knob_effects
+from trainer.spec.events import Emitter
+from trainer.spec.remat import REMAT_POLICIES
 
 
 def _run(policy: str, custom: dict | None = None):
@@ -59,11 +60,10 @@ def test_offload_reported_inert_on_cpu():
 def test_custom_placements_shape_the_compiled_program(by_policy):
     """`custom` keeps what it names: naming minimal's tensors compiles minimal's program, naming
     only the layer input compiles full remat's (memory and FLOPs both)."""
-    from trainer.policies import placements
+    from trainer.spec.remat import placements
 
     minimal_names = placements(load_config(trial(remat={"policy": "minimal"})).remat)["device"]
-    known = {n for n in minimal_names if n != "mlpwi"}  # mlpwi: the fused name, absent here
-    like_minimal = _run("custom", {name: "device" for name in known})[1]
+    like_minimal = _run("custom", {name: "device" for name in minimal_names})[1]
     like_full = _run("custom", {"decoder_layer_input": "device"})[1]
     for got, want in ((like_minimal, by_policy["minimal"][1]), (like_full, by_policy["full"][1])):
         assert (
@@ -74,3 +74,42 @@ def test_custom_placements_shape_the_compiled_program(by_policy):
             want["cost_per_device"]["flops"], rel=1e-2
         )
     assert like_minimal["cost_per_device"]["flops"] < like_full["cost_per_device"]["flops"]
+
+
+def _tagged_names(model: str, **model_fields) -> set[str]:
+    """Names the model's layers give their tensors (checkpoint_name), read off its jaxpr."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer.model.transformer import Transformer
+
+    config = load_config({**trial(), "model": {"preset": model, **model_fields}})
+    module = Transformer(config.model)
+    tokens = jnp.zeros((1, config.seq_len), jnp.int32)
+    params = jax.eval_shape(module.init, jax.random.key(0), tokens, tokens)
+    names: set[str] = set()
+
+    def walk(jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "name":
+                names.add(str(eqn.params["name"]))
+            for sub in jax.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(module.apply)(params, tokens, tokens, tokens).jaxpr)
+    return names
+
+
+def test_the_layers_tag_exactly_the_tensors_the_remat_table_names():
+    """Tags, custom placements and policies come from one table (trainer.spec.remat): a dense
+    layer names every tensor of it (the fused projection when asked), an MoE layer its expert
+    tensors under both names; every policy saves only names some layer tags."""
+    from trainer.spec.remat import CUSTOM_TENSORS, EXPERT_TENSORS, POLICIES, Tensor, moe_twin
+
+    dense = _tagged_names("tiny-dense") | _tagged_names("tiny-dense", fused_qkv=True)
+    assert dense == {t.value for t in Tensor}
+    moe = _tagged_names("tiny-moe")
+    assert {moe_twin(t) for t in EXPERT_TENSORS} <= moe
+    assert dense | moe == set(CUSTOM_TENSORS)
+    for name, policy in POLICIES.items():
+        assert set(policy.remat_twin) <= dense, name

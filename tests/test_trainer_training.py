@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import trial
-from trainer.config import load_config
-from trainer.data import load_balance_order
-from trainer.events import Emitter
-from trainer.run import train
+from trainer.parallel.context import load_balance_order
+from trainer.run.train import train
+from trainer.spec.config import load_config
+from trainer.spec.events import Emitter
 
 # Losses of the first two steps of tiny-dense (1 device, batch 2, seq 64, seed 0) on the
 # stdlib corpus. If a deliberate change to the model, init, optimizer or data moves them,
@@ -88,7 +88,7 @@ def test_load_balance_pairs_early_and_late_chunks():
 
 
 def test_synthetic_and_stdlib_batches_are_deterministic_by_seed_and_step():
-    from trainer.data import BatchSource
+    from trainer.run.data import BatchSource
 
     for source in ("synthetic", "stdlib"):
         config = load_config(trial(data={"source": source}, seed=3))
@@ -117,7 +117,7 @@ def test_fused_qkv_sharded_matches_unsharded():
 
 
 def test_mfu_uses_the_peak_of_the_precision_used():
-    from trainer.metrics import CHIPS, peak_for
+    from trainer.run.metrics import CHIPS, peak_for
 
     assert peak_for(CHIPS["TPU7x"], "fp8") == 2 * peak_for(CHIPS["TPU7x"], "bf16") == 4614.0
     assert (

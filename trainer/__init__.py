@@ -1,18 +1,33 @@
-"""The JAX/Flax trainer a sweep trial runs; usable on its own as `python -m trainer`."""
+"""The JAX/Flax trainer a sweep trial runs; usable on its own as `python -m trainer`.
 
-# Modules that import no JAX: the engine (sweeper/) may import these and only these.
-JAX_FREE_MODULES = (
-    "trainer.capacity",
-    "trainer.config",
-    "trainer.effects",
-    "trainer.estimate",
-    "trainer.events",
-    "trainer.files",
-    "trainer.flags",
-    "trainer.flops",
-    "trainer.hlo",
-    "trainer.hardware",
-    "trainer.plan",
-    "trainer.policies",
-    "trainer.presets",
-)
+Its folders are its systems. Each imports only itself and the folders `LAYERS` names for
+it (tests/test_layering.py holds the code to that, and to having no import cycle):
+
+- spec/      what a trial is, with no JAX: the typed configuration and its checks, the remat
+             tensor table, model presets, LIBTPU flag bundles, accelerators and topologies,
+             knob effects, the event protocol and the typed trial result, shared files.
+- estimate/  the analytic step model (formulas and a datasheet) and the planner; no JAX.
+- parallel/  meshes, logical-axis rules, context-parallel load balancing, multi-host joins.
+- model/     the transformer: attention and grouped-matmul kernels, MoE routing, fp8, loss.
+- program/   a trial's program: built from a configuration for a list of devices, lowered,
+             compiled; the train step; the one reader of compiled HLO text.
+- run/       training it: data, the timed loop, metrics, the convergence check.
+- compile/   compile fidelity: AOT for a TPU topology, compile records, the program's counted
+             cost and schedule, and the step-time model read from them.
+- cli.py     `python -m trainer` on top of them all.
+
+The engine (sweeper/) imports `JAX_FREE` folders only.
+"""
+
+# folder -> the folders it may import besides itself.
+LAYERS: dict[str, frozenset[str]] = {
+    "spec": frozenset(),
+    "estimate": frozenset({"spec"}),
+    "parallel": frozenset({"spec"}),
+    "model": frozenset({"spec", "parallel"}),
+    "program": frozenset({"spec", "parallel", "model"}),
+    "run": frozenset({"spec", "parallel", "program"}),
+    "compile": frozenset({"spec", "program", "estimate"}),
+}
+# Folders that import no JAX: all the engine may import of the trainer.
+JAX_FREE = ("spec", "estimate")

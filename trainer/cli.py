@@ -9,8 +9,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer.config import ConfigError, TrialConfig, load_config
-from trainer.events import (
+from trainer.spec.config import ConfigError, TrialConfig, load_config
+from trainer.spec.events import (
     EXIT_CODES,
     JAX_CACHE_ENV,
     Emitter,
@@ -20,7 +20,7 @@ from trainer.events import (
     TrialFailure,
     classify_exception,
 )
-from trainer.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS
+from trainer.spec.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -43,7 +43,7 @@ def prepare_environment(config: TrialConfig) -> None:
         os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     flags = config.xla.libtpu_init_args()
     if flags and config.compile_target:
-        from trainer.flags import unknown_flag
+        from trainer.spec.flags import unknown_flag
 
         rejected = unknown_flag(tuple(flags))
         if rejected:
@@ -75,8 +75,8 @@ def prepare_environment(config: TrialConfig) -> None:
 
 
 def _estimate(config: TrialConfig) -> dict:
-    from trainer.estimate import estimate
-    from trainer.hardware import accelerator_for, chips_in
+    from trainer.estimate.analytic import estimate
+    from trainer.spec.hardware import accelerator_for, chips_in
 
     try:
         accel = accelerator_for(config.compile_target)
@@ -120,18 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             emitter.emit(Summary(**_estimate(config)))
             return 0
         if config.compile_target:
-            from trainer.aot import (
-                compile_for_target,  # imports JAX and libtpu: after the environment
-            )
+            from trainer.compile.aot import compile_for_target
 
             phase = "compile"
             emitter.emit(Summary(**compile_for_target(config, emitter)))
             return 0
         if args.num_processes > 1:
-            from trainer.distributed import initialize
+            from trainer.parallel.distributed import initialize
 
             initialize(config, args.coordinator, args.num_processes, args.process_id)
-        from trainer.run import train  # imports JAX: after the environment is set
+        from trainer.run.train import train  # imports JAX: after the environment is set
 
         phase = "compile"
         result = train(config, emitter)

@@ -1,0 +1,389 @@
+"""Step time from the compiled program: its counted work (trainer/compile/cost.py) over the
+chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a compile).
+
+- compute: matrix FLOPs by precision over the peak of that precision, at `MXU_EFFICIENCY`
+  (bf16, f32) or `FP8_MXU_EFFICIENCY` (fp8 dots, and kernels with fp8 operands: fp8
+  experts' grouped matmuls); Mosaic kernels (the HLO cannot look
+  into them) add the FLOPs their tiles compute: Splash attention its blocks (their sizes
+  decide how much of the causal mask's diagonal it computes in vain), a grouped matmul its
+  whole row tiles, one more per expert boundary inside a tile (trainer/compile/mosaic.py reads
+  each call's tiles from the compiled program); each kernel matmul over the share of the
+  MXU its held tile fills (`mxu_fill`: on TPU7x's 256-wide array a 128-wide head or tile
+  leaves half idle).
+- HBM: bytes the top-level ops read and write, VMEM-resident values excluded; a slice of a
+  stacked (scanned) buffer costs the slice.
+- ICI: bytes each collective moves per device, ring-corrected by its group size, over the
+  device's share of the chip's bidirectional ICI bandwidth on one torus axis, times the
+  torus dimensions its rings use at once (libtpu's backend config: 3 where colors rotate
+  over X, Y and Z, 1 for a single ring).
+- host: bytes moved to or from pinned host memory (offload), over the host link.
+- overlap, from the program's own schedule (hlo_cost `schedule`): the TensorCore runs its
+  ops one at a time in the compiled order (a matmul op's HBM traffic hides under its
+  compute, the larger counts; an op without matmuls is HBM time); an asynchronous op (a
+  collective or a copy offloaded to the SparseCores, a `-start`/`-done` pair, a host
+  transfer) starts when the TensorCore reaches it and its engine is free, and stalls the
+  TensorCore only where the schedule waits for it (its `-done`) before it has finished; a
+  synchronous collective or host transfer stalls it for its whole time. Loops run their
+  body twice and repeat the second time, so an op started in one iteration and waited for
+  in the next overlaps as it does on the chip.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from trainer.spec.hardware import Accelerator
+
+# Fitted by benchmarks/calibration.py on the published llama3.1-70b 8k rows on 64 chips, one
+# constant per row: the bf16 row fixes `MXU_EFFICIENCY`, the fp8 row `FP8_MXU_EFFICIENCY`
+# (the share of each precision's peak its dots reach once the kernels' idle MXU cells are
+# counted: Splash at head_dim 128 fills half of TPU7x's MXU, and runs in bf16 in fp8 programs
+# too). Nothing else is fitted: what communication hides is the schedule's. Fitted on
+# programs whose backward runs no second Splash forward (as MaxText's; 0.76/0.77 on programs
+# that did) and whose loss runs its two gradient matmuls in turn (0.72/0.70 before). Held
+# out: see docs/trainer.md (median 3.9%).
+MXU_EFFICIENCY = 0.72
+FP8_MXU_EFFICIENCY = 0.71
+F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
+
+_MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "ragged-all-to-all": lambda n: (n - 1) / n,
+    "collective-permute": lambda n: 1.0,
+}
+
+
+class KernelFlops(NamedTuple):
+    total: float  # per device per step
+    each: list[float]  # one execution of each call, in the order of the calls
+
+
+def step_time(
+    cost: dict[str, Any],
+    accel: Accelerator,
+    kernels: KernelFlops | None = None,
+    mxu_efficiency: float = MXU_EFFICIENCY,
+    fp8_mxu_efficiency: float = FP8_MXU_EFFICIENCY,
+) -> dict[str, Any]:
+    """Seconds per step on one device of `accel` for a program of `cost` (per device).
+    `kernels`: the Mosaic kernels' FLOPs (`kernel_flops`), each call's placed where the
+    schedule runs it; without them, each call at its cost estimate."""
+    rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
+    flops = cost["flops"]
+    calls = cost.get("kernel_calls") or []
+    each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
+    fp8_calls = [c.get("precision") == "fp8" for c in calls]  # fp8 experts' grouped matmuls
+    total = kernels.total if kernels else 0.0
+    kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
+    compute = rates.compute(flops.get("fp8", 0.0) + kernel_fp8,
+                            flops.get("bf16", 0.0) + total - kernel_fp8,
+                            flops.get("f32", 0.0))  # fmt: skip
+    hbm = cost["hbm_bytes"] / rates.hbm
+    alone = cost.get("hbm_bytes_without_matmul", 0.0) / rates.hbm
+    ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
+              for op in _collective_ops(cost))  # fmt: skip
+    host = cost["host_transfer_bytes"] / rates.host
+    if cost.get("schedule"):
+        busy, step = _run(cost["schedule"], rates, each, fp8_calls)
+    else:  # a record from before the schedule was read: ops one at a time, nothing hidden
+        busy = max(compute, hbm - alone) + alone
+        step = busy + ici + host
+    return {
+        "est_step_time_s": step,
+        "est_compute_s": compute,
+        "est_hbm_s": hbm,
+        "est_ici_s": ici,
+        "est_host_s": host,
+        "est_busy_s": busy,
+        "est_exposed_comm_s": step - busy,
+        "bound": max({"compute": compute, "hbm": hbm, "ici": ici}.items(), key=lambda kv: kv[1])[0],
+    }
+
+
+class _Rates:
+    """Seconds of work on one device of `accel`."""
+
+    def __init__(self, accel: Accelerator, mxu: float, fp8_mxu: float) -> None:
+        per_device = accel.devices_per_chip
+        self.peak = {p: t * 1e12 / per_device for p, t in accel.peak_tflops.items()}
+        self.mxu, self.fp8_mxu = mxu, fp8_mxu
+        self.hbm = accel.hbm_bytes_per_s / per_device
+        self.ici_axis = accel.ici_axis_bytes_per_s / per_device
+        self.host = accel.host_link_bytes_per_s / per_device
+
+    def compute(self, fp8: float, bf16: float, f32: float) -> float:
+        peak = self.peak["bf16"]
+        return (
+            fp8 / (self.peak.get("fp8", peak) * self.fp8_mxu)
+            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)) / self.mxu
+        )
+
+    def ici(self, kind: str, group: int, torus_dims: int, counted: float) -> float:
+        """A collective's bytes, ring-corrected by its group size, over one torus axis's
+        share per device times the torus dimensions its rings use at once."""
+        return counted * _MOVED[kind](group) / (self.ici_axis * torus_dims)
+
+    def work(self, work: dict) -> float:
+        """An asynchronous or waited-for op: its collectives, then its HBM and host bytes."""
+        return (
+            sum(self.ici(*op) for op in work["ici"])
+            + work["hbm"] / self.hbm
+            + work["host"] / self.host
+        )
+
+
+def _run(
+    schedule: dict, rates: _Rates, call_flops: list[float], fp8_calls: list[bool]
+) -> tuple[float, float]:
+    """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
+    its ops one after another (a matmul op's HBM traffic under its compute, the larger
+    counts); an asynchronous op starts when both the TensorCore reaches it and its engine is
+    free, runs beside the TensorCore, and stalls it only at its `-done` if not finished by
+    then. A loop runs its body twice (so that an op started in one iteration and waited for
+    in the next overlaps as on the chip) and the second iteration's time stands for the rest."""
+    clock = {"tc": 0.0, "busy": 0.0}
+    free: dict[str, float] = {}  # when each engine is next free
+    finish: dict[str, float] = {}  # when each started op ends
+
+    def op_seconds(event: list) -> float:
+        _, fp8, bf16, f32, hbm, matmul, kernel = event
+        if kernel >= 0 and fp8_calls[kernel]:
+            fp8 += call_flops[kernel]
+        elif kernel >= 0:
+            bf16 += call_flops[kernel]
+        seconds = rates.compute(fp8, bf16, f32)
+        return max(seconds, hbm / rates.hbm) if matmul else hbm / rates.hbm
+
+    def run(name: str) -> None:
+        for event in schedule["computations"].get(name, []):
+            kind = event[0]
+            if kind == "tc":
+                seconds = op_seconds(event)
+                clock["tc"] += seconds
+                clock["busy"] += seconds
+            elif kind == "wait":
+                clock["tc"] += rates.work(event[1])
+            elif kind == "start":
+                _, op, engine, work = event
+                begin = max(clock["tc"], free.get(engine, 0.0))
+                free[engine] = finish[op] = begin + rates.work(work)
+            elif kind == "done":  # one whose start is not in sight: wait for every engine
+                ends = finish.pop(event[1], max(free.values(), default=0.0))
+                clock["tc"] = max(clock["tc"], ends)
+            elif kind == "call":
+                run(event[1])
+            elif kind == "loop":
+                _, body, trips = event
+                if trips >= 1:
+                    run(body)
+                if trips >= 2:
+                    before = dict(clock)
+                    run(body)
+                    shift = (trips - 2) * (clock["tc"] - before["tc"])
+                    clock["busy"] += (trips - 2) * (clock["busy"] - before["busy"])
+                    clock["tc"] += shift
+                    for times in (free, finish):
+                        for key, at in times.items():
+                            if at > before["tc"]:
+                                times[key] = at + shift
+
+    run(schedule["entry"])
+    return clock["busy"], max(clock["tc"], *free.values(), 0.0)
+
+
+def _collective_ops(cost: dict[str, Any]) -> list[dict]:
+    """The program's collectives; a cost counted before they were told apart (no
+    `collective_ops`): each kind at its largest group, one axis."""
+    if cost.get("collective_ops") is not None:
+        return cost["collective_ops"]
+    return [
+        {"kind": kind, "group": max(cost["collective_group_sizes"].get(kind) or [1]),
+         "torus_dims": 1, "bytes": moved}
+        for kind, moved in cost["collective_bytes"].items()
+    ]  # fmt: skip
+
+
+def kernel_flops(
+    config,
+    global_batch: int,
+    num_devices: int,
+    context: int = 1,
+    calls: list | None = None,
+    expert: int = 1,
+    mxu_width: int = 0,
+) -> KernelFlops:
+    """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show,
+    in all and for one execution of each call (`calls`, from hlo_cost, in their order): a
+    Splash forward call 2 matmuls per score it computes (causal, as its blocks compute it);
+    a backward QK^T again, dP, dV and dK, and dQ (fused into the dK/dV kernel unless a dQ
+    kernel runs apart, which also recomputes QK^T and dP); a forward the backward recomputes
+    is another call; a grouped matmul (Megablox, tokamax, libtpu's ragged_dot) its whole
+    tiles (`grouped_matmul_flops`); any other kernel its cost estimate. Without the calls (a
+    record from before they were read), the model formula's terms. `expert`: the mesh's
+    expert degree. `mxu_width` (the chip's, `Accelerator.mxu_width`): count the FLOPs the
+    MXU spends, each kernel matmul over its share of the array (`mxu_fill`); 0: as computed."""
+    each = _each_call(
+        config, global_batch, num_devices, context, list(calls or ()), expert, mxu_width
+    )
+    if calls and any(each):
+        return KernelFlops(sum(c["times"] * f for c, f in zip(calls, each, strict=True)), each)
+    # A record from before kernel calls were read: one forward, backward 2x, each layer.
+    m = config.model
+    kernels = config.resolved_kernels("tpu", context)
+    flops = 0.0
+    if kernels.attention == "splash":
+        forward, backward = _splash_scores(config, context)
+        fill_fwd, fill_dkv, _ = _splash_fills(config, context, mxu_width)
+        per_score = _per_score(config, global_batch, num_devices)
+        flops += 2 * per_score * (forward / fill_fwd + 2 * backward / fill_dkv)
+        flops *= m.num_layers
+    if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
+        tokens = global_batch * config.seq_len
+        expert_mlp = 2 * tokens * m.mlp_dim * m.d_model * 3 * m.experts_per_token
+        flops += expert_mlp * m.num_layers * 3 / num_devices
+    return KernelFlops(flops, each)
+
+
+def _each_call(
+    config,
+    global_batch: int,
+    num_devices: int,
+    context: int,
+    calls: list,
+    expert: int,
+    mxu_width: int,
+) -> list[float]:
+    """FLOPs of one execution of each call (see `kernel_flops`)."""
+    m = config.model
+    kernels = config.resolved_kernels("tpu", context)
+    forward, backward = _splash_scores(config, context)
+    per_score = _per_score(config, global_batch, num_devices)
+    fused_dq = not any("_dq" in c["name"] for c in calls if c["name"].startswith("splash_"))
+    fill_fwd, fill_dkv, fill_dq = _splash_fills(config, context, mxu_width, fused_dq)
+    groups = m.num_experts // expert if m.is_moe else 1  # experts on each device
+    each = []
+    for call in calls:
+        name = call["name"]
+        if name.startswith("splash_") and kernels.attention == "splash":
+            if "_fwd" in name:
+                each.append(2 * per_score * forward / fill_fwd)
+            elif "_dkv" in name:
+                each.append((5 if fused_dq else 4) * per_score * backward / fill_dkv)
+            elif "_dq" in name:
+                each.append(3 * per_score * backward / fill_dq)
+            else:
+                each.append(call["flops"])
+        elif name.startswith(GROUPED_MATMULS) and call["flops"]:
+            each.append(grouped_matmul_flops(call, groups, mxu_width))
+        else:
+            each.append(call["flops"] or 0.0)
+    return each
+
+
+def mxu_fill(width: int, contracted: int, columns: int) -> float:
+    """The share of a `width` x `width` systolic MXU a matmul keeps busy: it holds a
+    (`contracted` x `columns`) operand in the array, a whole number of width x width tiles
+    (each dim padded up to the width), and streams the other operand's rows through. 1 where
+    the width is not known (0). Only for Mosaic kernels, whose code fixes which operand the
+    array holds (the right-hand one) and whose tiles set these dims: XLA's emitter lays out
+    its own matmuls, and any of them with a dim under 256 is HBM-bound on TPU7x anyway."""
+    if not width:
+        return 1.0
+    return math.prod(d / (math.ceil(d / width) * width) for d in (contracted, columns))
+
+
+def _splash_fills(
+    config, context: int, width: int, fused_dq: bool = True
+) -> tuple[float, float, float]:
+    """MXU fill of the Splash forward, dK/dV and dQ kernels: each kernel's matmuls at equal
+    FLOPs, each holding its right-hand block. Forward: QK^T (head_dim x kv block) and PV (kv
+    block x head_dim). dK/dV: QK^T and dP = dO V^T (head_dim x kv block), dV = P^T dO and
+    dK = dS^T Q (q block x head_dim), and dQ = dS K (kv block x head_dim) when fused. dQ
+    apart: QK^T, dP and dQ."""
+    head = config.model.head_dim
+    blocks = config.resolved_kernels("tpu", context).blocks(config.seq_len, config.seq_len)
+    kv, kv_dkv, q_dkv = (blocks[k] for k in ("block_kv_compute", "block_kv_dkv_compute",
+                                             "block_q_dkv"))  # fmt: skip
+
+    def over(*fills: float) -> float:  # one fill for matmuls of equal FLOPs
+        return len(fills) / sum(1 / f for f in fills)
+
+    along_kv = mxu_fill(width, head, kv_dkv)  # head_dim x kv, kv x head_dim: the same share
+    along_q = mxu_fill(width, q_dkv, head)
+    dkv = (along_kv, along_kv, along_q, along_q, *((along_kv,) if fused_dq else ()))
+    return mxu_fill(width, head, kv), over(*dkv), along_kv
+
+
+def _per_score(config, global_batch: int, num_devices: int) -> float:
+    """FLOPs per device of one matmul of attention, per score element (query x key)."""
+    return 2 * global_batch * config.model.num_heads * config.model.head_dim / num_devices
+
+
+def _splash_scores(config, context: int) -> tuple[float, float]:
+    """Score elements the causal Splash forward and backward kernels compute, by their
+    blocks; with context parallelism (blocks of a sharded mask, not counted), the causal
+    half."""
+    s = config.seq_len
+    if context != 1:
+        return s * s / 2, s * s / 2
+    blocks = config.resolved_kernels("tpu", context).blocks(s, s)
+    return (
+        splash_scores(s, blocks["block_q"], blocks["block_kv"]),
+        splash_scores(s, blocks["block_q_dkv"], blocks["block_kv_dkv"]),
+    )
+
+
+# The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
+# (gmm_megablox, tgmm_megablox: pipelined by hand, no blocks to read) and libtpu's lowering of
+# XLA's ragged_dot (ragged-dot-*).
+GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-")
+
+
+def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
+    """FLOPs one grouped-matmul kernel call computes: whole (tm, tk, tn) tiles (the tiling
+    its metadata states, as tokamax's kernels do, else read from its blocks), over at most
+    m/tm + G - 1 row tiles (a row tile two groups share runs once for each: the kernels'
+    group metadata; routed rows rarely end on a tile edge), its contraction and columns
+    padded to whole tiles. gmm's output is [m, n] (contracting k), tgmm's [G, k, n]
+    (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate. With
+    `mxu_width`, over the MXU share of the tile it holds (`mxu_fill`): gmm its (tk, tn)
+    weight tile, tgmm its (tm, tn) gradient tile."""
+    tiles = _tiles(call)
+    if not tiles:
+        return call["flops"]
+    tm, tk, tn = tiles
+    if len(call["out"]) == 3:
+        groups, k, n = call["out"]
+        rows = call["flops"] / (2 * k * n)
+        held = (tm, tn)
+    else:
+        rows, n = call["out"]
+        k = call["flops"] / (2 * rows * n)
+        held = (tk, tn)
+    row_tiles = math.ceil(rows / tm) + groups - 1
+    flops = 2 * row_tiles * tm * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn
+    return flops / mxu_fill(mxu_width, *held)
+
+
+def splash_scores(seq: int, block_q: int, block_kv: int) -> float:
+    """Score elements a causal Splash kernel computes: it skips the (block_q, block_kv)
+    blocks the mask covers whole and computes every other block in full, so a block on the
+    diagonal costs as much as one under it (2048-row blocks at 8k: 1.25x the causal half)."""
+    rows = seq // block_q
+    per_row = (min(seq // block_kv, math.ceil((i + 1) * block_q / block_kv)) for i in range(rows))
+    return sum(per_row) * block_q * block_kv
+
+
+def _tiles(call: dict) -> tuple[int, int, int] | None:
+    """A grouped-matmul call's (tm, tk, tn): the tiling its metadata states, else read from
+    its blocks; None without either."""
+    if call.get("tiling"):
+        return tuple(call["tiling"])
+    if call["blocks"]:
+        (tm, tk), tn = call["blocks"][0][-2:], call["blocks"][-1][-1]
+        return tm, tk, tn
+    return None

@@ -1,0 +1,174 @@
+"""Attention and MoE grouped-matmul implementations: XLA references, Pallas TPU kernels,
+and the GPU's fused kernels (cuDNN attention, tokamax's grouped matmul).
+
+On TPU the Pallas kernels run compiled; elsewhere they run with interpret=True, which
+proves wiring, tile validation and numerics, and says nothing about speed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
+from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
+
+from trainer.parallel.context import load_balance_order, natural_chunk_order
+from trainer.spec.config import KernelsConfig
+from trainer.spec.remat import Tensor
+
+# tokamax reads its absl flags on first use, parsing sys.argv if nobody has: our own command
+# lines (the trainer's, a benchmark's) are not absl's, so its defaults are taken as parsed.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+def reference_attention(
+    q_BxSxHxD, k_BxTxKxD, v_BxTxKxD, q_pos_BxS, k_pos_BxT, max_logit_const=None
+):
+    """Grouped-query causal attention; the mask comes from positions, so a permuted sequence works.
+
+    With `max_logit_const` the softmax subtracts that constant instead of the running max
+    (exp(s - c)); a constant too small for the logits overflows to inf/NaN, by design
+    detectable.
+    """
+    b, s, h, d = q_BxSxHxD.shape
+    kv = k_BxTxKxD.shape[2]
+    q_BxSxKxGxD = q_BxSxHxD.reshape(b, s, kv, h // kv, d) * (d**-0.5)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q_BxSxKxGxD, k_BxTxKxD).astype(jnp.float32)
+    mask = q_pos_BxS[:, None, None, :, None] >= k_pos_BxT[:, None, None, None, :]
+    if max_logit_const is None:
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:
+        unnormalized = jnp.where(mask, jnp.exp(scores - max_logit_const), 0.0)
+        probs = unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(v_BxTxKxD.dtype), v_BxTxKxD)
+    return out.reshape(b, s, h, d)
+
+
+def fused_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, implementation: str | None = "cudnn"):
+    """Causal grouped-query attention through jax.nn.dot_product_attention: cuDNN's flash
+    attention on NVIDIA GPUs (no S x S scores in memory). Positions are the natural order
+    (no context sharding, no load-balanced permutation); `implementation="xla"` is the same
+    call through XLA, which lets a CPU test check everything around the cuDNN kernel."""
+    d = q_BxSxHxD.shape[-1]
+    return jax.nn.dot_product_attention(
+        q_BxSxHxD,
+        k_BxSxKxD,
+        v_BxSxKxD,
+        scale=d**-0.5,
+        is_causal=True,
+        implementation=implementation,
+    )
+
+
+def splash_config(
+    kernels: KernelsConfig, interpret: bool, q_len: int, kv_len: int
+) -> splash.SplashConfig:
+    return splash.SplashConfig(
+        **kernels.blocks(q_len, kv_len),
+        **{f"{x}_layout": splash.QKVLayout[getattr(kernels, f"{x}_layout").upper()] for x in "qkv"},
+        max_logit_const=kernels.max_logit_const,
+        interpret=interpret,
+        # The kernel names its output and logsumexp "context" (as MaxText's does): a remat
+        # policy that saves the context saves what the fused backward reads, and the backward
+        # does not run the forward kernel again.
+        residual_checkpoint_name=Tensor.CONTEXT,
+    )
+
+
+def _run_kernel(kernel, q_BxSxHxD, k_BxTxKxD, v_BxTxKxD):
+    """One MQA kernel per kv head (exact GQA), vmapped over batch and kv heads."""
+    b, s, h, d = q_BxSxHxD.shape
+    kv = k_BxTxKxD.shape[2]
+    # The kernel does not scale q.
+    q_BxKxGxSxD = (q_BxSxHxD * (d**-0.5)).reshape(b, s, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
+    k_BxKxTxD = k_BxTxKxD.transpose(0, 2, 1, 3)
+    v_BxKxTxD = v_BxTxKxD.transpose(0, 2, 1, 3)
+    out_BxKxGxSxD = jax.vmap(jax.vmap(kernel))(q_BxKxGxSxD, k_BxKxTxD, v_BxKxTxD)
+    return out_BxKxGxSxD.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d)
+
+
+def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool):
+    """Splash attention (tokamax's Pallas TPU kernel) over a whole causal sequence."""
+    s = q_BxSxHxD.shape[1]
+    # Built per trace, not cached: the kernel holds arrays made inside the current trace.
+    kernel = splash.make_splash_mqa_single_device(
+        mask=splash_mask.CausalMask((s, s)), config=splash_config(kernels, interpret, s, s)
+    )
+    return _run_kernel(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+
+
+def sharded_splash_attention(
+    q_BxSxHxD,
+    k_BxSxKxD,
+    v_BxSxKxD,
+    kernels: KernelsConfig,
+    interpret: bool,
+    load_balanced: bool = False,
+):
+    """Splash under shard_map: a Pallas kernel is a custom call the SPMD partitioner cannot split.
+
+    Batch is split over (data, fsdp, expert), heads over tensor and, with context
+    parallelism, the query sequence over context: each device keeps its query chunk,
+    all-gathers keys and values, and reads its rows of the (load-balanced) causal mask,
+    which the kernel holds sharded by query (q_seq_shards).
+    """
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from trainer.spec.config import BATCH_AXES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels, interpret)
+    context = mesh.shape["context"]
+    if context == 1:
+        spec = P(BATCH_AXES, None, "tensor", None)
+        body = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+        )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+    s = q_BxSxHxD.shape[1]
+    # Lazy: the kernel computes causality from each row's position; no S x S array exists.
+    mask = LoadBalancedCausalMask((s, s), context if load_balanced else 1)
+    kernel = splash.make_splash_mqa(
+        mask=mask, config=splash_config(kernels, interpret, s // context, s), q_seq_shards=context
+    )
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("context")))
+    spec = P(BATCH_AXES, "context", "tensor", None)
+
+    def body(kernel, q, k, v):
+        k = jax.lax.all_gather(k, "context", axis=1, tiled=True)
+        v = jax.lax.all_gather(v, "context", axis=1, tiled=True)
+        if load_balanced:  # gathered in the pipeline's order; the mask's columns are positions
+            k, v = (natural_chunk_order(x, context) for x in (k, v))
+        return _run_kernel(kernel, q, k, v)
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(kernel_spec, spec, spec, spec), out_specs=spec, check_vma=False
+    )(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
+
+
+class LoadBalancedCausalMask(splash_mask._ComputableMask):
+    """Causal attention for queries in load-balanced order, computed inside the kernel (as
+    MaxText's mask of the same name): row r is the query at position order[r], columns are
+    key positions. `context` 1 is the plain causal mask."""
+
+    def __init__(self, shape: tuple[int, int], context: int):
+        super().__init__(shape=shape, mask_function=lambda q, kv: q >= kv)
+        self.context = context
+        self.order = load_balance_order(shape[0], context) if context > 1 else np.arange(shape[0])
+        self.q_sequence = self.order.astype(np.int32)
+
+    def __eq__(self, other: object):
+        if not isinstance(other, LoadBalancedCausalMask):
+            return NotImplemented
+        return self.shape == other.shape and self.context == other.context
+
+    def __hash__(self):
+        return hash((type(self), self.shape, self.context))

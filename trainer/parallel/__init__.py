@@ -1,0 +1,1 @@
+"""How devices split a trial's work: meshes, logical-axis rules, context load balancing, hosts."""

@@ -1,0 +1,1 @@
+"""Run fidelity: training the program on attached devices, timed and judged."""

@@ -1,0 +1,100 @@
+"""What a step costs and how fast it ran: analytic FLOPs, peak tables, step-time statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.spec.files import write_json
+from trainer.spec.hardware import ACCELERATORS
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Peak dense TFLOP/s per chip by precision, and how many JAX devices a chip shows."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    devices_per_chip: int
+    source: str
+
+
+# Vendor peaks (KNOBS.md, Measurement), from the datasheet table the estimate uses too.
+# Keys are jax Device.device_kind prefixes.
+CHIPS: dict[str, Chip] = {
+    a.device_kind: Chip(a.name, dict(a.peak_tflops), a.devices_per_chip, "datasheet")
+    for a in ACCELERATORS.values()
+}
+
+
+def peak_for(chip: Chip, precision: str) -> float | None:
+    """Peak TFLOP/s of the precision the step ran in (KNOBS.md: MFU uses that peak); None if unknown."""
+    return chip.peak_tflops.get(precision)
+
+
+def chip_for(
+    device_kind: str, platform_name: str, num_devices: int, cache_dir: Path | None
+) -> Chip:
+    for prefix, chip in CHIPS.items():
+        if device_kind.startswith(prefix):
+            return chip
+    if platform_name == "cpu":
+        # Simulated CPU devices share one host: the host is the "chip".
+        peak = measured_cpu_peak_tflops(cache_dir)
+        return Chip(
+            f"cpu ({platform.machine()}, {_usable_cores()} cores)",
+            {"bf16": peak, "fp8": peak},
+            num_devices,
+            "measured",
+        )
+    return Chip(device_kind, {}, 1, "unknown")
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on: a trial pinned to 1 of 16 cores has a 1-core peak."""
+    return len(os.sched_getaffinity(0))
+
+
+def measured_cpu_peak_tflops(cache_dir: Path | None) -> float:
+    """Best f32 matmul TFLOP/s of this host, measured once and cached by host and JAX version."""
+    import jax
+    import jax.numpy as jnp
+
+    key = f"{platform.node()}-{platform.machine()}-{_usable_cores()}-jax{jax.__version__}"
+    path = (cache_dir / "cpu_peak.json") if cache_dir else None
+    if path and path.exists():
+        cached = json.loads(path.read_text())
+        if key in cached:
+            return float(cached[key])
+    n = 1024
+    cpu = jax.devices("cpu")[0]
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    tflops = 2 * n**3 / best / 1e12
+    if path:
+        cached = json.loads(path.read_text()) if path.exists() else {}
+        write_json(path, {**cached, key: tflops})
+    return tflops
+
+
+def step_time_stats(step_times_s: list[float]) -> dict[str, float]:
+    times = np.asarray(step_times_s)
+    return {
+        "step_time_median_s": float(np.median(times)),
+        "step_time_p90_s": float(np.percentile(times, 90)),
+        "step_time_min_s": float(times.min()),
+        "step_time_max_s": float(times.max()),
+        "timed_steps": len(times),
+    }

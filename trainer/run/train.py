@@ -1,0 +1,245 @@
+"""One training run: validate, build the mesh and state, compile once, train, measure, judge."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from trainer.parallel.distributed import agree, barrier
+from trainer.program.build import (
+    accepted_event,
+    build_program,
+    compile_step,
+    memory_per_device,
+    place_batch,
+    select_devices,
+    xla_cost,
+)
+from trainer.program.hlo import count_collectives, count_matmuls, fingerprint
+from trainer.run import convergence, metrics
+from trainer.run.data import BatchSource
+from trainer.spec.checks import check_static
+from trainer.spec.config import ConfigError, MeshConfig, TrialConfig
+from trainer.spec.events import (
+    Compiled,
+    Emitter,
+    FailureClass,
+    Fidelity,
+    Step,
+    TrialFailure,
+    hbm_overflow,
+)
+from trainer.spec.files import cache_dir
+from trainer.spec.flops import training_flops_per_step
+
+
+@dataclass
+class RunResult:
+    losses: list[float] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def train(config: TrialConfig, emitter: Emitter) -> RunResult:
+    devices = select_devices(config)
+    program = build_program(config, devices)
+    platform = devices[0].platform
+    cache = cache_dir(config)
+    # A CPU host is its own "chip": count this process' devices, not the whole trial's.
+    local_devices = sum(d.process_index == jax.process_index() for d in devices)
+    chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache)
+    emitter.emit(
+        accepted_event(config, program, devices, chip.name, chip.devices_per_chip, platform)
+    )
+
+    compiled, compile_s = compile_step(program)
+    memory = memory_per_device(compiled)
+    hlo = compiled.as_text()
+    matmuls = count_matmuls(hlo)
+    emitter.emit(
+        Compiled(
+            compile_s=compile_s,
+            memory_per_device=memory,
+            cost_per_device=xla_cost(compiled),
+            collectives=count_collectives(hlo),
+            matmuls=matmuls,
+            program_fingerprint=fingerprint(hlo),
+            compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+        )
+    )
+    budget = config.limits.device_memory_gib
+    if budget is not None and memory.get("total_bytes", 0) > budget * 2**30:
+        raise hbm_overflow(memory["total_bytes"], budget * 2**30, "limits.device_memory_gib")
+
+    source = BatchSource(config, program.global_batch, program.degrees["context"])
+
+    def placed(step: int) -> list[jax.Array]:
+        batch = source.batch(step)
+        return [
+            place_batch(a, program.batch_sharding)
+            for a in (batch.inputs_BxS, batch.targets_BxS, batch.positions_BxS)
+        ]
+
+    state = program.init_fn(
+        jax.random.key(config.seed if config.init_seed is None else config.init_seed)
+    )
+    result = RunResult()
+    step_times: list[float] = []  # timed steps (warm-up skipped)
+    every_step: list[float] = []
+    # Hosts finish compiling at different times: the first step's collectives start together.
+    barrier("first-step")
+    loop_start = last_done = time.perf_counter()
+
+    def finish(step: int, step_metrics: dict[str, jax.Array]) -> None:
+        """Read one step's metrics back (the only block: the next step is already queued)."""
+        nonlocal last_done
+        values = {k: float(v) for k, v in step_metrics.items()}
+        # Completion to completion, with the device never idle in between: the step's time.
+        done = time.perf_counter()
+        step_time, last_done = done - last_done, done
+        every_step.append(step_time)
+        result.losses.append(values["loss"])
+        if step >= config.measure.skip_steps:
+            step_times.append(step_time)
+        emitter.emit(Step(step=step, step_time_s=step_time, **values))
+        if not all(math.isfinite(v) for v in values.values()):
+            raise TrialFailure(
+                FailureClass.DIVERGED, f"non-finite metrics at step {step}: {values}", step=step
+            )
+        limit = config.limits.time_limit_s
+        if limit is not None and done - loop_start > limit:
+            raise TrialFailure(
+                FailureClass.TIMEOUT, f"time limit {limit}s reached after step {step}", step=step
+            )
+
+    # The host never waits on the step it just dispatched: the next batch is placed while the
+    # device runs, and a step's metrics are read only once its successor is queued.
+    pending: tuple[int, dict[str, jax.Array]] | None = None
+    arrays = placed(0)
+    for step in range(config.steps):
+        if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
+            if pending is not None:
+                finish(*pending)  # the steps before the crash are reported, as they ran
+            if config.fault.crash_mode == "hang":
+                while True:  # a wedged host: alive, silent, its peers blocked in collectives
+                    time.sleep(3600)
+            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
+        state, step_metrics = compiled(state, *arrays)
+        if step + 1 < config.steps:
+            arrays = placed(step + 1)
+        if pending is not None:
+            finish(*pending)
+        pending = (step, step_metrics)
+    if pending is not None:
+        finish(*pending)
+    jax.block_until_ready(state)
+    train_s = time.perf_counter() - loop_start
+    if not step_times:  # too few steps to skip warm-up: time what there is, and say so
+        step_times = every_step[-1:]
+
+    stats = metrics.step_time_stats(step_times)
+    tokens_per_step = program.global_batch * config.seq_len
+    tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
+    chips = len(devices) / chip.devices_per_chip
+    flops = training_flops_per_step(config.model, program.global_batch, config.seq_len)
+    tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
+    precision = "fp8" if config.precision.mode == "fp8" else "bf16"
+    peak = metrics.peak_for(chip, precision)
+    result.summary = {
+        "fidelity": Fidelity.RUN,
+        "hardware": chip.name,
+        "backend": platform,
+        "device_kind": devices[0].device_kind,
+        "processes": jax.process_count(),
+        "num_devices": len(devices),
+        "chips": chips,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_sec": tokens_per_sec,
+        "tokens_per_sec_per_device": tokens_per_sec / len(devices),
+        "tokens_per_sec_per_chip": tokens_per_sec / chips,
+        "flops_per_step": flops,
+        "tflops_per_sec_per_chip": tflops_per_chip,
+        "peak_tflops_per_chip": peak,
+        "peak_precision": precision,
+        "peak_source": chip.source,
+        "mfu": tflops_per_chip / peak if peak else None,
+        **stats,
+        "compile_s": compile_s,
+        "train_s": train_s,
+        "memory_per_device": memory,
+        "hbm_per_device_gib": memory.get("total_bytes", 0) / 2**30,
+        "matmuls": matmuls,
+        "final_loss": result.losses[-1],
+    }
+    if config.convergence.enabled:
+        result.summary["convergence"] = check_convergence(
+            config,
+            result.losses,
+            platform,
+            program.global_batch,
+            len(devices),
+            program.degrees["context"],
+        )
+    return result
+
+
+def canonical_mesh(config: TrialConfig, num_devices: int) -> MeshConfig:
+    """The mesh every trial's reference runs on: FSDP over all devices (the trial's own mesh
+    where the recipe's batch does not split that way)."""
+    try:
+        check_static(config.model_copy(update={"mesh": MeshConfig()}), num_devices)
+    except ConfigError:
+        return config.mesh
+    return MeshConfig()
+
+
+def baseline_reference(config: TrialConfig, num_devices: int) -> dict[str, Any]:
+    """The recipe's convergence reference: a dedicated baseline-numerics run on the canonical
+    mesh, and a second one with another initialization (same data) that measures its noise.
+    Never a trial's own losses."""
+    mesh = canonical_mesh(config, num_devices)
+    base = config.baseline().model_copy(update={"mesh": mesh})
+    init = config.seed if config.init_seed is None else config.init_seed
+    runs = [
+        train(base.model_copy(update={"init_seed": seed}), Emitter(quiet=True)).losses
+        for seed in (init, init + 1)
+    ]
+    return convergence.reference_from_runs(
+        *runs, config.convergence.window, mesh.model_dump(), [init, init + 1]
+    )
+
+
+def check_convergence(
+    config: TrialConfig,
+    losses: list[float],
+    platform: str,
+    global_batch: int,
+    num_devices: int,
+    context: int = 1,
+) -> dict[str, Any]:
+    # Every process of a multi-host trial must take the same branch (a baseline run is
+    # collective): process 0's view of the cache decides, under the recipe's lock.
+    lead = jax.process_index() == 0
+    with convergence.lock(config, platform, global_batch) if lead else contextlib.nullcontext():
+        reference = convergence.load_reference(config, platform, global_batch)
+        source = "cache"
+        if not agree(reference is not None):
+            reference, source = baseline_reference(config, num_devices), "computed"
+            if lead:
+                convergence.store_reference(config, platform, global_batch, reference)
+    if reference is None:  # process 0's cache answered; this process does not judge
+        return {"passed": True, "reason": "judged by process 0", "reference_source": "process 0"}
+    judged = convergence.verdict(
+        losses, reference, config.convergence.tolerance, config.convergence.window
+    )
+    judged["reference_source"] = source
+    # Baseline numerics: the trial differs from its reference only in how it is sharded.
+    judged["baseline_numerics"] = config.is_baseline_numerics(platform, context)
+    judged["reference_key"] = convergence.reference_key(config, platform, global_batch)
+    return judged

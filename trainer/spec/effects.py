@@ -1,0 +1,194 @@
+"""Which knobs really act on the backend a trial runs on; inert ones are reported, not hidden."""
+
+from __future__ import annotations
+
+from trainer.spec.config import TrialConfig
+from trainer.spec.remat import uses_offload
+
+# What each backend does natively (JAX-free: the trainer's report and the engine's pinning
+# of inert values both read these).
+NATIVE_RAGGED_A2A = ("tpu", "gpu")  # XLA ragged all-to-all; elsewhere an all-gather
+NO_HOST_OFFLOAD = ("cpu",)  # host placement dropped: offload compiles to remat
+FP8_EMULATED = ("cpu",)  # XLA upcasts fp8 dots to f32
+PALLAS_NATIVE = ("tpu",)  # Pallas TPU kernels run compiled; elsewhere interpreted
+LIBTPU = ("tpu",)  # LIBTPU_INIT_ARGS reach only libtpu
+TOKAMAX_GMM_KERNEL = ("gpu", "tpu")  # tokamax.ragged_dot has a kernel; elsewhere XLA's
+CUDNN = ("gpu",)  # cuDNN fused attention
+GPU_RAGGED_DOT = (
+    "XLA:GPU expands ragged_dot into a dense dot over every expert (the experts' FLOPs times "
+    "their number)"
+)
+
+
+def knob_effects(
+    config: TrialConfig,
+    platform: str,
+    degrees: dict[str, int] | None = None,
+    gpu_gmm: tuple[str | None, dict[str, str]] | None = None,
+) -> dict[str, dict[str, str]]:
+    """Each knob's status on `platform`: active, inert, emulated or interpreted, and why.
+    `gpu_gmm` is what `kernels.tokamax_gpu_gmm` found for a GPU trial's device: tokamax's
+    grouped-matmul kernel that builds there, and why the others did not."""
+    effects: dict[str, dict[str, str]] = {
+        "mesh": {"status": "active", "reason": f"sharded over {platform} devices"},
+        "remat.policy": {
+            "status": "active",
+            "reason": "changes saved tensors, memory and recompute",
+        },
+    }
+    expert = degrees["expert"] if degrees else config.mesh.expert
+    if config.model.is_moe and expert != 1:
+        effects["mesh.expert"] = (
+            {
+                "status": "active",
+                "reason": "tokens travel to their experts' devices by ragged all-to-all",
+            }
+            if platform in NATIVE_RAGGED_A2A
+            else {
+                "status": "emulated",
+                "reason": f"XLA on {platform} has no ragged all-to-all: the same exchange runs as an "
+                "all-gather (exact numerics, not TPU traffic or speed)",
+            }
+        )
+    if uses_offload(config.remat):
+        if platform in NO_HOST_OFFLOAD:
+            effects["remat.offload"] = {
+                "status": "inert",
+                "reason": "the CPU backend drops host placement: offload behaves as remat",
+            }
+        else:
+            effects["remat.offload"] = {
+                "status": "active",
+                "reason": "offloaded to pinned host memory",
+            }
+    if not config.xla.is_default:
+        effects["xla"] = (
+            {
+                "status": "active",
+                "reason": "LIBTPU_INIT_ARGS: " + " ".join(config.xla.libtpu_init_args()),
+            }
+            if platform in LIBTPU
+            else {"status": "inert", "reason": f"LIBTPU flags do not reach the {platform} backend"}
+        )
+    if config.precision.mode == "fp8":
+        effects["precision"] = (
+            {
+                "status": "emulated",
+                "reason": "XLA on CPU upcasts fp8 to f32: numerics are real, speed is not a TPU finding",
+            }
+            if platform in FP8_EMULATED
+            else {"status": "active", "reason": "fp8 dot operands via qwix"}
+        )
+    context = degrees["context"] if degrees else config.mesh.context
+    kernels = config.resolved_kernels(platform, context)
+    if config.kernels.attention == "auto":
+        effects["kernels.attention"] = {
+            "status": "active",
+            "reason": f"auto resolved to {kernels.attention} on {platform}",
+        }
+    if kernels.attention == "splash":
+        effects["kernels.splash_blocks"] = _kernel_effect(
+            platform, "Splash attention", "tiles and layouts"
+        )
+    if config.model.is_moe:
+        if config.kernels.moe_gmm == "auto":
+            effects["kernels.moe_gmm"] = {
+                "status": "active",
+                "reason": f"auto resolved to {kernels.moe_gmm} on {platform}",
+            }
+        if kernels.moe_gmm == "megablox":
+            effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
+        if config.fp8_experts_in_tokamax(platform):
+            effects["kernels.moe_gmm"] = _fp8_experts_effect(platform)
+        elif kernels.moe_gmm == "tokamax" and platform not in TOKAMAX_GMM_KERNEL:
+            effects["kernels.moe_gmm"] = {
+                "status": "inert",
+                "reason": f"tokamax has no grouped-matmul kernel for {platform}: it runs XLA's "
+                "ragged_dot, the same program as moe_gmm ragged_dot",
+            }
+        if kernels.moe_gmm == "tokamax" and platform == "gpu" and gpu_gmm is not None:
+            effects["kernels.moe_gmm"] = _tokamax_gpu_effect(config.kernels.moe_gmm, *gpu_gmm)
+        if kernels.moe_gmm == "ragged_dot" and platform == "gpu":
+            said = (
+                "auto resolved to ragged_dot on gpu: " if config.kernels.moe_gmm == "auto" else ""
+            )
+            why = (
+                "fp8 experts on GPU are quantized through ragged_dot only (precision.targets "
+                "dense runs them on tokamax's kernel in bf16); "
+                if config.fp8_experts
+                else ""
+            )
+            effects["kernels.moe_gmm"] = {
+                "status": "active",
+                "reason": f"{said}{why}{GPU_RAGGED_DOT}",
+            }
+    if not config.kernels.tokamax_tiles.is_default:
+        runs = config.model.is_moe and kernels.moe_gmm == "tokamax" and platform == "tpu"
+        effects["kernels.tokamax_tiles"] = (
+            {"status": "active", "reason": "tiles of tokamax's TPU grouped-matmul kernels"}
+            if runs
+            else {
+                "status": "inert",
+                "reason": "they tile tokamax's TPU grouped-matmul kernels, which this trial "
+                f"does not run (moe_gmm {kernels.moe_gmm} on {platform})",
+            }
+        )
+    if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
+        precision = config.precision
+        unlike = [
+            f"{knob} {value}"
+            for knob, value, experts in (
+                ("granularity", precision.granularity, "per_axis"),
+                ("scaling", precision.scaling, "dynamic"),
+            )
+            if value != experts
+        ]
+        if unlike:
+            effects["precision.experts"] = {
+                "status": "active",
+                "reason": "the experts are quantized by qwix's ragged_dot, which takes dynamic "
+                f"scales per row and per column: {' and '.join(unlike)} "
+                f"{'reaches' if len(unlike) == 1 else 'reach'} the dense layers only (with "
+                "moe_gmm tokamax on TPU, the experts too)",
+            }
+    if config.kernels.max_logit_const is not None:
+        effects["kernels.max_logit_const"] = {
+            "status": "active",
+            "reason": "numerics: softmax uses exp(s - c)",
+        }
+    return effects
+
+
+def _fp8_experts_effect(platform: str) -> dict[str, str]:
+    if platform == "tpu":
+        return {
+            "status": "active",
+            "reason": "fp8 experts in tokamax's Mosaic TPU kernels: fp8 operands in the forward "
+            "and both gradients (trainer/model/fp8_gmm.py)",
+        }
+    return {
+        "status": "emulated",
+        "reason": "fp8 experts quantized as tokamax's TPU kernels take them (trainer/model/fp8_gmm.py); "
+        f"on {platform} tokamax's XLA path multiplies them dequantized: numerics, not speed",
+    }
+
+
+def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]):
+    said = "auto resolved to tokamax on gpu: " if asked == "auto" else ""
+    if kernel:
+        return {"status": "active", "reason": f"{said}tokamax's {kernel} grouped matmul"}
+    why = "; ".join(f"{name}: {error}" for name, error in failures.items())
+    return {
+        "status": "inert",
+        "reason": f"{said}no tokamax grouped-matmul kernel builds with this JAX ({why}): it runs "
+        f"XLA's ragged_dot: {GPU_RAGGED_DOT}",
+    }
+
+
+def _kernel_effect(platform: str, name: str, knobs: str = "tiles") -> dict[str, str]:
+    if platform in PALLAS_NATIVE:
+        return {"status": "active", "reason": f"{name} Pallas kernel with these {knobs}"}
+    return {
+        "status": "interpreted",
+        "reason": f"{name} runs with interpret=True on {platform}: correctness only, tiles have no speed meaning",
+    }

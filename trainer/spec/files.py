@@ -1,0 +1,43 @@
+"""Files several processes read while one writes them, and where a sweep's cache lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.spec.config import TrialConfig
+
+
+def write_json(path: Path, obj: Any, *, indent: int | None = None, durable: bool = False) -> Path:
+    """`obj` as JSON at `path`, atomically: a reader sees the old file or the whole new one
+    (written beside it under this process' name, then renamed over it). `durable` also
+    syncs it to disk first, for state that must survive the host going down."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=indent)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+DEFAULT_CACHE = Path(os.environ.get("SWEEPER_CACHE_DIR", Path.home() / ".cache" / "sweeper"))
+
+
+def cache_dir(config: TrialConfig) -> Path:
+    """The sweep's shared cache; a host that cannot write there keeps its own (the reference
+    is then computed by the trial itself)."""
+    path = Path(config.convergence.cache_dir) if config.convergence.cache_dir else DEFAULT_CACHE
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / "sweeper-cache"
