@@ -34,6 +34,7 @@ run: setup
 TEST_WORKERS ?= 2
 test: setup gpu-compile
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Real-size checks (the published 70B recipe against MaxText): about 15 minutes each here.
@@ -41,7 +42,7 @@ test-slow: setup
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 bench: setup
 	$(BIN)/python -m benchmarks.trainer_throughput

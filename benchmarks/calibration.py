@@ -34,9 +34,10 @@ from rich.table import Table
 
 from sweeper.space import assemble, load_space
 from trainer.compile.cost import program_cost
+from trainer.compile.schedule import Schedule
 from trainer.compile.step_model import kernel_flops, step_time
 from trainer.spec.config import load_config
-from trainer.spec.hardware import ACCELERATORS, chips_in
+from trainer.spec.hardware import ACCELERATORS, Topology
 
 RECORDS = Path(__file__).resolve().parents[1] / "results" / "calibration"
 # The table as of AI-Hypercomputer/tpu-recipes@39ff447 (training/ironwood/README.md), whose
@@ -152,15 +153,17 @@ def estimate_rows(
             continue
         config, _ = recipe(name)
         trial = load_config({**config, "compile_target": target})
-        devices = chips_in(target) * 2
+        devices = Topology.parse(target).devices
         global_batch = round(trial.per_device_batch * devices)
         cost = compiled_cost(name, recompile)
+        # Read once: the fit runs each row's schedule thousands of times.
+        cost["schedule"] = Schedule.model_validate(cost["schedule"])
         calls, width = cost.get("kernel_calls"), ACCELERATORS["tpu7x"].mxu_width
         rows[name] = {
             "cost": cost,
             "kernels": kernel_flops(trial, global_batch, devices, calls=calls, mxu_width=width),
             "tokens_per_step": global_batch * trial.seq_len,
-            "chips": chips_in(target),
+            "chips": Topology.parse(target).chips,
             "published_step_s": step,
             "published_tokens": tokens,
         }

@@ -22,7 +22,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from trainer.program.hlo import COLLECTIVES
 from trainer.spec.config import SPLASH_BLOCKS
+from trainer.spec.hardware import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,22 +127,12 @@ def main() -> None:
             status,
             f"{c.get('compile_s', 0):.0f}",
             f"{wall:.0f}",
-            f"{c.get('memory_per_device', {}).get('total_bytes', 0) / 2**30:.1f}",
+            f"{c.get('memory_per_device', {}).get('total_bytes', 0) / GIB:.1f}",
             str(s.get("fits", "-")),
             f"{s.get('est_step_time_s', 0):.3f}",
             f"{s.get('est_tokens_per_sec_per_chip', 0):,.0f}",
             s.get("bound", "-"),
-            " / ".join(
-                str(col.get(op, "-"))
-                for op in (
-                    "all-gather",
-                    "reduce-scatter",
-                    "all-reduce",
-                    "all-to-all",
-                    "ragged-all-to-all",
-                    "collective-permute",
-                )
-            ),
+            " / ".join(str(col.get(op, "-")) for op in COLLECTIVES),
         )
         if f:
             Console(stderr=True).print(

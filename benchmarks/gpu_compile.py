@@ -33,6 +33,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trainer.spec.hardware import GIB
+
 # The H200 as XLA's GPU compiler sees it (xla/stream_executor/device_description.proto),
 # with the figures NVIDIA publishes and those the device reported (ACCELERATORS.md).
 H200_TARGET_CONFIG = """
@@ -87,8 +89,8 @@ def program_figures(hlo: str) -> dict[str, Any]:
     """What the compiled GPU program does in one step (loops counted by their trips): dot
     FLOPs, GEMM custom calls, kernel calls (Pallas Triton or Mosaic GPU, such as tokamax's
     grouped matmul), fp8 products, and the largest value a dot reads or writes."""
-    from trainer.compile.cost import nbytes, parse, program_cost
-    from trainer.program.hlo import count_matmuls
+    from trainer.compile.cost import program_cost
+    from trainer.program.hlo import count_matmuls, nbytes, parse
 
     cost = program_cost(hlo)
     calls = cost["custom_calls"]
@@ -213,8 +215,8 @@ def main() -> None:
             f"{row['dot_flops_over_model']:.2f}",
             str(row["kernel_calls"]),
             f"{row['fp8_matmuls_in_text']} / {row['matmuls_in_text']}",
-            f"{row['largest_dot_value']} ({row['largest_dot_value_bytes'] / 2**30:.2f} GiB)",
-            f"{row['memory_per_device']['temp_size_in_bytes'] / 2**30:.2f}",
+            f"{row['largest_dot_value']} ({row['largest_dot_value_bytes'] / GIB:.2f} GiB)",
+            f"{row['memory_per_device']['temp_size_in_bytes'] / GIB:.2f}",
         )
     console.print(table)
 

@@ -39,10 +39,9 @@ from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
-from trainer.spec.hardware import accelerator_for
+from trainer.spec.hardware import GIB, Topology
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "llama31_70b_8k_tpu7x.yaml"
-GIB = 2**30
 # MaxText 0.2.5 train_compile of the recipe on this host kind (libtpu 0.0.52, 2026-12-01).
 RECORDED_MAXTEXT = {"argument": 5_525_434_368, "temp": 86_750_150_656, "compile_s": 132.0}
 VARIANTS = {
@@ -162,7 +161,7 @@ def main() -> None:
             rows.append(("MaxText 0.2.5", "compile (recorded)", RECORDED_MAXTEXT))
     reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECORDED_MAXTEXT)
     ref_total = reference["argument"] + reference["temp"]
-    usable = accelerator_for(target).usable_hbm_per_device
+    usable = Topology.parse(target).accelerator.usable_hbm_per_device
     table = Table(
         title=f"llama3.1-70b 8k recipe on {target}: HBM per device (usable {usable / GIB:.2f} GiB)"
     )

@@ -24,8 +24,8 @@ from rich.table import Table
 from benchmarks.compile_real_models import compile_trial
 from benchmarks.maxtext_parity import maxtext_compile
 from sweeper.space import assemble, load_space
+from trainer.spec.hardware import GIB
 
-GIB = 2**30
 SAVED = ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "qkv_proj")
 # The current published recipe's Splash layouts (sa_q_layout, sa_k_layout: SEQ_MINOR): with
 # them the saved queries and keys are read back in the layout the forward pass wrote.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +16,10 @@ from sweeper.space import (
     space_overrides,
 )
 from sweeper.spacefile import SpaceFileError, parse_value
+
+if TYPE_CHECKING:
+    from sweeper.space import Space
+    from sweeper.sweep import SweepResult
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
@@ -38,7 +42,13 @@ SetOpt = Annotated[
 ]
 
 
-def _overrides(trials, concurrency, fidelity, target, sets) -> dict[str, Any]:
+def _overrides(
+    trials: int | None,
+    concurrency: int | None,
+    fidelity: str | None,
+    target: str | None,
+    sets: list[str] | None,
+) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")
@@ -209,6 +219,7 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     except KeyboardInterrupt:
         err.print("[red]interrupted[/red] before the first trial started; nothing was run")
         raise typer.Exit(130) from None
+    assert result.space_used is not None, "set when the sweep finishes"
     _print_result(result, result.space_used)
     if result.interrupted:
         err.print(
@@ -243,8 +254,12 @@ def plan(
         console.print(f"  - {reason}")
 
 
-def _print_result(result, space) -> None:
-    from sweeper.results import missing  # after a sweep: already imported
+# A results cell's convergence verdict (a bool, numpy's too, or missing) as shown.
+_VERDICT: dict[Any, str] = {True: "passed", False: "failed"}
+
+
+def _print_result(result: SweepResult, space: Space) -> None:
+    from sweeper.results import knob_columns, missing  # after a sweep: already imported
 
     metric = space.objective.primary.metric
     frame = result.trials
@@ -253,10 +268,10 @@ def _print_result(result, space) -> None:
     table = Table(
         title=f"sweep {result.sweep_id}: {result.counts}; fidelity {fidelities} on {hardware}"
     )
-    knob_cols = [c for c in frame.columns if c.startswith("knob:")]
+    knob_cols = knob_columns(frame.columns)
     # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    for col in ("trial", "status", metric, mfu, "convergence", *[c[5:] for c in knob_cols]):
+    for col in ("trial", "status", metric, mfu, "convergence", *knob_cols.values()):
         table.add_column(col)
     if not frame.empty:
         ordered = frame.sort_values(
@@ -276,7 +291,7 @@ def _print_result(result, space) -> None:
                 status,
                 "-" if missing(value) else f"{value:,.1f}",
                 "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
-                {True: "passed", False: "failed"}.get(row.get("convergence_passed"), "-"),
+                _VERDICT.get(row.get("convergence_passed"), "-"),
                 *["-" if missing(row[c]) else str(row[c]) for c in knob_cols],
             )
     Console(width=max(console.width, 200)).print(table)  # wide: one row per trial, even in a pipe

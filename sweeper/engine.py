@@ -7,6 +7,7 @@ The lifecycle that uses these (prepare -> tuner -> finish) is `sweeper.sweep.Swe
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import secrets
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from sweeper.search import check_sampler
 from sweeper.space import (
     Space,
     SpaceError,
-    assemble,
     check_feasible,
     check_warm_start,
     count_points,
@@ -91,7 +91,7 @@ def start_ray(address: str | None = None) -> None:
         address=address or "local",
         include_dashboard=False,
         log_to_driver=False,
-        logging_level="WARNING",
+        logging_level=logging.WARNING,
         # Remote nodes import the engine and trainer from the driver's copy of the code.
         runtime_env=shipped_code() if address else None,
     )
@@ -101,28 +101,30 @@ def shipped_code() -> dict[str, Any]:
     import sweeper
     import trainer
 
-    return {"py_modules": [str(Path(m.__file__).parent) for m in (sweeper, trainer)]}
+    return {"py_modules": [str(Path(m.__path__[0])) for m in (sweeper, trainer)]}
 
 
 def check_flags(space: Space) -> None:
-    """An unknown LIBTPU flag would abort every trial that carries it: refuse it before the sweep."""
+    """An unknown LIBTPU flag would abort every trial that carries it: refuse it before the
+    sweep. The flags are the base trial's and each value of an `xla.` knob (load_space has
+    checked that each makes a valid trial)."""
     if space.target == "local":
         return
-    from trainer.spec.config import load_config
+    from trainer.spec.config import XlaFlagsConfig
     from trainer.spec.flags import unknown_flag
 
-    for key, knob in {"trial": None, **space.knobs}.items():
-        values = [None] if knob is None else (knob.values or [])
-        for value in values:
-            point = {} if knob is None else {key: value}
-            try:
-                flags = load_config(assemble(space, point)).xla.libtpu_init_args()
-            except Exception:
-                continue  # invalid points are reported by the knob checks
-            rejected = unknown_flag(tuple(flags))
-            if rejected:
-                field = "trial.xla" if knob is None else f"knobs.{key}"
-                raise SpaceError(f"{rejected}; libtpu would abort every trial with it", field=field)
+    base = space.base_trial().get("xla", {})
+    candidates = [("trial.xla", base)] + [
+        (f"knobs.{key}", {**base, key.removeprefix("xla."): value})
+        for key, knob in space.knobs.items()
+        if key.startswith("xla.")
+        for value in knob.extremes()
+    ]
+    for field, xla in candidates:
+        flags = XlaFlagsConfig.model_validate(xla).libtpu_init_args()
+        rejected = unknown_flag(tuple(flags))
+        if rejected:
+            raise SpaceError(f"{rejected}; libtpu would abort every trial with it", field=field)
 
 
 def check_space(
@@ -134,8 +136,9 @@ def check_space(
     Raises SpaceError naming the field."""
     check_flags(space)
     pinned, notes = pin_inert(space, backend)
-    on = f" on {backend}" if backend else ""
-    check_warm_start(pinned, why=f" once values inert{on} are pinned away")
+    if notes:  # load_space checked the warm start against the space as written
+        on = f" on {backend}" if backend else ""
+        check_warm_start(pinned, why=f" once values inert{on} are pinned away")
     check_feasible(pinned, num_devices)
     try:
         check_sampler(pinned)

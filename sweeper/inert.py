@@ -7,6 +7,8 @@ does not exist; so such values are dropped from the space, and the sweep says so
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from sweeper.space import Knob, Space, target_backend
 from trainer.spec.config import KernelsConfig, PrecisionConfig
@@ -31,7 +33,9 @@ THROUGHPUT_MEANINGLESS = {
 
 # Kernel choices: what each value runs as on a backend (`auto` resolved; a TPU kernel off
 # TPU is interpreted, cuDNN exists on GPUs only); values that run as another are its twin.
-KERNEL_CHOICES = {
+KERNEL_CHOICES: dict[
+    str, tuple[str, Callable[[str, str], str], dict[str, tuple[str, ...]], str]
+] = {
     "kernels.attention": (
         "xla",
         lambda v, b: KernelsConfig(attention=v).resolved_attention(b),
@@ -48,7 +52,7 @@ KERNEL_CHOICES = {
 }
 
 
-def _kernel_twins(key: str, values: list, backend: str) -> dict:
+def _kernel_twins(key: str, values: list[Any], backend: str) -> dict[Any, Any]:
     """value -> the value it runs as on `backend`, for values that are not themselves there."""
     reference, resolve, native, _ = KERNEL_CHOICES[key]
     twins = {}
@@ -66,7 +70,7 @@ def _fp8_experts_possible(space: Space) -> bool:
     dense+moe): `auto` then resolves trial by trial (on GPU, ragged_dot for fp8 experts)."""
     base = space.base_trial().get("precision", {})
 
-    def values(key: str) -> list:
+    def values(key: str) -> list[Any]:
         knob = space.knobs.get(f"precision.{key}")
         default = PrecisionConfig.model_fields[key].default
         return knob.values if knob and knob.values else [base.get(key, default)]
@@ -74,9 +78,9 @@ def _fp8_experts_possible(space: Space) -> bool:
     return "fp8" in values("mode") and "dense+moe" in values("targets")
 
 
-def _drop(knob: Knob, inert: set, twin_of: dict) -> Knob:
-    kept: list = []
-    for value in knob.values:
+def _drop(knob: Knob, inert: set[Any], twin_of: dict[Any, Any]) -> Knob:
+    kept: list[Any] = []
+    for value in knob.values or []:
         replacement = twin_of.get(value, value) if value in inert else value
         if replacement not in kept:
             kept.append(replacement)

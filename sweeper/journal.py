@@ -66,6 +66,7 @@ class TrackingJournal:
                 entry["run_id"] = self.resolve(entry["run_id"])
             real = apply(entry)
             if entry["op"] == "create_run":
+                assert real is not None, "a created run has an id"
                 self.resolved[entry["local_id"]] = real
             self.pending.pop(0)
             self._save()

@@ -40,7 +40,8 @@ class Handle(Protocol):
 
 def _die_with_parent() -> None:
     # If the Ray worker dies (Tune stop, crash, lost owner), the kernel kills the trainer too.
-    with contextlib.suppress(Exception):
+    # Linux only: where there is no libc.so.6 the trainer is killed by its handle alone.
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
@@ -71,6 +72,7 @@ class TrainerProcess:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None, "started with stdout=PIPE"
         for line in self.proc.stdout:
             self._log.write(line)
             with self._lock:
@@ -157,7 +159,7 @@ class TrainerHost:
             k: v[0] if isinstance(v, list) and v else v
             for k, v in (context.get_node_labels() or {}).items()
         }
-        worker = labels.get(LABEL_WORKER, os.environ.get("TPU_WORKER_ID", "0"))
+        worker = str(labels.get(LABEL_WORKER, os.environ.get("TPU_WORKER_ID", "0")))
         return {
             "node_id": context.get_node_id(),
             "address": ray.util.get_node_ip_address(),
@@ -170,7 +172,8 @@ class TrainerHost:
 
         with socket.socket() as sock:
             sock.bind(("", 0))
-            return sock.getsockname()[1]
+            port: int = sock.getsockname()[1]
+            return port
 
     def start(self, config_json: str, args: list[str], env: dict[str, str]) -> int:
         path = self.workdir / "trial.json"
@@ -196,12 +199,14 @@ class RemoteHandle:
     def drain(self) -> tuple[list[str], int | None]:
         # A host (or its Ray worker) that died raises RayActorError, one that stopped answering
         # GetTimeoutError: infrastructure faults, which Tune retries on another slice.
-        return ray.get(self.actor.drain.remote(), timeout=60)
+        drained: tuple[list[str], int | None] = ray.get(self.actor.drain.remote(), timeout=60)
+        return drained
 
     def kill(self) -> None:
-        with contextlib.suppress(Exception):
+        # The actor (or its host) may be gone already: then so is its trainer.
+        with contextlib.suppress(ray.exceptions.RayError):
             ray.get(self.actor.kill.remote(), timeout=10)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
             ray.kill(self.actor)
 
 
@@ -250,6 +255,7 @@ def reserve_slice(placement: Placement, timeout_s: float, owner: str) -> Iterato
         node = ray.util.placement_group_table(head)["bundles_to_node_id"][0]
         labels = next(n["Labels"] for n in ray.nodes() if n["NodeID"] == node)
         selector = {**placement.label_selector, LABEL_SLICE: labels[LABEL_SLICE]}
+        assert placement.topology and placement.accelerator_version, "a slice placement"
         reservation = SlicePlacementGroup(
             topology=placement.topology,
             accelerator_version=placement.accelerator_version,
@@ -257,10 +263,11 @@ def reserve_slice(placement: Placement, timeout_s: float, owner: str) -> Iterato
             name=f"{owner}-slice",
         )
         group = reservation.placement_group
+        assert group is not None, "made by SlicePlacementGroup"
         ray.get(group.ready(), timeout=timeout_s)
         bundle = reservation.bundle_resources
         actors = [
-            TrainerHost.options(
+            TrainerHost.options(  # type: ignore[attr-defined]  # a Ray actor class
                 num_cpus=bundle.get("CPU", 0),
                 resources={"TPU": bundle["TPU"]},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -277,7 +284,8 @@ def reserve_slice(placement: Placement, timeout_s: float, owner: str) -> Iterato
             RemoteHandle(actor, {}).kill()
         if reservation is not None:
             reservation.shutdown()
-        with contextlib.suppress(Exception):
+        # Best effort: the group may be gone with its node; Ray frees it with the job anyway.
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
             remove_placement_group(head)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sweeper.space import Space, SpaceError, gpus_in
+from trainer.spec.hardware import ACCELERATORS, Topology
 
 LABEL_ACCELERATOR = "ray.io/accelerator-type"
 LABEL_SLICE = "ray.io/tpu-slice-name"
@@ -24,8 +25,6 @@ RAY_TPU_NAMES = {"tpu7x": ("TPU-V7X", "v7x"), "v5p": ("TPU-V5P", "v5p"), "v6e": 
 SLICE_DRIVER_RESOURCES = {"CPU": 0.01}
 # A sliver of the driver node's own resource keeps `local` trials on the driver host.
 NODE_AFFINITY = 0.001
-
-Backend = Literal["cpu", "gpu", "tpu"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class Placement:
     """What one trial reserves and how its trainer processes are laid out."""
 
     kind: Literal["single", "slice"]  # one trainer, child of the Tune trial; or one per slice host
-    backend: Backend  # where the trainers' JAX runs (a slice may be asked to run on cpu)
+    backend: str  # cpu, gpu or tpu: where the trainers' JAX runs (a slice may run on cpu)
     num_devices: int  # global JAX devices of one trial
     processes: int  # trainer processes per trial, one per host
     devices_per_process: int
@@ -104,11 +103,9 @@ def driver_host(hosts: list[Host]) -> Host:
 
 def find_slices(hosts: list[Host], target: str) -> tuple[list[Slice], list[str]]:
     """Complete slices of `target` (e.g. tpu7x:2x2x2), and why incomplete ones were left out."""
-    from trainer.spec.hardware import chips_in
-
-    prefix, _, topology = target.partition(":")
-    accelerator_type, _ = RAY_TPU_NAMES[prefix]
-    chips = chips_in(target)
+    topo = Topology.parse(target)
+    accelerator_type, _ = RAY_TPU_NAMES[topo.prefix]
+    topology, chips = topo.shape, topo.chips
     groups: dict[str, list[Host]] = defaultdict(list)
     for host in hosts:
         if (
@@ -208,7 +205,11 @@ def _local(space: Space, host: Host) -> Placement:
             f"{accelerators} {backend} devices per trial, but the driver host has {count}",
             field="devices",
         )
-    devices_per_chip = 2 if host.labels.get(LABEL_ACCELERATOR) == "TPU-V7X" else 1
+    devices_per_chip = next(
+        (ACCELERATORS[prefix].devices_per_chip for prefix, (label, _) in RAY_TPU_NAMES.items()
+         if host.labels.get(LABEL_ACCELERATOR) == label),
+        1,
+    )  # fmt: skip
     devices = accelerators * (devices_per_chip if backend == "tpu" else 1)
     resource = "TPU" if backend == "tpu" else "GPU"
     return Placement(
@@ -226,6 +227,7 @@ def _local(space: Space, host: Host) -> Placement:
 def _gpu_host(space: Space, hosts: list[Host]) -> Placement:
     """`gpu:N`: N GPUs of one host; the Tune trial runs on that host, its trainer as a child."""
     gpus = gpus_in(space.target)
+    assert gpus is not None, "resolve() sends gpu:N targets here"
     counts = [int(h.resources.get("GPU", 0)) for h in hosts]
     capacity = sum(c // gpus for c in counts)
     if capacity < 1:
@@ -255,11 +257,10 @@ def _gpu_host(space: Space, hosts: list[Host]) -> Placement:
 
 
 def _slice(space: Space, hosts: list[Host]) -> Placement:
-    from trainer.spec.hardware import accelerator_for, chips_in
-
+    topo = Topology.parse(space.target)
     slices, skipped = find_slices(hosts, space.target)
-    prefix, _, topology = space.target.partition(":")
-    accelerator_type, version = RAY_TPU_NAMES[prefix]
+    topology = topo.shape
+    accelerator_type, version = RAY_TPU_NAMES[topo.prefix]
     if not slices:
         why = f"; incomplete: {'; '.join(skipped)}" if skipped else ""
         raise SpaceError(
@@ -279,13 +280,13 @@ def _slice(space: Space, hosts: list[Host]) -> Placement:
             field="trial.backend",
         )
     first = slices[0]
-    per_process = first.chips_per_host * accelerator_for(space.target).devices_per_chip
+    per_process = first.chips_per_host * topo.accelerator.devices_per_chip
     processes = len(first.hosts)
-    num_devices = chips_in(space.target) * accelerator_for(space.target).devices_per_chip
+    num_devices = topo.devices
     if processes * per_process != num_devices:
         raise SpaceError(
             f"slice {first.name} has {processes} hosts x {first.chips_per_host} chips, "
-            f"not the {chips_in(space.target)} chips of {space.target}",
+            f"not the {topo.chips} chips of {space.target}",
             field="target",
         )
     return Placement(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial
 from rich.console import Console
 
 from sweeper.space import Space
 from trainer.spec.events import TrialStatus
+from trainer.spec.result import TrialResult
 
 
 class ProgressCallback(tune.Callback):
@@ -35,30 +37,36 @@ class ProgressCallback(tune.Callback):
     def _better(self, value: float) -> bool:
         return self.best is None or (value > self.best if self.maximize else value < self.best)
 
-    def on_trial_start(self, iteration, trials, trial, **info):
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self.started += 1
         self._line(f"started {trial.trial_id}")
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self.done += 1
-        result = trial.last_result or {}
-        status = result.get("trial_status")
-        if status == TrialStatus.OK:
-            value = result.get(self.metric)
-            if value is not None and math.isfinite(value) and self._better(value):
+        result = TrialResult.from_report(trial.last_result)
+        if result is not None and result.ok:
+            value = result.figure(self.metric)
+            if value is not None and self._better(value):
                 self.best = value
+            shown = "-" if value is None else f"{value:,.1f}"
+            fidelity = result.fidelity.value if result.fidelity else "?"
             self._line(
-                f"[green]ok[/green] {trial.trial_id} {self.metric}={value:,.1f} ({result.get('hardware', '')}, fidelity {result.get('fidelity', '?')})"
+                f"[green]ok[/green] {trial.trial_id} {self.metric}={shown} ({result.hardware}, fidelity {fidelity})"
             )
-        elif status == TrialStatus.FAILED:
+        elif result is not None and result.status == TrialStatus.FAILED:
             self.failed += 1
-            self._line(
-                f"[red]{result.get('failure_class')}[/red] {trial.trial_id}: {str(result.get('failure_message', ''))[:120]}"
-            )
+            failure = result.failure_class.value if result.failure_class else ""
+            self._line(f"[red]{failure}[/red] {trial.trial_id}: {result.failure_message[:120]}")
         else:
             self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
 
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self.done += 1
         self.failed += 1
         self._line(f"[red]crashed[/red] {trial.trial_id}")

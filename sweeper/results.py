@@ -6,13 +6,17 @@ says); the tracking adapter only contributes the MLflow run id and the attempt c
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ray.tune.experiment import Trial
+
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
-from trainer.spec.events import ENDED, SUMMARY_NUMBERS, FailureClass, TrialStatus
 from trainer.spec.events import STEP_METRICS as TRAINER_STEP_METRICS
+from trainer.spec.events import SUMMARY_NUMBERS, FailureClass, TrialStatus
+from trainer.spec.result import TrialResult
 
 
 def missing(value: Any) -> bool:
@@ -33,24 +37,43 @@ FINAL_METRICS = (
 )
 # Where a trial ran (Ray node ids of its processes, slice name, process count, JAX device kind).
 LAYOUT_TAGS = ("hosts", "slice", "processes", "device_kind")
+# Columns of the results table that hold a sampled knob: the prefix, then the knob's name.
+KNOB_PREFIX = "knob:"
 
 
-def final_of(trial, error: bool, ending: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A trial's final result: its last report, or what its ending says when it never made one."""
-    final = {**(trial.last_result or {}), **(ending or {})}
-    if final.get("trial_status") not in ENDED:
-        # The trainable never made its final report: stopped by the scheduler, or the worker died.
-        final = {**final, "trial_status": TrialStatus.FAILED if error else TrialStatus.STOPPED}
-        final["failure_class"] = FailureClass.CRASHED if error else ""
-        final["failure_message"] = (
-            "the trial's worker failed" if error else "stopped early by the scheduler"
-        )
-    return final
+def knob_columns(columns: Iterable[str]) -> dict[str, str]:
+    """column -> knob name, for the results table's knob columns."""
+    return {c: c.removeprefix(KNOB_PREFIX) for c in columns if c.startswith(KNOB_PREFIX)}
+
+
+def final_of(trial: Trial, error: bool, ending: TrialResult | None = None) -> TrialResult:
+    """A trial's final result: `ending` (how the sweep ended it), else its final report, else
+    what its never making one says: the scheduler stopped it, or its worker failed."""
+    if ending is not None:
+        return ending
+    final = TrialResult.from_report(trial.last_result)
+    if final is not None:
+        return final
+    if error:
+        return TrialResult.failed(FailureClass.CRASHED, "the trial's worker failed")
+    return TrialResult(status=TrialStatus.STOPPED, failure_message="stopped early by the scheduler")
+
+
+def final_metrics(result: TrialResult) -> dict[str, float | None]:
+    """The numbers a trial ended with: its figures and its convergence verdict's."""
+    conv = result.convergence
+    return {
+        **{k: result.figure(k) for k in FINAL_METRICS if not k.startswith("convergence_")},
+        "convergence_delta": conv.delta if conv else None,
+        "convergence_relative_delta": conv.relative_delta if conv else None,
+        "convergence_tolerance": conv.tolerance if conv else None,
+        "convergence_seed_noise": conv.seed_noise if conv else None,
+    }
 
 
 def rows(
-    trials: Iterable,
-    finals: dict[str, dict[str, Any]],
+    trials: Iterable[Trial],
+    finals: dict[str, TrialResult],
     run_id: Callable[[str], str | None],
     attempts: dict[str, int],
 ) -> list[dict[str, Any]]:
@@ -68,21 +91,24 @@ def rows(
     return out
 
 
-def row(trial, final: dict[str, Any], run_id: str | None, attempts: int) -> dict[str, Any]:
+def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> dict[str, Any]:
+    layout = final.layout
     return {
         "trial_id": trial.trial_id,
         "optuna_trial": trial.config.get(OPTUNA_NUMBER_KEY),
         "mlflow_run_id": run_id,
-        "status": final.get("trial_status"),
-        "failure_class": final.get("failure_class") or "",
-        "failure_message": (final.get("failure_message") or "")[:300],
-        **{k: final.get(k) for k in FINAL_METRICS},
-        "convergence_passed": final.get("convergence_passed"),
-        "hardware": final.get("hardware", ""),
-        "fidelity": final.get("fidelity", ""),
-        **{k: final.get(k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")},
+        "status": final.status.value,
+        "failure_class": final.failure_class.value if final.failure_class else "",
+        "failure_message": final.failure_message[:300],
+        **final_metrics(final),
+        "convergence_passed": final.convergence.passed if final.convergence else None,
+        "hardware": final.hardware,
+        "fidelity": final.fidelity.value if final.fidelity else "",
+        **{
+            k: getattr(layout, k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")
+        },
         "attempts": attempts,
-        "reused_from": final.get("reused_from"),
-        "effects": final.get("effects", ""),
-        **{f"knob:{k}": v for k, v in knob_point(trial.config).items()},
+        "reused_from": final.reused_from,
+        "effects": json.dumps(final.effects) if final.effects else "",
+        **{f"{KNOB_PREFIX}{k}": v for k, v in knob_point(trial.config).items()},
     }

@@ -17,22 +17,18 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.trial import TrialState
+from pydantic import ValidationError
 from ray.tune.search import Searcher
 
 from sweeper.space import Knob, Space, active, assemble
 from trainer.spec.events import FailureClass, TrialStatus
+from trainer.spec.result import STATUS_KEY, TrialResult
 
 OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
 # A point measured before in this study: its stored result, reused instead of run again.
 REUSE_KEY = "sweeper.reuse"
 # Config keys that steer a trial and are not knobs.
 CONTROL_PREFIX = "sweeper."
-# Tune's bookkeeping and bulky text: not part of a trial's durable result.
-_NOT_RECORDED = frozenset(
-    {"config", "log_tail", "trial_config", "timestamp", "checkpoint_dir_name", "done", "date",
-     "training_iteration", "trial_id", "time_this_iter_s", "time_total_s", "pid", "hostname",
-     "node_ip", "time_since_restore", "iterations_since_restore", "experiment_tag"}
-)  # fmt: skip
 
 
 def knob_point(config: dict[str, Any]) -> dict[str, Any]:
@@ -47,19 +43,12 @@ def point_key(space: Space, point: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def durable_result(result: dict[str, Any]) -> dict[str, Any]:
-    """What of a trial's final result is stored with its Optuna trial (JSON scalars only)."""
-    kept: dict[str, Any] = {}
-    for key, value in result.items():
-        if key in _NOT_RECORDED or key.startswith(CONTROL_PREFIX):
-            continue
-        if isinstance(value, str):
-            kept[key] = value[:2000]
-        elif isinstance(value, bool | int) or value is None:
-            kept[key] = value
-        elif isinstance(value, float):
-            kept[key] = value if math.isfinite(value) else None
-    return kept
+def durable_result(result: TrialResult) -> dict[str, Any]:
+    """What of a trial's final result is stored with its Optuna trial: all but its bulky
+    text, as JSON (a figure that is not finite is left out)."""
+    figures = {k: v for k, v in result.figures.items() if math.isfinite(v)}
+    kept = result.model_copy(update={"figures": figures, "log_tail": "", "trial_config": ""})
+    return kept.model_dump(mode="json", exclude_defaults=True)
 
 
 # A failure that is a property of the point: the search must learn to avoid the region.
@@ -71,19 +60,16 @@ INFEASIBLE_CLASSES = frozenset(
         FailureClass.DIVERGED,
     }
 )
-# Failures that say nothing certain about the point (a flaky host, a bug): not learned from.
-FAILED_CLASSES = frozenset(FailureClass) - INFEASIBLE_CLASSES
 
 
 def to_distribution(knob: Knob) -> BaseDistribution:
     """The single converter from a knob to Optuna; int bounds are inclusive on both sides."""
-    if knob.kind == "categorical":
+    if knob.values is not None:
         return CategoricalDistribution(knob.values)
+    low, high = knob.bounds
     if knob.kind == "int":
-        return IntDistribution(
-            int(knob.low), int(knob.high), log=knob.log, step=int(knob.step or 1)
-        )
-    return FloatDistribution(knob.low, knob.high, log=knob.log, step=knob.step)
+        return IntDistribution(int(low), int(high), log=knob.log, step=int(knob.step or 1))
+    return FloatDistribution(low, high, log=knob.log, step=knob.step)
 
 
 def from_distribution(dist: BaseDistribution, when: dict[str, Any] | None = None) -> Knob:
@@ -100,6 +86,7 @@ def from_distribution(dist: BaseDistribution, when: dict[str, Any] | None = None
             type="int",
             when=when,
         )
+    assert isinstance(dist, FloatDistribution), dist
     return Knob(low=dist.low, high=dist.high, step=dist.step, log=dist.log, type="float", when=when)
 
 
@@ -108,6 +95,7 @@ def _suggest(trial: Any, name: str, dist: BaseDistribution) -> Any:
         return trial.suggest_categorical(name, dist.choices)
     if isinstance(dist, IntDistribution):
         return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    assert isinstance(dist, FloatDistribution), dist
     return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
 
 
@@ -154,7 +142,7 @@ def make_sampler(space: Space) -> optuna.samplers.BaseSampler:
             return optuna.samplers.GPSampler(seed=search.seed, n_startup_trials=startup)
         if search.sampler == "cmaes":
             return optuna.samplers.CmaEsSampler(seed=search.seed, n_startup_trials=startup)
-        grid = {key: knob.candidates() for key, knob in space.knobs.items()}
+        grid = {key: knob.candidates() or [] for key, knob in space.knobs.items()}  # discrete
         return optuna.samplers.GridSampler(grid, seed=search.seed)
 
 
@@ -184,29 +172,40 @@ def check_sampler(space: Space) -> None:
         )
 
 
-def outcome(result: dict[str, Any] | None, error: bool) -> str:
-    """ok | infeasible | failed | pruned, from the last result Tune saw for a trial."""
-    status = (result or {}).get("trial_status")
-    if status == TrialStatus.OK:
+def stored_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:
+    """The result an Optuna trial keeps (`durable_result`); None without one, or with one
+    this version cannot read (a study continued from an older sweeper)."""
+    try:
+        return TrialResult.model_validate(trial.user_attrs["result"])
+    except (KeyError, ValidationError):
+        return None
+
+
+def outcome(final: TrialResult | None, error: bool, reported: bool = True) -> str:
+    """ok | infeasible | failed | pruned, from a trial's final result (None: it never made
+    one; `reported`: Tune saw a report of it running)."""
+    if final is not None and final.status == TrialStatus.OK:
         return "ok"
-    if status == TrialStatus.FAILED:
-        return "infeasible" if result.get("failure_class") in INFEASIBLE_CLASSES else "failed"
-    return "failed" if error or not result else "pruned"
+    if final is not None and final.status == TrialStatus.FAILED:
+        return "infeasible" if final.failure_class in INFEASIBLE_CLASSES else "failed"
+    return "failed" if error or not reported else "pruned"
 
 
 CONSTRAINTS = ("validity", "memory", "convergence")
 
 
-def constraint_vector(result: dict[str, Any]) -> list[float]:
+def constraint_vector(final: TrialResult | None) -> list[float]:
     """Values for CONSTRAINTS; each <= 0 when satisfied (Optuna's convention)."""
-    failure = result.get("failure_class") or ""
+    if final is None:
+        return [0.0, 0.0, 0.0]
+    failure = final.failure_class
     validity = 1.0 if failure == FailureClass.INVALID_CONFIG else 0.0
-    needed, budget = result.get("needed_gib"), result.get("budget_gib")
     memory = 1.0 if failure in (FailureClass.OOM_HBM, FailureClass.OOM_VMEM) else 0.0
-    if needed and budget:
-        memory = needed / budget - 1.0
+    if final.needed_gib and final.budget_gib:
+        memory = final.needed_gib / final.budget_gib - 1.0
     convergence = 0.0
-    delta, tol = result.get("convergence_relative_delta"), result.get("convergence_tolerance")
+    conv = final.convergence
+    delta, tol = (conv.relative_delta, conv.tolerance) if conv else (None, None)
     if delta is not None and tol is not None and math.isfinite(delta):
         convergence = abs(delta) - tol
     elif failure == FailureClass.DIVERGED:
@@ -237,8 +236,8 @@ class SweepSearch(Searcher):
         storage: optuna.storages.BaseStorage | str,
         points_to_evaluate: list[dict[str, Any]] | None = None,
     ):
-        super().__init__()
-        self._metric, self._mode = metric, mode  # lists for a multi-objective study
+        # Lists for a multi-objective study: Ray's Searcher takes them (its hint says str).
+        super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
         self._sweep_space = space
         self._sweep_id = sweep_id
         self._define = DefineByRun(space)
@@ -284,7 +283,7 @@ class SweepSearch(Searcher):
     def measured(self, key: str) -> optuna.trial.FrozenTrial | None:
         """The first finished trial of the study with this point key and a stored result."""
         for trial in self._ot_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if trial.user_attrs.get("point_key") == key and "result" in trial.user_attrs:
+            if trial.user_attrs.get("point_key") == key and stored_result(trial) is not None:
                 return trial
         return None
 
@@ -293,7 +292,7 @@ class SweepSearch(Searcher):
             return  # Optuna has no intermediate values for multi-objective studies
         value = result.get(self.metric)
         if (
-            result.get("trial_status") == TrialStatus.RUNNING
+            result.get(STATUS_KEY) == TrialStatus.RUNNING
             and value is not None
             and math.isfinite(value)
         ):
@@ -315,22 +314,23 @@ class SweepSearch(Searcher):
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return
         ot_trial = self._ot_trials[trial_id]
-        kind = outcome(result, error)
-        result = result or {}
+        final = TrialResult.from_report(result)
+        kind = outcome(final, error, reported=bool(result))
         if self._told_already(ot_trial):
             # Told before the driver died (resume): the stored record stands.
             self._completed_trials.add(trial_id)
             return
         ot_trial.set_user_attr("outcome", kind)
-        ot_trial.set_user_attr("failure_class", result.get("failure_class") or "")
-        if result.get("trial_status") in (TrialStatus.OK, TrialStatus.FAILED) and kind != "failed":
-            ot_trial.set_user_attr("result", durable_result(result))
+        failure = final.failure_class if final else None
+        ot_trial.set_user_attr("failure_class", failure.value if failure else "")
+        if final is not None and kind != "failed":
+            ot_trial.set_user_attr("result", durable_result(final))
         # Constraint-aware samplers (TPE, GP, NSGA-II) read these to learn infeasible regions.
-        for name, value in zip(CONSTRAINTS, constraint_vector(result), strict=True):
+        for name, value in zip(CONSTRAINTS, constraint_vector(final), strict=True):
             ot_trial.set_constraint(name, value)
         objectives = self._sweep_space.objective.all
-        if kind == "ok":
-            values = [float(result[o.metric]) for o in objectives]
+        if kind == "ok" and final is not None:
+            values = [final.objective(o.metric) for o in objectives]
             state = TrialState.COMPLETE
         elif kind == "infeasible":
             # A value is required for COMPLETE; the constraint violation ranks it below any feasible point.
@@ -338,10 +338,9 @@ class SweepSearch(Searcher):
             state = TrialState.COMPLETE
         else:
             values, state = None, TrialState.PRUNED if kind == "pruned" else TrialState.FAIL
-        if values is not None and len(values) == 1:
-            values = values[0]
         try:
-            self._ot_study.tell(ot_trial, values, state=state)
+            self._ot_study.tell(ot_trial, values[0] if values and len(values) == 1 else values,
+                                state=state)  # fmt: skip
         except RuntimeError as exc:
             # GridSampler calls study.stop() once the grid is done, which only works inside
             # study.optimize; the tell itself is already stored. Tune's trial count ends the sweep.

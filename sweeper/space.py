@@ -14,6 +14,7 @@ from sweeper.spacefile import SpaceFileError, read_space_file
 from trainer.spec.checks import check_static
 from trainer.spec.config import RECIPE_HYPERPARAMETERS, ConfigError, TrialConfig, load_config
 from trainer.spec.events import MEASURED_METRICS
+from trainer.spec.hardware import Topology
 from trainer.spec.schema import Frozen, first_error
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -84,22 +85,35 @@ class Knob(Frozen):
             return "categorical"
         if self.type:
             return self.type
-        ints = all(float(v).is_integer() for v in (self.low, self.high, self.step or 1))
+        low, high = self.bounds
+        ints = all(float(v).is_integer() for v in (low, high, self.step or 1))
         return "int" if ints else "float"
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a range knob (the validator made sure a range has both)."""
+        if self.low is None or self.high is None:
+            raise ValueError("a categorical knob has values, not bounds")
+        return self.low, self.high
 
     def candidates(self) -> list[Any] | None:
         """Every value when the knob is discrete; None when continuous."""
         if self.values is not None:
             return list(self.values)
+        low, high = self.bounds
         if self.kind == "int":
             step = max(1, int(self.step or 1))
-            if self.log or (self.high - self.low) / step >= MAX_CANDIDATES:
+            if self.log or (high - low) / step >= MAX_CANDIDATES:
                 return None
-            return list(range(int(self.low), int(self.high) + 1, step))  # bounds inclusive (Optuna)
+            return list(range(int(low), int(high) + 1, step))  # bounds inclusive (Optuna)
         if self.step is not None:
-            n = math.floor((self.high - self.low) / self.step + 1e-9) + 1
-            return [self.low + i * self.step for i in range(n)] if n <= MAX_CANDIDATES else None
+            n = math.floor((high - low) / self.step + 1e-9) + 1
+            return [low + i * self.step for i in range(n)] if n <= MAX_CANDIDATES else None
         return None
+
+    def extremes(self) -> list[Any]:
+        """Every value of a discrete knob; a range's ends otherwise."""
+        return self.candidates() or list(self.bounds)
 
 
 class Objective(Frozen):
@@ -234,11 +248,8 @@ class Space(Frozen):
                     f"{self.target} trials run on the cluster's GPU hosts: use fidelity run"
                 )
         elif self.target != "local":
-            from trainer.spec.hardware import accelerator_for, chips_in
-
             try:
-                accelerator_for(self.target)
-                chips_in(self.target)
+                Topology.parse(self.target)
             except ValueError as exc:
                 raise ValueError(f"target: {exc}") from None
         if self.effective_fidelity in ("compile", "estimate"):
@@ -270,11 +281,10 @@ class Space(Frozen):
     def num_devices(self) -> int:
         if self.target == "local":
             return self.devices or 8
-        if gpus_in(self.target) is not None:
-            return gpus_in(self.target)
-        from trainer.spec.hardware import accelerator_for, chips_in
-
-        return chips_in(self.target) * accelerator_for(self.target).devices_per_chip
+        gpus = gpus_in(self.target)
+        if gpus is not None:
+            return gpus
+        return Topology.parse(self.target).devices
 
     def base_trial(self) -> dict[str, Any]:
         """The trial configuration every sampled point is layered over."""
@@ -453,7 +463,7 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                     line=_line_of(root, ("knobs", key, "when")),
                     field=f"knobs.{key}.when",
                 )
-        values = knob.candidates() or [knob.low, knob.high]
+        values = knob.extremes()
         for value in values:
             point = dict(knob.when)
             point[key] = int(value) if knob.kind == "int" else value
@@ -477,7 +487,8 @@ def _admits(knob: Knob, value: Any) -> bool:
         )
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    return knob.low <= value <= knob.high and (knob.kind != "int" or float(value).is_integer())
+    low, high = knob.bounds
+    return low <= value <= high and (knob.kind != "int" or float(value).is_integer())
 
 
 def check_warm_start(
@@ -486,12 +497,13 @@ def check_warm_start(
     """Every warm-start point: known keys, each value one its knob can take (`why` says
     what shaped the knob, e.g. pinning), conditions met, and a valid trial configuration."""
     for i, point in enumerate(space.search.warm_start):
-        where = {"file": file, "line": _line_of(root, ("search", "warm_start", i))}
+        line = _line_of(root, ("search", "warm_start", i))
         unknown = sorted(set(point) - set(space.knobs))
         if unknown:
             raise SpaceError(
                 f"keys {unknown} are not knobs of this space",
-                **where,
+                file=file,
+                line=line,
                 field=f"search.warm_start.{i}",
             )
         for key, value in point.items():
@@ -499,27 +511,32 @@ def check_warm_start(
             if not active(knob, point):
                 raise SpaceError(
                     f"{key} is only sampled when {knob.when}; drop it from this point or meet the condition",
-                    **where,
+                    file=file,
+                    line=line,
                     field=f"search.warm_start.{i}.{key}",
                 )
             if not _admits(knob, value):
                 allowed = knob.values if knob.values is not None else f"[{knob.low}, {knob.high}]"
                 raise SpaceError(
                     f"{value!r} is not a value of knob {key} ({allowed}){why}",
-                    **where,
+                    file=file,
+                    line=line,
                     field=f"search.warm_start.{i}.{key}",
                 )
         try:
             load_config(assemble(space, point))
         except ConfigError as exc:
             raise SpaceError(
-                f"makes an invalid trial: {exc}", **where, field=f"search.warm_start.{i}"
+                f"makes an invalid trial: {exc}",
+                file=file,
+                line=line,
+                field=f"search.warm_start.{i}",
             ) from None
 
 
 def points(space: Space, limit: int) -> list[dict[str, Any]]:
     """Up to `limit` points in order (ranges contribute their ends and middle)."""
-    keys, found = list(space.knobs), []
+    keys, found = list(space.knobs), list[dict[str, Any]]()
 
     def walk(i: int, point: dict[str, Any]) -> None:
         if len(found) >= limit:
@@ -533,8 +550,9 @@ def points(space: Space, limit: int) -> list[dict[str, Any]]:
             return
         values = knob.candidates()
         if values is None:
-            mid = (knob.low + knob.high) / 2
-            values = [knob.low, int(mid) if knob.kind == "int" else mid, knob.high]
+            low, high = knob.bounds
+            mid = (low + high) / 2
+            values = [low, int(mid) if knob.kind == "int" else mid, high]
         for value in values:
             walk(i + 1, {**point, keys[i]: int(value) if knob.kind == "int" else value})
 
@@ -545,13 +563,13 @@ def points(space: Space, limit: int) -> list[dict[str, Any]]:
 def check_feasible(space: Space, num_devices: int | None = None, limit: int = 256) -> None:
     """Refuse a space none of whose points makes a trial that could run (static checks)."""
     checked = points(space, limit)
-    first = None
+    first: tuple[dict[str, Any], Exception] | None = None
     for point in checked:
         try:
             static_check(space, point, num_devices)
             return
-        except (ConfigError, SpaceError) as exc:
-            first = first or (point, exc)
+        except (ConfigError, SpaceError) as error:
+            first = first or (point, error)
     if first:
         point, exc = first
         scope = "every point" if len(checked) < limit else f"each of the first {limit} points"

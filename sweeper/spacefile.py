@@ -103,6 +103,6 @@ def read_space_file(path: Path) -> tuple[dict[str, Any], yaml.Node]:
             line,
         ) from None
     data, root = _load(text)
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or root is None:
         raise SpaceFileError("the top level must be a mapping", 1)
     return data, root

@@ -126,7 +126,8 @@ class MlflowStore:
         return self.client.create_experiment(name, artifact_location=location)
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
-        return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        run_id: str = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        return run_id
 
     def log_batch(
         self, run_id: str, metrics: list[MetricRow], params: list[Pair], tags: list[Pair]
@@ -200,7 +201,7 @@ class MemoryStore:
         self.run_experiment: dict[str, str] = {}
         self.down = False
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         # Tune pickles the Tracker with its experiment state: in this process a restored
         # sweep finds the same records again.
         return (store_for, (self.uri,))
@@ -244,9 +245,9 @@ class MemoryStore:
         self, run_id: str, metrics: list[MetricRow], params: list[Pair], tags: list[Pair]
     ) -> None:
         run = self._run(run_id)
-        for name, value, _, step in metrics:
-            run.history.setdefault(name, []).append((step, value))
-            run.metrics[name] = value
+        for name, number, _, step in metrics:
+            run.history.setdefault(name, []).append((step, number))
+            run.metrics[name] = number
         for key, value in params:
             if key in run.params and run.params[key] != value:
                 raise ValueError(f"param {key!r} of run {run_id} is already {run.params[key]!r}")

@@ -14,8 +14,8 @@ the Optuna study, the sweep folder), in Tune's `fit`, or in `finish`; `tuner()` 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from typing import Any
 import optuna
 import pandas as pd
 import yaml
+from pydantic import Field
 from ray import tune
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 
 from sweeper import results
@@ -31,7 +33,7 @@ from sweeper.engine import cap_grid, check_space, new_sweep_id, place, start_ray
 from sweeper.inert import effect_caveats
 from sweeper.placement import Placement
 from sweeper.progress import ProgressCallback
-from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler
+from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler, stored_result
 from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
 from sweeper.tracking import (
     Tracker,
@@ -39,8 +41,12 @@ from sweeper.tracking import (
     check_tracking_server,
     default_tracking_uri,
 )
-from sweeper.trainable import TrialRuntime, failure_result, run_trial
-from trainer.spec.events import ENDED, FailureClass, TrialStatus
+from sweeper.trainable import TrialRuntime, run_trial
+from trainer.spec.config import TrialConfig
+from trainer.spec.events import FailureClass, TrialStatus
+from trainer.spec.files import write_json
+from trainer.spec.result import TrialResult
+from trainer.spec.schema import Frozen
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach
@@ -52,6 +58,36 @@ INFRA_RETRIES = 2
 # started within this window of a driver's death is unknown to a resume; its records are
 # closed as killed and Tune runs another in its place.
 TUNE_STATE_EVERY_S = "2"
+
+
+class SweepManifest(Frozen):
+    """What `sweeper resume` reattaches (sweep.json in the sweep folder): the space as run,
+    the study, the tracking records, Tune's storage."""
+
+    sweep_id: str
+    space: Space
+    study_name: str
+    own_study: bool
+    optuna_storage: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    storage: str
+    inert_notes: list[str] = Field(default_factory=list)
+
+    def write(self, path: Path) -> None:
+        write_json(path, self.model_dump(mode="json"), indent=1, durable=True)
+
+    @classmethod
+    def read(cls, path: Path) -> SweepManifest:
+        try:
+            return cls.model_validate_json(path.read_text())
+        except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+            raise SpaceError(
+                f"cannot read the sweep's manifest ({str(exc).splitlines()[0][:200]}); it is "
+                "damaged or from another version: start a new sweep",
+                file=str(path),
+            ) from None
 
 
 @dataclass
@@ -139,10 +175,7 @@ class Sweep:
                 "overrides apply when the space is loaded: pass a path or name, or edit the Space"
             )
         start_ray()
-        space, placement = place(space)
-        backend = placement.backend if space.effective_fidelity == "run" else None
-        space, inert_notes = check_space(space, backend, placement.num_devices)
-        space, grid_note = cap_grid(space)
+        space, placement, inert_notes, placement_notes = checked(space)
         results_dir = Path(results_dir or REPO_RESULTS).resolve()
         results_dir.mkdir(parents=True, exist_ok=True)
         storage = storage or str(results_dir)
@@ -157,13 +190,6 @@ class Sweep:
             raise SpaceError(str(exc), field="--study") from None
         sweep_dir = results_dir / space.name / sweep_id
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        concurrency = min(space.search.concurrency, placement.capacity)
-        placement_notes = [f"placement: {placement.description}", *grid_note]
-        if concurrency < space.search.concurrency:
-            placement_notes.append(
-                f"search.concurrency {space.search.concurrency} capped at {concurrency}: "
-                f"the cluster holds {placement.capacity} such trial{'s' if placement.capacity > 1 else ''} at once"
-            )
         tracker = Tracker(
             tracking_uri, space, sweep_id, results_dir / "mlartifacts", sweep_dir / JOURNAL
         )
@@ -189,7 +215,7 @@ class Sweep:
             optuna_storage=optuna_storage,
             placement=placement,
             storage=storage,
-            concurrency=concurrency,
+            concurrency=concurrency(space, placement)[0],
             inert_notes=inert_notes,
             placement_notes=placement_notes,
             own_study=study is None,
@@ -208,17 +234,15 @@ class Sweep:
         """
         results_dir = Path(results_dir or REPO_RESULTS).resolve()
         sweep_dir = find_sweep(sweep_id, results_dir)
-        manifest = json.loads((sweep_dir / MANIFEST).read_text())
-        space = Space.model_validate(manifest["space"])
+        manifest = SweepManifest.read(sweep_dir / MANIFEST)
+        space = manifest.space
         start_ray()
         _, placement = place(space)
-        tracking_uri = tracking_uri or manifest["tracking_uri"]
+        tracking_uri = tracking_uri or manifest.tracking_uri
         check_tracking_server(tracking_uri)
         tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts",
-                          sweep_dir / JOURNAL, parent_run_id=manifest["parent_run_id"])  # fmt: skip
-        tracker.tag(
-            tracker.parent_run_id, {"resumed_at": dt.datetime.now().isoformat(timespec="seconds")}
-        )
+                          sweep_dir / JOURNAL, parent_run_id=manifest.parent_run_id)  # fmt: skip
+        tracker.tag(tracker.parent, {"resumed_at": dt.datetime.now().isoformat(timespec="seconds")})
         sweep = cls(
             space=space,
             sweep_id=sweep_id,
@@ -226,34 +250,33 @@ class Sweep:
             tracking_uri=tracking_uri,
             tracker=tracker,
             tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
-            study_name=manifest["study_name"],
-            optuna_storage=manifest["optuna_storage"],
+            study_name=manifest.study_name,
+            optuna_storage=manifest.optuna_storage,
             placement=placement,
-            storage=manifest["storage"],
-            concurrency=min(space.search.concurrency, placement.capacity),
-            inert_notes=manifest["inert_notes"],
+            storage=manifest.storage,
+            concurrency=concurrency(space, placement)[0],
+            inert_notes=manifest.inert_notes,
             placement_notes=[f"placement: {placement.description}", f"resumed sweep {sweep_id}"],
-            own_study=manifest["own_study"],
+            own_study=manifest.own_study,
             resumed=True,
         )
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
         return sweep
 
     def write_manifest(self) -> None:
-        manifest = {
-            "sweep_id": self.sweep_id,
-            "space": self.space.model_dump(mode="json"),
-            "study_name": self.study_name,
-            "own_study": self.own_study,
-            "optuna_storage": self.optuna_storage,
-            "tracking_uri": self.tracking_uri,
-            "experiment_id": self.tracker.experiment_id,
-            "parent_run_id": self.tracker.parent_run_id,
-            "storage": self.storage,
-            "inert_notes": self.inert_notes,
-        }
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        (self.sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        manifest = SweepManifest(
+            sweep_id=self.sweep_id,
+            space=self.space,
+            study_name=self.study_name,
+            own_study=self.own_study,
+            optuna_storage=self.optuna_storage,
+            tracking_uri=self.tracking_uri,
+            experiment_id=self.tracker.experiment_id,
+            parent_run_id=self.tracker.parent_run_id or "",
+            storage=self.storage,
+            inert_notes=self.inert_notes,
+        )
+        manifest.write(self.sweep_dir / MANIFEST)
 
     # -- tuner ----------------------------------------------------------------------------
 
@@ -285,6 +308,7 @@ class Sweep:
         if progress:
             all_callbacks.append(ProgressCallback(self.space))
         all_callbacks += callbacks or []
+        LIVE_CALLBACKS[self.sweep_id] = all_callbacks
         runtime = TrialRuntime(
             placement=self.placement, timeout_s=self.space.search.trial_timeout_s
         )
@@ -294,16 +318,16 @@ class Sweep:
             ),
             self.placement.trial_resources,
         )
+        if self.resumed:
+            return self._restored_tuner(trainable)
         run_config = tune.RunConfig(
             name=self.experiment_name,
             storage_path=f"{self.storage}/ray",
-            callbacks=all_callbacks,
+            callbacks=[SweepCallbacks(self.sweep_id)],
             # A trial whose worker or host died is retried; a trial fault is a result, never raised.
             failure_config=tune.FailureConfig(max_failures=INFRA_RETRIES, fail_fast=False),
             verbose=0,
         )
-        if self.resumed:
-            return self._restored_tuner(trainable, run_config)
         return tune.Tuner(trainable, tune_config=self._tune_config(), run_config=run_config)
 
     def _searcher(self) -> SweepSearch:
@@ -324,7 +348,7 @@ class Sweep:
         space, objective = self.space, self.space.objective
         scheduler = None
         if space.search.early_stopping and objective.secondary is None:
-            steps = int(space.trial.get("steps", 20))
+            steps = int(space.trial.get("steps", TrialConfig.model_fields["steps"].default))
             scheduler = ASHAScheduler(
                 time_attr="training_iteration",
                 metric=objective.primary.metric,
@@ -342,19 +366,15 @@ class Sweep:
             trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}",
         )
 
-    def _restored_tuner(self, trainable: Any, run_config: tune.RunConfig) -> tune.Tuner:
-        tuner = tune.Tuner.restore(
+    def _restored_tuner(self, trainable: Any) -> tune.Tuner:
+        # The restored RunConfig's callbacks are a SweepCallbacks of this sweep's id: they
+        # reach the callbacks this process registered for it, not the first driver's.
+        return tune.Tuner.restore(
             self.tuner_path(), trainable, resume_unfinished=True, resume_errored=False,
             restart_errored=False,
         )  # fmt: skip
-        # Tune revives the callbacks pickled when the sweep began, with their memory of then;
-        # the resumed sweep reports to callbacks rebuilt from the durable records instead.
-        restored = tuner._local_tuner.get_run_config()
-        restored.callbacks = run_config.callbacks
-        restored.failure_config = run_config.failure_config
-        return tuner
 
-    def recorded_results(self) -> dict[str, dict[str, Any]]:
+    def recorded_results(self) -> dict[str, TrialResult]:
         """Trials Tune will restart that must not run again, by Tune trial id, with their result.
 
         Told to Optuna before the driver died (Tune's checkpoint is older): their stored
@@ -362,17 +382,18 @@ class Sweep:
         """
         if not self.resumed:
             return {}
-        recorded: dict[str, dict[str, Any]] = {}
+        recorded: dict[str, TrialResult] = {}
         study = optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
         for trial in study.get_trials(deepcopy=False):
             attrs = trial.user_attrs
             tune_id = attrs.get("tune_trial_id")
             if not tune_id or attrs.get("sweep_id") != self.sweep_id:
                 continue
-            if trial.state.is_finished() and "result" in attrs:
-                recorded[tune_id] = attrs["result"]
+            stored = stored_result(trial)
+            if trial.state.is_finished() and stored is not None:
+                recorded[tune_id] = stored
             elif not trial.state.is_finished() and self.tracking.attempts.get(tune_id, 0) >= 2:
-                recorded[tune_id] = failure_result(
+                recorded[tune_id] = TrialResult.failed(
                     FailureClass.CRASHED,
                     "interrupted twice (the sweep's driver died while it ran); not retried again",
                 )
@@ -380,7 +401,7 @@ class Sweep:
 
     # -- finish ---------------------------------------------------------------------------
 
-    def finish(self, trials: list | None = None) -> SweepResult:
+    def finish(self, trials: list[Trial] | None = None) -> SweepResult:
         """Summary files, notes and the parent run, from Tune's trials (restored ones included).
 
         Runs once, when Tune's experiment ends (the sweep's own callback); later calls
@@ -390,7 +411,7 @@ class Sweep:
             self.result = self._finish(trials)
         return self.result
 
-    def _finish(self, trials: list | None) -> SweepResult:
+    def _finish(self, trials: list[Trial] | None) -> SweepResult:
         tracking, space = self.tracking, self.space
         rows = results.rows(
             trials if trials is not None else tracking.seen.values(),
@@ -401,7 +422,7 @@ class Sweep:
         frame = pd.DataFrame(rows)
         counts = {"total": len(frame)}
         if not frame.empty:
-            counts.update(frame["status"].value_counts().to_dict())
+            counts.update({str(k): int(v) for k, v in frame["status"].value_counts().items()})
         best = _best(frame, space)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         frame.to_csv(self.sweep_dir / "summary.csv", index=False)
@@ -437,7 +458,7 @@ class Sweep:
             trials=frame,
             best=best,
             experiment_id=self.tracker.experiment_id,
-            parent_run_id=self.tracker.parent_run_id,
+            parent_run_id=self.tracker.parent,
             tracking_uri=self.tracking_uri,
             study_name=self.study_name,
             optuna_storage=self.optuna_storage,
@@ -452,9 +473,9 @@ class Sweep:
     def _write_best(self, best: dict[str, Any]) -> None:
         metric = self.space.objective.primary.metric
         point = {
-            k.removeprefix("knob:"): v
-            for k, v in best.items()
-            if k.startswith("knob:") and not results.missing(v)
+            name: best[column]
+            for column, name in results.knob_columns(best).items()
+            if not results.missing(best[column])
         }
         (self.sweep_dir / "best.yaml").write_text(
             yaml.safe_dump(
@@ -494,6 +515,29 @@ class Sweep:
         return self.finish()
 
 
+def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:
+    """The space as its sweep runs it, where its trials run, the values pinned as inert
+    (a note each), and notes on the placement."""
+    space, placement = place(space)
+    backend = placement.backend if space.effective_fidelity == "run" else None
+    space, inert_notes = check_space(space, backend, placement.num_devices)
+    space, grid_note = cap_grid(space)
+    notes = [f"placement: {placement.description}", *grid_note, *concurrency(space, placement)[1]]
+    return space, placement, inert_notes, notes
+
+
+def concurrency(space: Space, placement: Placement) -> tuple[int, list[str]]:
+    """Trials at once: the space's, capped at what the cluster holds (with a note then)."""
+    allowed = min(space.search.concurrency, placement.capacity)
+    if allowed == space.search.concurrency:
+        return allowed, []
+    many = "s" if placement.capacity > 1 else ""
+    return allowed, [
+        f"search.concurrency {space.search.concurrency} capped at {allowed}: "
+        f"the cluster holds {placement.capacity} such trial{many} at once"
+    ]
+
+
 def with_trial_base(space: Space, placement: Placement, storage: str) -> Space:
     """The trial base every trial of the sweep shares: where the trainers run, the cache."""
     base = space.base_trial()
@@ -504,13 +548,44 @@ def with_trial_base(space: Space, placement: Placement, storage: str) -> Space:
     return space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
 
 
+# The callbacks of each sweep this process drives, by sweep id (see SweepCallbacks).
+LIVE_CALLBACKS: dict[str, list[tune.Callback]] = {}
+_HOOKS = ("setup", "on_step_begin", "on_step_end", "on_trial_start", "on_trial_restore",
+          "on_trial_save", "on_trial_result", "on_trial_complete", "on_trial_recover",
+          "on_trial_error", "on_checkpoint", "on_experiment_end")  # fmt: skip
+
+
+class SweepCallbacks(tune.Callback):
+    """What Tune calls back for a sweep: every hook goes to the callbacks the sweep's driver
+    registered for it in this process (its tracking, finish and progress callbacks, and the
+    caller's). Tune pickles callbacks with its experiment state and revives them when a
+    sweep is resumed; this one holds only the sweep id, so a resumed sweep reports to
+    callbacks rebuilt from its durable records, not to copies of the first driver's."""
+
+    def __init__(self, sweep_id: str):
+        self.sweep_id = sweep_id
+
+
+def _forward(hook: str) -> Callable[..., None]:
+    def forward(self: SweepCallbacks, *args: Any, **kwargs: Any) -> None:
+        for callback in LIVE_CALLBACKS.get(self.sweep_id, []):
+            getattr(callback, hook)(*args, **kwargs)
+
+    forward.__name__ = hook
+    return forward
+
+
+for _hook in _HOOKS:
+    setattr(SweepCallbacks, _hook, _forward(_hook))
+
+
 class FinishCallback(tune.Callback):
     """Finishes the sweep when Tune's experiment ends: summary files and the parent run."""
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
 
-    def on_experiment_end(self, trials, **info):
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         # Trials that started and never completed were cut off by Ctrl-C / SIGTERM (Tune
         # marks them TERMINATED when it stops them): close their records.
         tracking = self.sweep.tracking
@@ -520,7 +595,7 @@ class FinishCallback(tune.Callback):
             if t.trial_id in tracking.run_ids
             and t.trial_id not in tracking.finished
             and t.status != "ERROR"
-            and (t.last_result or {}).get("trial_status") not in ENDED
+            and not _ended(t)
         ]
         for trial in cut:
             tracking.kill(trial)
@@ -530,13 +605,18 @@ class FinishCallback(tune.Callback):
         self.sweep.finish(trials)
 
 
+def _ended(trial: Trial) -> bool:
+    final = TrialResult.from_report(trial.last_result)
+    return final is not None and final.ended
+
+
 def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
     primary = space.objective.primary
     ok = frame[frame["status"] == TrialStatus.OK] if not frame.empty else frame
     if ok.empty:
         return None
     ranked = ok.sort_values(primary.metric, ascending=primary.mode == "min")
-    return ranked.iloc[0].to_dict()
+    return {str(k): v for k, v in ranked.iloc[0].to_dict().items()}
 
 
 def find_sweep(sweep_id: str, results_dir: Path) -> Path:
@@ -572,6 +652,8 @@ def run_sweep(
         if space is not None or overrides:
             raise TypeError("resume continues a sweep as it was: pass no space or overrides")
         sweep = Sweep.resume(resume, results_dir=results_dir, tracking_uri=tracking_uri)
+    elif space is None:
+        raise TypeError("give a space (a path, a built-in name or a Space) or resume=SWEEP_ID")
     else:
         sweep = Sweep.prepare(space, results_dir=results_dir, tracking_uri=tracking_uri,
                               storage=storage, study=study, **overrides)  # fmt: skip

@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial
 
 from sweeper.journal import TrackingJournal, is_outage
-from sweeper.results import FINAL_METRICS, LAYOUT_TAGS, STEP_METRICS, final_of
+from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
-from sweeper.space import Space, assemble
+from sweeper.space import KEY_SEPARATOR, Space, assemble
 from sweeper.stores import PARENT, store_for
 from trainer.spec.events import TrialStatus
 from trainer.spec.files import write_json
+from trainer.spec.result import STATUS_KEY, TrialResult
 
 log = logging.getLogger("sweeper")
 
@@ -42,7 +44,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
+            flat.update(flatten(value, name + KEY_SEPARATOR))
         else:
             flat[name] = value
     return flat
@@ -88,12 +90,19 @@ class Tracker:
         if len(self.journal):
             self._reconnect(force=True)
 
-    def resolve(self, run_id: str | None) -> str | None:
+    @property
+    def parent(self) -> str:
+        """The sweep's run (its id as created: a local one while the store was down)."""
+        if self.parent_run_id is None:
+            raise RuntimeError("the sweep's run is not started: call start_sweep first")
+        return self.parent_run_id
+
+    def resolve(self, run_id: str) -> str:
         """The real MLflow id of a run (a run created during an outage has a local id first)."""
-        return self.journal.resolve(run_id) if run_id else run_id
+        return self.journal.resolve(run_id)
 
     def _apply(self, entry: dict[str, Any]) -> str | None:
-        op, run_id = entry["op"], self.resolve(entry.get("run_id"))
+        op, run_id = entry["op"], self.resolve(entry.get("run_id", ""))
         if op == "create_run":
             tags = {k: self.resolve(v) if k == PARENT else v for k, v in entry["tags"].items()}
             return self.store.create_run(self.experiment_id, entry["name"], tags)
@@ -109,6 +118,12 @@ class Tracker:
         elif op == "set_terminated":
             self.store.set_terminated(run_id, entry["status"], entry["end_time"])
         return None
+
+    def _create(self, name: str, tags: dict[str, str]) -> str:
+        """A new run's id: the store's, or a local one kept in the journal during an outage."""
+        run_id = self._write("create_run", name=name, tags=tags)
+        assert run_id is not None, "a created run has an id"
+        return run_id
 
     def _write(self, op: str, **args: Any) -> str | None:
         if len(self.journal) and not self._reconnect():
@@ -162,10 +177,9 @@ class Tracker:
         return len(self.journal)
 
     def start_sweep(self, space_text: str, tags: dict[str, str]) -> str:
-        self.parent_run_id = self._write(
-            "create_run",
-            name=f"sweep-{self.sweep_id}",
-            tags={"sweeper.sweep_id": self.sweep_id, "sweeper.kind": "sweep", **tags},
+        self.parent_run_id = self._create(
+            f"sweep-{self.sweep_id}",
+            {"sweeper.sweep_id": self.sweep_id, "sweeper.kind": "sweep", **tags},
         )
         search = self.space.search.model_dump()
         params = {f"search.{k}": v for k, v in search.items() if k != "warm_start"}
@@ -176,18 +190,17 @@ class Tracker:
                 "objective": ",".join(self.space.objective.metrics),
             }
         )
-        self._batch(self.parent_run_id, params=params)
-        self._write("log_text", run_id=self.parent_run_id, text=space_text, path="space.yaml")
-        return self.parent_run_id
+        self._batch(self.parent, params=params)
+        self._write("log_text", run_id=self.parent, text=space_text, path="space.yaml")
+        return self.parent
 
     def start_trial(
         self, trial_id: str, point: dict[str, Any], optuna_number: int | None, tags: dict[str, str]
     ) -> str:
-        run_id = self._write(
-            "create_run",
-            name=f"trial-{optuna_number if optuna_number is not None else trial_id}",
-            tags={
-                PARENT: self.parent_run_id,
+        run_id = self._create(
+            f"trial-{optuna_number if optuna_number is not None else trial_id}",
+            {
+                PARENT: self.parent,
                 "sweeper.sweep_id": self.sweep_id,
                 "sweeper.trial_id": trial_id,
                 "sweeper.optuna_trial": str(optuna_number),
@@ -219,41 +232,41 @@ class Tracker:
         for i in range(0, len(metrics), MAX_METRICS):
             self._write("log_batch", run_id=run_id, metrics=metrics[i : i + MAX_METRICS])
 
-    def finish_trial(self, run_id: str, final: dict[str, Any]) -> None:
-        status = final.get("trial_status", TrialStatus.FAILED)
-        metrics = {name: _number(final.get(name)) for name in FINAL_METRICS}
-        if "convergence_passed" in final:
-            metrics["convergence_passed"] = float(bool(final["convergence_passed"]))
+    def finish_trial(self, run_id: str, final: TrialResult) -> None:
+        metrics = final_metrics(final)
+        if final.convergence is not None:
+            metrics["convergence_passed"] = float(final.convergence.passed)
+        verdict = final.convergence.passed if final.convergence else None
         tags = {
-            "status": status,
-            "failure_class": final.get("failure_class") or "",
-            "fidelity": final.get("fidelity") or self.space.effective_fidelity,
-            "bound": final.get("bound", ""),
-            "backend": final.get("backend", ""),
-            "hardware": final.get("hardware", ""),
+            "status": final.status.value,
+            "failure_class": final.failure_class.value if final.failure_class else "",
+            "fidelity": final.fidelity.value if final.fidelity else self.space.effective_fidelity,
+            "bound": final.bound,
+            "backend": final.backend,
+            "hardware": final.hardware,
             "target": self.space.target,
-            "convergence": {True: "passed", False: "failed"}.get(
-                final.get("convergence_passed"), "not checked"
-            ),
-            **{k: str(final.get(k) or "") for k in LAYOUT_TAGS},
+            "convergence": "not checked"
+            if verdict is None
+            else ("passed" if verdict else "failed"),
+            **{k: str(getattr(final.layout, k) or "") for k in LAYOUT_TAGS},
         }
-        if final.get("reused_from") is not None:
-            tags["reused_from"] = f"optuna trial {final['reused_from']}"
+        if final.reused_from is not None:
+            tags["reused_from"] = f"optuna trial {final.reused_from}"
         self._batch(run_id, metrics={k: v for k, v in metrics.items() if v is not None}, tags=tags)
-        if final.get("trial_config"):  # from the trial's result: the driver may not see its disk
-            self._write("log_text", run_id=run_id, text=final["trial_config"], path="trial.json")
-        if final.get("effects"):
-            text = json.dumps(json.loads(final["effects"]), indent=1)
+        if final.trial_config:  # from the trial's result: the driver may not see its disk
+            self._write("log_text", run_id=run_id, text=final.trial_config, path="trial.json")
+        if final.effects:
+            text = json.dumps(final.effects, indent=1)
             self._write("log_text", run_id=run_id, text=text, path="knob_effects.json")
-        if status == TrialStatus.FAILED:
+        if final.status == TrialStatus.FAILED:
+            failure = final.failure_class.value if final.failure_class else None
             self._write(
                 "log_text",
                 run_id=run_id,
-                text=f"{final.get('failure_class')}: {final.get('failure_message', '')}\n\n"
-                f"{final.get('log_tail', '')}",
+                text=f"{failure}: {final.failure_message}\n\n{final.log_tail}",
                 path="trainer_log_tail.txt",
             )
-        self.terminate(run_id, RUN_STATUS.get(status, "FAILED"))
+        self.terminate(run_id, RUN_STATUS.get(final.status, "FAILED"))
 
     def terminate(self, run_id: str, status: str) -> None:
         self._write(
@@ -274,18 +287,18 @@ class Tracker:
                 if value is not None:
                     metrics[f"best_{name}"] = value
         self._batch(
-            self.parent_run_id,
+            self.parent,
             metrics=metrics,
             tags={"best_trial": str(best.get("trial_id")) if best else ""},
         )
         if notes:
             self._write(
                 "log_text",
-                run_id=self.parent_run_id,
+                run_id=self.parent,
                 text="\n".join(notes) + "\n",
                 path="notes.txt",
             )
-        self.terminate(self.parent_run_id, status)
+        self.terminate(self.parent, status)
 
     def close_leftovers(self) -> int:
         """KILLED for this sweep's child runs still RUNNING once its trials have all ended.
@@ -344,7 +357,7 @@ class TrackingCallback(tune.Callback):
         self.attempts: dict[str, int] = {}
         self.load()
         self.pending: dict[str, list[dict[str, Any]]] = {}
-        self.finals: dict[str, dict[str, Any]] = {}  # trial id -> what was recorded, this process
+        self.finals: dict[str, TrialResult] = {}  # trial id -> what was recorded, this process
         self.seen: dict[str, Any] = {}  # trial id -> Tune trial, for trials that started here
 
     @property
@@ -360,10 +373,9 @@ class TrackingCallback(tune.Callback):
         runs = {k: self.tracker.resolve(v) for k, v in self.run_ids.items()}
         write_json(self.id_map_path, {"runs": runs, "attempts": self.attempts}, indent=1)
 
-    def setup(self, **info):
-        self.load()  # a restored sweep's callback was pickled when the sweep began
-
-    def on_trial_start(self, iteration, trials, trial, **info):
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self.seen[trial.trial_id] = trial
         self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
         if trial.trial_id in self.run_ids:  # retried or resumed: reattach, do not duplicate
@@ -378,11 +390,15 @@ class TrackingCallback(tune.Callback):
             )
         self.save()
 
-    def on_trial_recover(self, iteration, trials, trial, **info):
+    def on_trial_recover(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._flush(trial.trial_id)  # Tune retries it after an infrastructure fault
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("trial_status") != TrialStatus.RUNNING:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        if result.get(STATUS_KEY) != TrialStatus.RUNNING:
             return
         pending = self.pending.setdefault(trial.trial_id, [])
         pending.append(result)
@@ -394,7 +410,7 @@ class TrackingCallback(tune.Callback):
         if results and trial_id in self.run_ids:
             self.tracker.log_steps(self.run_ids[trial_id], results)
 
-    def _finish(self, trial, error: bool, ending: dict[str, Any] | None = None) -> None:
+    def _finish(self, trial: Trial, error: bool, ending: TrialResult | None = None) -> None:
         self._flush(trial.trial_id)
         final = final_of(trial, error, ending)
         self.finals[trial.trial_id] = final
@@ -402,28 +418,27 @@ class TrackingCallback(tune.Callback):
         if run_id:
             self.tracker.finish_trial(run_id, final)
 
-    def kill(self, trial) -> None:
+    def kill(self, trial: Trial) -> None:
         """A trial cut off by an interrupted sweep: KILLED in MLflow, a `killed` row."""
         if trial.trial_id in self.finals or trial.trial_id not in self.run_ids:
             return  # already recorded, or never started (no run, no row)
-        self._finish(
-            trial,
-            error=False,
-            ending={
-                "trial_status": TrialStatus.KILLED,
-                "failure_class": "",
-                "failure_message": "the sweep was interrupted (Ctrl-C / SIGTERM) while it ran",
-            },
-        )
+        message = "the sweep was interrupted (Ctrl-C / SIGTERM) while it ran"
+        ending = TrialResult(status=TrialStatus.KILLED, failure_message=message)
+        self._finish(trial, error=False, ending=ending)
 
     def run_id(self, trial_id: str) -> str | None:
         """The MLflow run of a trial (its server id once a journaled run was replayed)."""
-        return self.tracker.resolve(self.run_ids.get(trial_id))
+        run_id = self.run_ids.get(trial_id)
+        return self.tracker.resolve(run_id) if run_id else None
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._finish(trial, error=False)
 
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._finish(trial, error=True)
 
 

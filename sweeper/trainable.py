@@ -10,15 +10,13 @@ ending kills all of its processes on every host.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import signal
 import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from sweeper.launch import (
 from sweeper.placement import Placement
 from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
-from trainer.spec.config import ConfigError
+from trainer.spec.config import ConfigError, TrialConfig
 from trainer.spec.events import (
     EXIT_CODES,
     STEP_METRICS,
@@ -52,13 +50,10 @@ from trainer.spec.events import (
     TrialStatus,
     parse_event,
 )
+from trainer.spec.result import Convergence, Layout, TrialResult, running_report
 
 LOG_TAIL_LINES = 60
-# Where and when a trial's processes ran: not copied when a trial reuses an earlier result.
-RAN_FIELDS = frozenset(
-    {"hosts", "slice", "processes", "pids", "cores", "started_at", "ended_at", "trainer_wall_s",
-     "trial_wall_s", "compile_s"}
-)  # fmt: skip
+Report = Callable[[dict[str, Any]], None]  # tune.report
 POLL_S = 0.1
 # After one process fails, how long its peers may take to end too (3 s was too short on a
 # loaded 2-core host: a killed peer was not seen in time and its survivor's error was named).
@@ -75,17 +70,8 @@ class TrialRuntime:
     """How trials run: where (the placement) and their limits, fixed for a sweep."""
 
     placement: Placement
-    timeout_s: float = 900.0
+    timeout_s: float  # the space's search.trial_timeout_s
     python: str = sys.executable
-
-
-def failure_result(failure_class: FailureClass | str, message: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "trial_status": TrialStatus.FAILED,
-        "failure_class": FailureClass(failure_class),
-        "failure_message": message[:2000],
-        **extra,
-    }
 
 
 class TrialRun:
@@ -101,24 +87,22 @@ class TrialRun:
         self.summary: Summary | None = None
         self.failure: Failure | None = None  # the event that tells why, chosen in watch()
         self.step_times: list[float] = []
-        self.config = None  # the validated TrialConfig, set when the trial starts
+        self.config: TrialConfig | None = None  # validated, set when the trial starts
         self.timed_out = False
         self.where: list[dict[str, Any]] = []  # one entry per process: node, slice, pid
         self.lost: tuple[int, int] | None = None  # (process, exit code) the trial failed by
         self.failures: dict[int, Failure] = {}  # each process's own failure event
-        self.started_at = self.ended_at = None
-
-    def base_fields(self) -> dict[str, Any]:
-        return {"trial_status": TrialStatus.RUNNING, **{m: 0.0 for m in self.objectives}}
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
 
     def running_throughput(self) -> float:
-        if self.accepted is None:
+        if self.accepted is None or self.config is None:
             return 0.0
         skip = self.config.measure.skip_steps
         timed = self.step_times[skip:] or self.step_times
         return self.accepted.tokens_per_step / statistics.median(timed) / (self.accepted.chips or 1)
 
-    def on_event(self, event: Accepted | Compiled | Step | Summary, report) -> None:
+    def on_event(self, event: Accepted | Compiled | Step | Summary, report: Report) -> None:
         if isinstance(event, Accepted):
             self.accepted = event
         elif isinstance(event, Compiled):
@@ -126,34 +110,35 @@ class TrialRun:
         elif isinstance(event, Step):
             self.step_times.append(event.step_time_s)
             running = self.running_throughput()
+            figures = {k: getattr(event, k) for k in STEP_METRICS}
             report(
-                {
-                    **self.base_fields(),
-                    "step": event.step,
-                    **{k: getattr(event, k) for k in STEP_METRICS},
-                    "tokens_per_sec_per_chip_running": running,
-                    "tokens_per_sec_per_chip": running,
-                }
+                running_report(
+                    self.objectives,
+                    step=event.step,
+                    **figures,
+                    tokens_per_sec_per_chip_running=running,
+                    tokens_per_sec_per_chip=running,
+                )
             )
         elif isinstance(event, Summary):
             self.summary = event
 
-    def layout(self) -> dict[str, Any]:
+    def layout(self) -> Layout:
         """Where the trial ran: recorded in results, summary.csv and MLflow tags."""
         slices = sorted({w["slice"] for w in self.where if w.get("slice")})
-        return {
-            "hosts": ",".join(w["node_id"] for w in self.where),
-            "slice": ",".join(slices),
-            "processes": len(self.where),
-            "pids": ",".join(str(w["pid"]) for w in self.where if "pid" in w),
-            "device_kind": self.accepted.device_kind if self.accepted else "",
+        return Layout(
+            hosts=",".join(w["node_id"] for w in self.where),
+            slice=",".join(slices),
+            processes=len(self.where),
+            pids=",".join(str(w["pid"]) for w in self.where if "pid" in w),
+            device_kind=self.accepted.device_kind if self.accepted else "",
             # Cores a local CPU trainer was pinned to (slice hosts are held whole).
-            "cores": self.where[0].get("cores", "") if self.where else "",
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-        }
+            cores=self.where[0].get("cores", "") if self.where else "",
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+        )
 
-    def effects(self) -> dict[str, Any]:
+    def effects(self) -> dict[str, dict[str, str]]:
         """The knobs' effects as the trial accepted them, refined by what its compile found
         (a flag knob whose program is the same as at its default is inert)."""
         effects = dict(self.accepted.effects) if self.accepted else {}
@@ -162,82 +147,90 @@ class TrialRun:
             effects.pop("xla", None)  # per-flag verdicts replace "flags were passed"
         return {k: e.model_dump(mode="json") for k, e in {**effects, **found}.items()}
 
-    def final(self, returncode: int | None) -> dict[str, Any]:
+    def figures(self) -> TrialResult:
+        """What the trial produced, whatever its ending: its summary's figures (each at its
+        fidelity), its convergence verdict, where it ran, its knobs' effects, its log tail."""
         accepted, summary = self.accepted, self.summary
-        common = {
-            "log_tail": "\n".join(self.tail),
-            "effects": json.dumps(self.effects()),
-            "hardware": accepted.hardware if accepted else "",
-            "backend": accepted.backend if accepted else "",
-            "fidelity": summary.fidelity if summary else self.space.effective_fidelity,
-            "bound": (summary.bound or "") if summary else "",
-            "compile_s": self.compiled.compile_s if self.compiled else None,
-            "trial_config": self.config.to_json() if self.config else "",
-            **self.layout(),
-        }
         figures = summary.model_dump(exclude={"event", "time"}) if summary else {}
         numbers = {
-            k: v
+            k: float(v)
             for k, v in figures.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and k not in common
+            if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        conv = figures.get("convergence") or {}
-        if conv:
-            numbers.update(
-                convergence_passed=conv["passed"],
-                convergence_delta=conv["delta"],
-                convergence_relative_delta=conv["relative_delta"],
-                convergence_tolerance=conv["tolerance"],
-                convergence_seed_noise=conv.get("seed_noise"),
-                convergence_reference=conv.get("reference_source", ""),
+        if self.compiled:
+            numbers["compile_s"] = self.compiled.compile_s
+        conv = figures.get("convergence")
+        return TrialResult(
+            status=TrialStatus.OK,
+            fidelity=summary.fidelity if summary else self.space.effective_fidelity,
+            hardware=accepted.hardware if accepted else "",
+            backend=accepted.backend if accepted else "",
+            bound=(summary.bound or "") if summary else "",
+            figures=numbers,
+            convergence=Convergence(
+                passed=conv["passed"],
+                delta=conv["delta"],
+                relative_delta=conv["relative_delta"],
+                tolerance=conv["tolerance"],
+                seed_noise=conv.get("seed_noise"),
+                reference=conv.get("reference_source", ""),
             )
+            if conv
+            else None,
+            layout=self.layout(),
+            effects=self.effects(),
+            trial_config=self.config.to_json() if self.config else "",
+            log_tail="\n".join(self.tail),
+        )
+
+    def ending(self, returncode: int | None) -> TrialResult | None:
+        """How the trial failed, from what its processes said and how they exited; None
+        for a trial that ended well."""
         if self.timed_out:
-            return {
-                **common,
-                **numbers,
-                **failure_result(
-                    FailureClass.TIMEOUT,
-                    f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
-                ),
-            }
-        if self.failure is not None:
-            extra = self.failure.model_dump(
-                include={"field", "step", "needed_gib", "budget_gib"}, exclude_none=True
+            return TrialResult.failed(
+                FailureClass.TIMEOUT,
+                f"trial exceeded {self.runtime.timeout_s}s; every process of it was killed",
             )
-            return {
-                **common,
-                **numbers,
-                **failure_result(self.failure.failure_class, self.failure.message, **extra),
-            }
+        if self.failure is not None:
+            return TrialResult.failed(
+                self.failure.failure_class,
+                self.failure.message,
+                failure_field=self.failure.field,
+                failure_step=self.failure.step,
+                needed_gib=self.failure.needed_gib,
+                budget_gib=self.failure.budget_gib,
+            )
         if self.accepted is not None and self.compiled is None and returncode in _CRASH_SIGNALS:
             # Accepted, never compiled, killed by its own fault: the compiler crashed (libtpu
             # overflows its stack on some programs). The same program would crash again.
             name = signal.Signals(-returncode).name
-            return {
-                **common,
-                **numbers,
-                **failure_result(
-                    FailureClass.COMPILE_ERROR,
-                    f"the trainer crashed ({name}) while compiling the step: a compiler crash, "
-                    "see log_tail",
-                ),
-            }
-        if returncode != 0 or summary is None:
-            cls = _CODE_TO_CLASS.get(returncode, FailureClass.CRASHED)
+            return TrialResult.failed(
+                FailureClass.COMPILE_ERROR,
+                f"the trainer crashed ({name}) while compiling the step: a compiler crash, "
+                "see log_tail",
+            )
+        if returncode != 0 or self.summary is None:
+            cls = _CODE_TO_CLASS.get(returncode, FailureClass.CRASHED) if returncode else None
+            cls = cls or FailureClass.CRASHED
             who = ""
             if self.lost and len(self.where) > 1:
                 host = self.where[self.lost[0]]
                 who = f"process {self.lost[0]} on host {host['node_id'][:12]} "
-            return {
-                **common,
-                **numbers,
-                **failure_result(
-                    cls,
-                    f"trainer {who}exited with code {returncode} and no failure event"
-                    + ("; the trial's other processes were killed" if who else ""),
-                ),
-            }
-        return {**common, **numbers, "trial_status": TrialStatus.OK, "failure_class": ""}
+            return TrialResult.failed(
+                cls,
+                f"trainer {who}exited with code {returncode} and no failure event"
+                + ("; the trial's other processes were killed" if who else ""),
+            )
+        return None
+
+    def final(self, returncode: int | None, ending: TrialResult | None = None) -> TrialResult:
+        """The trial's result: its figures, and how it ended (`ending`, else as its
+        processes say)."""
+        result = self.figures()
+        ending = ending or self.ending(returncode)
+        if ending is None:
+            return result
+        return result.model_copy(update=ending.model_dump(exclude_unset=True))
 
     def extra_args(self) -> list[str]:
         return ["--estimate-only"] if self.space.effective_fidelity == "estimate" else []
@@ -281,7 +274,7 @@ class TrialRun:
             finally:
                 handle.kill()
 
-    def watch(self, handles: list[Handle], report) -> int | None:
+    def watch(self, handles: list[Handle], report: Report) -> int | None:
         """Read every process until all ended, one failed (then kill the rest) or time ran out."""
         deadline = time.monotonic() + self.runtime.timeout_s
         codes: dict[int, int] = {}
@@ -333,11 +326,13 @@ class TrialRun:
             self.failure = self.failures.get(self.lost[0], first) if self.lost else first
         return self.lost[1] if self.lost else codes.get(0)
 
-    def run(self, report) -> dict[str, Any]:
+    def run(self, report: Report) -> TrialResult:
         try:
             config = self.config = static_check(self.space, self.point, self.placement.num_devices)
         except ConfigError as exc:
-            return failure_result(FailureClass.INVALID_CONFIG, exc.message, field=exc.field)
+            return TrialResult.failed(
+                FailureClass.INVALID_CONFIG, exc.message, failure_field=exc.field
+            )
         config_json = config.to_json()
         (self.trial_dir / "trial.json").write_text(config_json)
         spawned = time.time()
@@ -354,12 +349,12 @@ class TrialRun:
             if self.started_at is not None:
                 raise
             self.ended_at = time.time()
-            return {
-                **self.final(None),
-                **failure_result(FailureClass.CRASHED, f"{type(exc).__name__}: {str(exc)[:1500]}"),
-            }
+            message = f"{type(exc).__name__}: {str(exc)[:1500]}"
+            return self.final(None, TrialResult.failed(FailureClass.CRASHED, message))
         self.ended_at = time.time()
-        return {**self.final(returncode), "trainer_wall_s": time.time() - spawned}
+        result = self.final(returncode)
+        result.figures["trainer_wall_s"] = time.time() - spawned
+        return result
 
 
 def run_trial(
@@ -367,7 +362,7 @@ def run_trial(
     *,
     space: Space,
     runtime: TrialRuntime,
-    recorded: dict[str, dict[str, Any]] | None = None,
+    recorded: dict[str, TrialResult] | None = None,
 ) -> None:
     """Ray Tune function trainable: `config` is the sampled point (knob path -> value).
 
@@ -376,25 +371,20 @@ def run_trial(
     of running again.
     """
     started = time.time()
+    objectives = space.objective.metrics
     trial_id = tune.get_context().get_trial_id()
     if recorded and trial_id in recorded:
-        tune.report({**recorded[trial_id], "recovered": True, "done": True})
+        result = recorded[trial_id].model_copy(update={"recovered": True})
+        tune.report(result.to_report(objectives))
         return
     if REUSE_KEY in config:
         earlier = config[REUSE_KEY]
-        # The measurement is the earlier trial's; where and when it ran is not this trial's.
-        result = {k: v for k, v in earlier["result"].items() if k not in RAN_FIELDS}
-        objectives = {m: math.nan if result.get(m) is None else result[m]
-                      for m in space.objective.metrics}  # fmt: skip
-        tune.report({**result, **objectives, "reused_from": earlier["from"], "done": True})
+        result = TrialResult.model_validate(earlier["result"]).reused(earlier["from"])
+        tune.report(result.to_report(objectives))
         return
     trial_dir = Path(tune.get_context().get_trial_dir())
     trial_dir.mkdir(parents=True, exist_ok=True)
     trial = TrialRun(space, runtime, knob_point(config), trial_dir)
     result = trial.run(lambda metrics: tune.report(metrics))
-    # Tune needs the objective keys in every result; a failed trial has no value (NaN).
-    objectives = {
-        m: result.get(m, math.nan) if result["trial_status"] == TrialStatus.OK else math.nan
-        for m in space.objective.metrics
-    }
-    tune.report({**result, **objectives, "trial_wall_s": time.time() - started, "done": True})
+    result.figures["trial_wall_s"] = time.time() - started
+    tune.report(result.to_report(objectives))

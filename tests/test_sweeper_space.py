@@ -150,19 +150,20 @@ def test_offload_values_pinned_on_cpu():
 
 
 def test_trial_outcomes_map_to_search_semantics():
-    assert outcome({"trial_status": "ok"}, False) == "ok"
+    from trainer.spec.result import Convergence, TrialResult
+
+    assert outcome(TrialResult(status="ok"), False) == "ok"
     for cls in ("invalid_config", "oom_hbm", "oom_vmem", "diverged"):
-        assert outcome({"trial_status": "failed", "failure_class": cls}, False) == "infeasible"
+        assert outcome(TrialResult.failed(cls, ""), False) == "infeasible"
     for cls in ("crashed", "timeout", "compile_error"):
-        assert outcome({"trial_status": "failed", "failure_class": cls}, False) == "failed"
-    assert outcome({"trial_status": "running"}, False) == "pruned"  # stopped by the scheduler
+        assert outcome(TrialResult.failed(cls, ""), False) == "failed"
+    assert outcome(None, False, reported=True) == "pruned"  # stopped by the scheduler
     assert outcome(None, True) == "failed"
-    assert constraint_vector(
-        {"failure_class": "oom_hbm", "needed_gib": 3.0, "budget_gib": 2.0}
-    ) == [0.0, 0.5, 0.0]
-    feasible = constraint_vector(
-        {"convergence_relative_delta": 0.01, "convergence_tolerance": 0.05}
-    )
+    assert outcome(None, False, reported=False) == "failed"
+    oom = TrialResult.failed("oom_hbm", "", needed_gib=3.0, budget_gib=2.0)
+    assert constraint_vector(oom) == [0.0, 0.5, 0.0]
+    converged = Convergence(passed=True, relative_delta=0.01, tolerance=0.05)
+    feasible = constraint_vector(TrialResult(status="ok", convergence=converged))
     assert feasible[2] == pytest.approx(-0.04) and max(feasible) <= 0
 
 

@@ -15,6 +15,7 @@ import pytest
 from sweeper.space import load_space
 from sweeper.stores import PARENT, MemoryStore, MlflowStore, store_for
 from sweeper.tracking import Tracker
+from trainer.spec.result import Convergence, TrialResult
 
 STEPS = [{"step": s, "loss": 5.0 - s, "tokens_per_sec_per_chip": 100.0 + s} for s in range(1, 4)]
 
@@ -43,10 +44,10 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     ok = t.start_trial("t1", {"mesh.fsdp": 2}, 0, {})
     bad = t.start_trial("t2", {"mesh.fsdp": 4}, 1, {})
     t.log_steps(ok, STEPS)
-    t.finish_trial(ok, {"trial_status": "ok", "tokens_per_sec_per_chip": 123.5, "mfu": 0.25,
-                        "convergence_passed": True, "trial_config": '{"steps": 3}'})  # fmt: skip
-    t.finish_trial(bad, {"trial_status": "failed", "failure_class": "oom_hbm",
-                         "failure_message": "needs 200 GiB", "log_tail": "last words"})  # fmt: skip
+    t.finish_trial(ok, TrialResult(status="ok", figures={"tokens_per_sec_per_chip": 123.5,
+                                   "mfu": 0.25}, convergence=Convergence(passed=True),
+                                   trial_config='{"steps": 3}'))  # fmt: skip
+    t.finish_trial(bad, TrialResult.failed("oom_hbm", "needs 200 GiB", log_tail="last words"))
     t.finish_sweep({"trial_id": "t1", "tokens_per_sec_per_chip": 123.5}, {"total": 2, "ok": 1},
                    notes=["pinned: nothing"])  # fmt: skip
     store = store_for(uri)
@@ -80,7 +81,7 @@ def test_a_killed_drivers_running_runs_are_closed_and_no_one_elses(uri, tmp_path
     parent = t.start_sweep("", {})
     left = t.start_trial("t1", {}, 0, {})
     done = t.start_trial("t2", {}, 1, {})
-    t.finish_trial(done, {"trial_status": "ok"})
+    t.finish_trial(done, TrialResult(status="ok"))
     other = tracker(uri, tmp_path, sweep_id="s2")
     other.start_sweep("", {})
     theirs = other.start_trial("t1", {}, 0, {})
@@ -99,7 +100,7 @@ def test_a_pickled_tracker_writes_to_the_same_runs(uri, tmp_path):
     parent = t.start_sweep("", {})
     run = t.start_trial("t1", {}, 0, {})
     again = pickle.loads(pickle.dumps(t))
-    again.finish_trial(run, {"trial_status": "ok", "mfu": 0.5})
+    again.finish_trial(run, TrialResult(status="ok", figures={"mfu": 0.5}))
     assert store_for(uri).read(run).metrics["mfu"] == 0.5
     assert again.parent_run_id == parent
 
@@ -117,7 +118,7 @@ def test_an_outage_is_journaled_then_replayed_in_order(tmp_path):
             store.check()
         run = t.start_trial("t1", {"mesh.fsdp": 2}, 0, {})  # a local id, kept in the journal
         t.log_steps(run, STEPS)
-        t.finish_trial(run, {"trial_status": "ok", "mfu": 0.5})
+        t.finish_trial(run, TrialResult(status="ok", figures={"mfu": 0.5}))
         assert len(t.journal) >= 4 and len(store.runs) == 1
     assert t.flush() == 0
     real = t.resolve(run)

@@ -14,9 +14,8 @@ import pytest
 
 from sweeper.space import assemble, load_space
 from tests.helpers import REPO, run_trainer
-from trainer.compile.cost import parse
 from trainer.estimate.analytic import estimate, memory_per_device
-from trainer.program.hlo import count_matmuls
+from trainer.program.hlo import count_matmuls, parse
 from trainer.spec.config import SPLASH_BLOCKS, load_config
 from trainer.spec.events import EXIT_CODES
 from trainer.spec.flags import ASYNC_FUSION, COMPILER_STACKS, SPARSECORE_OFFLOAD, unknown_flag
@@ -449,7 +448,7 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     rows (4.5x the rows) but 8 + 7 tiles of 128 (1.875x). The estimate reads each call's
     tiles from its Mosaic module in the compiled program, and counts the calls it makes."""
     from trainer.compile.step_model import MXU_EFFICIENCY
-    from trainer.spec.hardware import accelerator_for
+    from trainer.spec.hardware import Topology
 
     summaries = {}
     for tm in (512, 128):
@@ -472,7 +471,7 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
         # Splash's calls are read too (their metadata spans lines in the HLO text).
         names = {c["name"] for c in summaries[tm]["program_cost"]["kernel_calls"]}
         assert {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals"} <= names, names
-    mxu = accelerator_for(TARGET)
+    mxu = Topology.parse(TARGET).accelerator
     rate = mxu.peak_tflops["bf16"] * 1e12 / mxu.devices_per_chip * MXU_EFFICIENCY
     # gmm holds (tk, tn) = 1024 x 1024 weight tiles; tgmm (contracting the rows) holds (tm,
     # tn) gradient tiles: 128 rows fill half of TPU7x's 256-wide MXU, twice the time.

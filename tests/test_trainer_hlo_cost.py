@@ -431,7 +431,7 @@ def test_valid_taps_count_every_tap_that_lands_on_an_input_element():
     a position of the dilated input holding an element."""
     import random
 
-    from trainer.compile.cost import valid_taps
+    from trainer.compile.ops import valid_taps
 
     def by_definition(in_size, out_size, size, stride, lhs_dil, rhs_dil, lo):
         positions = (o * stride + k * rhs_dil - lo for o in range(out_size) for k in range(size))

@@ -76,17 +76,16 @@ def prepare_environment(config: TrialConfig) -> None:
 
 def _estimate(config: TrialConfig) -> dict:
     from trainer.estimate.analytic import estimate
-    from trainer.spec.hardware import accelerator_for, chips_in
+    from trainer.spec.hardware import Topology
 
     try:
-        accel = accelerator_for(config.compile_target)
-        devices = chips_in(config.compile_target) * accel.devices_per_chip
+        topology = Topology.parse(config.compile_target or "")
     except ValueError as exc:
         raise ConfigError("compile_target", str(exc)) from None
-    return estimate(config, accel, devices)
+    return estimate(config, topology.accelerator, topology.devices)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     parser.add_argument(
         "--config", required=True, help="trial configuration JSON file, or - for stdin"
@@ -103,43 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         "--num-processes", type=int, default=1, help="trainer processes in the trial"
     )
     parser.add_argument("--process-id", type=int, default=0, help="this process' index (0 speaks)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one trial; its events on stdout, its failure class as the exit code."""
+    args = _parser().parse_args(argv)
     # In a multi-host trial process 0 writes the event stream; the others only their failures.
     emitter = Emitter(only=None if args.process_id == 0 else frozenset({"failure"}))
-    phase = "configure"
+    phase = ["configure"]  # where the trial is, for classifying an unexpected exception
     try:
-        config = _read_config(args.config)
-        if args.target:
-            config = config.model_copy(update={"compile_target": args.target})
-        if (args.compile_only or args.estimate_only) and not config.compile_target:
-            raise ConfigError(
-                "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
-            )
-        prepare_environment(config)
-        if args.estimate_only:
-            emitter.emit(Summary(**_estimate(config)))
-            return 0
-        if config.compile_target:
-            from trainer.compile.aot import compile_for_target
-
-            phase = "compile"
-            emitter.emit(Summary(**compile_for_target(config, emitter)))
-            return 0
-        if args.num_processes > 1:
-            from trainer.parallel.distributed import initialize
-
-            initialize(config, args.coordinator, args.num_processes, args.process_id)
-        from trainer.run.train import train  # imports JAX: after the environment is set
-
-        phase = "compile"
-        result = train(config, emitter)
-        phase = "report"
-        emitter.emit(Summary(**result.summary))
-        judged = result.summary.get("convergence")
-        if judged and not judged["passed"]:
-            raise TrialFailure(
-                FailureClass.DIVERGED, f"convergence check failed: {judged['reason']}"
-            )
+        _trial(args, emitter, phase)
         return 0
     except ConfigError as exc:
         emitter.emit(
@@ -152,9 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # classified, never lost
         # Once the step has compiled, what breaks is the run (a peer's broken collective
         # while the first step's metrics are read back is not a compile error).
-        if any(e["event"] in ("compiled", "step") for e in emitter.events):
-            phase = "run"
-        failure_class = classify_exception(exc, phase)
+        ran = any(e["event"] in ("compiled", "step") for e in emitter.events)
+        failure_class = classify_exception(exc, "run" if ran else phase[0])
         emitter.emit(
             Failure(
                 failure_class=failure_class,
@@ -163,3 +135,39 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return EXIT_CODES[failure_class]
+
+
+def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None:
+    """The trial at its fidelity: an estimate, a compile for the target, or a run; raises
+    ConfigError or TrialFailure for a classified ending."""
+    config = _read_config(args.config)
+    if args.target:
+        config = config.model_copy(update={"compile_target": args.target})
+    if (args.compile_only or args.estimate_only) and not config.compile_target:
+        raise ConfigError(
+            "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
+        )
+    prepare_environment(config)
+    if args.estimate_only:
+        emitter.emit(Summary(**_estimate(config)))
+        return
+    if config.compile_target:
+        # Imports JAX and libtpu: after the environment.
+        from trainer.compile.aot import compile_for_target
+
+        phase[0] = "compile"
+        emitter.emit(Summary(**compile_for_target(config, emitter)))
+        return
+    if args.num_processes > 1:
+        from trainer.parallel.distributed import initialize
+
+        initialize(config, args.coordinator, args.num_processes, args.process_id)
+    from trainer.run.train import train  # imports JAX: after the environment is set
+
+    phase[0] = "compile"
+    result = train(config, emitter)
+    phase[0] = "report"
+    emitter.emit(Summary(**result.summary))
+    judged = result.summary.get("convergence")
+    if judged and not judged["passed"]:
+        raise TrialFailure(FailureClass.DIVERGED, f"convergence check failed: {judged['reason']}")

@@ -19,7 +19,7 @@ from trainer.program.build import (
     lower_step,
     memory_per_device,
 )
-from trainer.program.hlo import count_collectives, fingerprint
+from trainer.program.hlo import count_collectives, fingerprint, parse
 from trainer.spec.config import ConfigError, TrialConfig
 from trainer.spec.events import (
     Compiled,
@@ -31,14 +31,13 @@ from trainer.spec.events import (
     hbm_overflow,
 )
 from trainer.spec.files import cache_dir
-from trainer.spec.hardware import accelerator_for, chips_in
+from trainer.spec.hardware import GIB, Topology
 from trainer.spec.remat import on_device, uses_offload
 
 
 def topology_devices(target: str) -> list[jax.Device]:
     try:
-        chips_in(target)
-        accelerator_for(target)
+        Topology.parse(target)
         return list(topologies.get_topology_desc(platform="tpu", topology_name=target).devices)
     except ValueError as exc:
         raise ConfigError("compile_target", str(exc)) from None
@@ -67,12 +66,13 @@ def compile_record(
                 )  # e.g. kernel blocks the kernel itself rejects
             raise TrialFailure(failure_class, f"{type(exc).__name__}: {str(exc)[:3000]}") from None
         hlo = compiled.as_text()
+        module = parse(hlo)
         return {
             "fingerprint": fingerprint(hlo),
             "compile_s": compile_s,
             "memory_per_device": memory_per_device(compiled),
-            "collectives": count_collectives(hlo),
-            "cost": program_cost(hlo),
+            "collectives": count_collectives(module),
+            "cost": program_cost(module),
         }
 
     return cached_compile(key, cache, compile_now)
@@ -91,7 +91,8 @@ def offload_effect(
     libtpu's arguments + temp, as for `fits`."""
     twin = config.model_copy(update={"remat": on_device(config.remat)})
     try:
-        other, _ = compile_record(build_program(twin, devices), flags, twin.compile_target, cache)
+        target = Topology.parse(config.compile_target or "").target
+        other, _ = compile_record(build_program(twin, devices), flags, target, cache)
     except TrialFailure as exc:
         return {
             "status": "active",
@@ -108,104 +109,115 @@ def offload_effect(
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
-    target = config.compile_target
-    accel = accelerator_for(target)
-    devices = topology_devices(target)
+    """The trial's summary at compile fidelity: its program compiled for the target (what the
+    compiler says) and the step time read from that program (an estimate)."""
+    topology = Topology.parse(config.compile_target or "")
+    accel = topology.accelerator
+    devices = topology_devices(topology.target)
     program = build_program(config, devices)
     emitter.emit(
         accepted_event(
-            config,
-            program,
-            devices,
-            accel.name,
-            accel.devices_per_chip,
-            "tpu",
-            backend="tpu (AOT, no device)",
-            fidelity=Fidelity.COMPILE,
-            target=target,
+            config, program, devices, accel.name, accel.devices_per_chip, "tpu",
+            backend="tpu (AOT, no device)", fidelity=Fidelity.COMPILE, target=topology.target,
             libtpu_init_args=config.xla.libtpu_init_args(),
         )
-    )
+    )  # fmt: skip
     cache = ProgramCache(cache_dir(config))
     # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
-    record, shared = compile_record(program, flags, target, cache)
-    compile_s, memory, collectives = (
-        record["compile_s"],
-        record["memory_per_device"],
-        record["collectives"],
-    )
+    record, shared = compile_record(program, flags, topology.target, cache)
+    memory = record["memory_per_device"]
     fits = memory["total_bytes"] <= accel.usable_hbm_per_device
-    # Whether each flag acts is worth a compile only for a program that can run.
-    effects = flag_effects(config, record["fingerprint"]) if config.xla.judge and fits else {}
-    if config.xla.judge and uses_offload(config.remat):  # judged also when it does not fit
-        effects["remat.offload"] = offload_effect(config, devices, memory, flags, cache)
     emitter.emit(
         Compiled(
-            compile_s=compile_s,
+            compile_s=record["compile_s"],
             memory_per_device=memory,
-            collectives=collectives,
+            collectives=record["collectives"],
             program_fingerprint=record["fingerprint"],
             shared_compile=shared,
-            effects=effects,
+            effects=_judged_effects(config, devices, record, fits, flags, cache),
             program_cost=record["cost"],
         )
     )
-    est = estimate(config, accel, len(devices), memory_bytes=memory["total_bytes"])
-    # The step time read from the compiled program replaces the formula roofline's.
+    compiled = {
+        "compile_s": record["compile_s"],
+        "program_fingerprint": record["fingerprint"],
+        "memory_per_device": memory,
+        "hbm_per_device_gib": memory["total_bytes"] / GIB,
+        "fits": fits,
+        "collectives": record["collectives"],
+        "program_cost": record["cost"],
+    }
+    estimated = _estimated(config, program, topology, record)
+    summary = {
+        **estimated,
+        **compiled,
+        "fidelity": Fidelity.COMPILE,
+        "target": topology.target,
+        "shared_compile": shared,
+        "figure_fidelity": {
+            "compile": list(compiled),
+            "estimate": [k for k in estimated if k.startswith("est_") or k in _ESTIMATED],
+        },
+    }
+    if not fits:
+        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
+    return summary
+
+
+# Estimated figures of a compile trial beside the est_* ones.
+_ESTIMATED = ("bound", "arithmetic_intensity_ici", "arithmetic_intensity_hbm")
+
+
+def _judged_effects(
+    config: TrialConfig,
+    devices: list[jax.Device],
+    record: dict[str, Any],
+    fits: bool,
+    flags: list[str],
+    cache: ProgramCache,
+) -> dict[str, dict[str, str]]:
+    """Flag knobs and host offload judged by compiling their twins (`flag_effects`,
+    `offload_effect`); whether each flag acts is worth a compile only for a program that can
+    run, offload is judged also when it does not fit."""
+    if not config.xla.judge:
+        return {}
+    effects = flag_effects(config, record["fingerprint"]) if fits else {}
+    if uses_offload(config.remat):
+        memory = record["memory_per_device"]
+        effects["remat.offload"] = offload_effect(config, devices, memory, flags, cache)
+    return effects
+
+
+def _estimated(
+    config: TrialConfig, program: Any, topology: Topology, record: dict[str, Any]
+) -> dict[str, Any]:
+    """The analytic estimate with the compiler's memory, and the step time read from the
+    compiled program (its cost and schedule) in place of the formula roofline's."""
+    accel, devices = topology.accelerator, topology.devices
+    memory = record["memory_per_device"]["total_bytes"]
+    est = estimate(config, accel, devices, memory_bytes=memory)
     cost = record["cost"]
     kernels = kernel_flops(
         config,
         program.global_batch,
-        len(devices),
+        devices,
         program.degrees["context"],
-        cost.get("kernel_calls"),
+        cost["kernel_calls"],
         program.degrees["expert"],
         accel.mxu_width,
     )
     model = step_time(cost, accel, kernels)
-    tokens = program.global_batch * config.seq_len
-    peak = accel.peak_tflops["fp8" if config.precision.mode == "fp8" else "bf16"] * 1e12
-    est.update(
-        model,
-        est_model="hlo",
-        est_tokens_per_sec_per_chip=tokens / model["est_step_time_s"] / est["chips"],
-        est_mfu=est["model_flops_per_step"] / est["chips"] / model["est_step_time_s"] / peak,
-    )
-    summary = {
+    step_s, chips = model["est_step_time_s"], est["chips"]
+    peak = accel.peak_tflops[config.precision.peak] * 1e12
+    return {
         **est,
-        "program_cost": cost,
-        "fidelity": Fidelity.COMPILE,
-        "figure_fidelity": {
-            "compile": [
-                "compile_s",
-                "program_fingerprint",
-                "memory_per_device",
-                "hbm_per_device_gib",
-                "fits",
-                "collectives",
-                "program_cost",
-            ],
-            "estimate": [
-                k
-                for k in est
-                if k.startswith("est_")
-                or k in ("bound", "arithmetic_intensity_ici", "arithmetic_intensity_hbm")
-            ],
-        },
-        "target": target,
-        "compile_s": compile_s,
-        "memory_per_device": memory,
-        "hbm_per_device_gib": memory["total_bytes"] / 2**30,
-        "fits": fits,
-        "collectives": collectives,
-        "program_fingerprint": record["fingerprint"],
-        "shared_compile": shared,
+        **model,
+        "est_model": "hlo",
+        "est_tokens_per_sec_per_chip": program.global_batch * config.seq_len / step_s / chips,
+        "est_mfu": est["model_flops_per_step"] / chips / step_s / peak,
     }
-    if not summary["fits"]:
-        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
-    return summary

@@ -8,6 +8,7 @@ byte-identical to the one compiled with the knob at its default is inert.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 import jax
 
+from trainer.program import hlo
 from trainer.spec.config import TrialConfig, XlaFlagsConfig
 from trainer.spec.files import write_json
 from trainer.spec.flags import BASE_LIBTPU_ARGS
@@ -38,9 +40,24 @@ def _libtpu_version() -> str:
         return "none"
 
 
+# What a record holds is what these modules read from a program: a change to any of them
+# makes every earlier record a miss.
+_READERS = ("aot", "cost", "ops", "schedule", "mosaic")
+
+
+@functools.cache
+def _readers_digest() -> str:
+    here = Path(__file__).parent
+    sources = [(here / f"{name}.py").read_bytes() for name in _READERS]
+    sources.append(Path(hlo.__file__).read_bytes())
+    return hashlib.sha256(b"".join(sources)).hexdigest()[:16]
+
+
 def program_key(lowered_text: str, flags: list[str], target: str) -> str:
-    record = 5  # what a record holds (2: cost; 3: Mosaic kernel calls; 4: schedule; 5: unfused ops' bytes)
-    inputs = [record, lowered_text, sorted(flags), target, jax.__version__, _libtpu_version()]
+    """A compile record's identity: the lowered program, its flags, target and compiler,
+    and the code that read the record from the compiled program."""
+    inputs = [_readers_digest(), lowered_text, sorted(flags), target, jax.__version__,
+              _libtpu_version()]  # fmt: skip
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:24]
 
 
@@ -96,7 +113,7 @@ def twin_fingerprint(config: TrialConfig, field: str, default: Any) -> tuple[str
     for event in events:
         if event.get("event") == "compiled" and event.get("program_fingerprint"):
             return "fingerprint", event["program_fingerprint"]
-    failure = next((e for e in events if e.get("event") == "failure"), {})
+    failure: dict[str, Any] = next((e for e in events if e.get("event") == "failure"), {})
     return "failure", failure.get("failure_class", f"exit {proc.returncode}")
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from trainer.compile.schedule import Call, Done, Loop, Schedule, Start, TensorCoreOp, Wait, Work
 from trainer.spec.hardware import Accelerator
 
 # Fitted by benchmarks/calibration.py on the published llama3.1-70b 8k rows on 64 chips, one
@@ -69,29 +70,28 @@ def step_time(
     mxu_efficiency: float = MXU_EFFICIENCY,
     fp8_mxu_efficiency: float = FP8_MXU_EFFICIENCY,
 ) -> dict[str, Any]:
-    """Seconds per step on one device of `accel` for a program of `cost` (per device).
-    `kernels`: the Mosaic kernels' FLOPs (`kernel_flops`), each call's placed where the
-    schedule runs it; without them, each call at its cost estimate."""
+    """Seconds per step on one device of `accel` for a program of `cost` (per device, with
+    its schedule: trainer/compile/cost.py). `kernels`: the Mosaic kernels' FLOPs
+    (`kernel_flops`), each call's placed where the schedule runs it; without them, each call
+    at its cost estimate."""
     rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
     flops = cost["flops"]
-    calls = cost.get("kernel_calls") or []
+    calls = cost["kernel_calls"]
     each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
-    fp8_calls = [c.get("precision") == "fp8" for c in calls]  # fp8 experts' grouped matmuls
+    fp8_calls = [c["precision"] == "fp8" for c in calls]  # fp8 experts' grouped matmuls
     total = kernels.total if kernels else 0.0
     kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
     compute = rates.compute(flops.get("fp8", 0.0) + kernel_fp8,
                             flops.get("bf16", 0.0) + total - kernel_fp8,
                             flops.get("f32", 0.0))  # fmt: skip
     hbm = cost["hbm_bytes"] / rates.hbm
-    alone = cost.get("hbm_bytes_without_matmul", 0.0) / rates.hbm
     ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
-              for op in _collective_ops(cost))  # fmt: skip
+              for op in cost["collective_ops"])  # fmt: skip
     host = cost["host_transfer_bytes"] / rates.host
-    if cost.get("schedule"):
-        busy, step = _run(cost["schedule"], rates, each, fp8_calls)
-    else:  # a record from before the schedule was read: ops one at a time, nothing hidden
-        busy = max(compute, hbm - alone) + alone
-        step = busy + ici + host
+    program = cost["schedule"]
+    if not isinstance(program, Schedule):  # as JSON, from a record or an event
+        program = Schedule.model_validate(program)
+    busy, step = _run(program, rates, each, fp8_calls)
     return {
         "est_step_time_s": step,
         "est_compute_s": compute,
@@ -127,17 +127,17 @@ class _Rates:
         share per device times the torus dimensions its rings use at once."""
         return counted * _MOVED[kind](group) / (self.ici_axis * torus_dims)
 
-    def work(self, work: dict) -> float:
+    def work(self, work: Work) -> float:
         """An asynchronous or waited-for op: its collectives, then its HBM and host bytes."""
         return (
-            sum(self.ici(*op) for op in work["ici"])
-            + work["hbm"] / self.hbm
-            + work["host"] / self.host
+            sum(self.ici(r.kind, r.group, r.torus_dims, r.bytes) for r in work.ici)
+            + work.hbm / self.hbm
+            + work.host / self.host
         )
 
 
 def _run(
-    schedule: dict, rates: _Rates, call_flops: list[float], fp8_calls: list[bool]
+    schedule: Schedule, rates: _Rates, call_flops: list[float], fp8_calls: list[bool]
 ) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
@@ -149,62 +149,49 @@ def _run(
     free: dict[str, float] = {}  # when each engine is next free
     finish: dict[str, float] = {}  # when each started op ends
 
-    def op_seconds(event: list) -> float:
-        _, fp8, bf16, f32, hbm, matmul, kernel = event
-        if kernel >= 0 and fp8_calls[kernel]:
-            fp8 += call_flops[kernel]
-        elif kernel >= 0:
-            bf16 += call_flops[kernel]
-        seconds = rates.compute(fp8, bf16, f32)
-        return max(seconds, hbm / rates.hbm) if matmul else hbm / rates.hbm
+    def op_seconds(event: TensorCoreOp) -> float:
+        fp8, bf16 = event.fp8, event.bf16
+        if event.kernel >= 0 and fp8_calls[event.kernel]:
+            fp8 += call_flops[event.kernel]
+        elif event.kernel >= 0:
+            bf16 += call_flops[event.kernel]
+        seconds = rates.compute(fp8, bf16, event.f32)
+        memory = event.hbm / rates.hbm
+        return max(seconds, memory) if event.matmul else memory
 
     def run(name: str) -> None:
-        for event in schedule["computations"].get(name, []):
-            kind = event[0]
-            if kind == "tc":
-                seconds = op_seconds(event)
-                clock["tc"] += seconds
-                clock["busy"] += seconds
-            elif kind == "wait":
-                clock["tc"] += rates.work(event[1])
-            elif kind == "start":
-                _, op, engine, work = event
-                begin = max(clock["tc"], free.get(engine, 0.0))
-                free[engine] = finish[op] = begin + rates.work(work)
-            elif kind == "done":  # one whose start is not in sight: wait for every engine
-                ends = finish.pop(event[1], max(free.values(), default=0.0))
-                clock["tc"] = max(clock["tc"], ends)
-            elif kind == "call":
-                run(event[1])
-            elif kind == "loop":
-                _, body, trips = event
-                if trips >= 1:
-                    run(body)
-                if trips >= 2:
-                    before = dict(clock)
-                    run(body)
-                    shift = (trips - 2) * (clock["tc"] - before["tc"])
-                    clock["busy"] += (trips - 2) * (clock["busy"] - before["busy"])
-                    clock["tc"] += shift
-                    for times in (free, finish):
-                        for key, at in times.items():
-                            if at > before["tc"]:
-                                times[key] = at + shift
+        for event in schedule.computations.get(name, []):
+            match event:
+                case TensorCoreOp():
+                    seconds = op_seconds(event)
+                    clock["tc"] += seconds
+                    clock["busy"] += seconds
+                case Wait():
+                    clock["tc"] += rates.work(event.work)
+                case Start():
+                    begin = max(clock["tc"], free.get(event.engine, 0.0))
+                    free[event.engine] = finish[event.name] = begin + rates.work(event.work)
+                case Done():  # one whose start is not in sight: wait for every engine
+                    ends = finish.pop(event.name, max(free.values(), default=0.0))
+                    clock["tc"] = max(clock["tc"], ends)
+                case Call():
+                    run(event.callee)
+                case Loop():
+                    if event.trips >= 1:
+                        run(event.body)
+                    if event.trips >= 2:
+                        before = dict(clock)
+                        run(event.body)
+                        shift = (event.trips - 2) * (clock["tc"] - before["tc"])
+                        clock["busy"] += (event.trips - 2) * (clock["busy"] - before["busy"])
+                        clock["tc"] += shift
+                        for times in (free, finish):
+                            for key, at in times.items():
+                                if at > before["tc"]:
+                                    times[key] = at + shift
 
-    run(schedule["entry"])
+    run(schedule.entry)
     return clock["busy"], max(clock["tc"], *free.values(), 0.0)
-
-
-def _collective_ops(cost: dict[str, Any]) -> list[dict]:
-    """The program's collectives; a cost counted before they were told apart (no
-    `collective_ops`): each kind at its largest group, one axis."""
-    if cost.get("collective_ops") is not None:
-        return cost["collective_ops"]
-    return [
-        {"kind": kind, "group": max(cost["collective_group_sizes"].get(kind) or [1]),
-         "torus_dims": 1, "bytes": moved}
-        for kind, moved in cost["collective_bytes"].items()
-    ]  # fmt: skip
 
 
 def kernel_flops(
@@ -217,13 +204,13 @@ def kernel_flops(
     mxu_width: int = 0,
 ) -> KernelFlops:
     """Per-device FLOPs of the Mosaic kernels a TPU program calls, which its HLO cannot show,
-    in all and for one execution of each call (`calls`, from hlo_cost, in their order): a
+    in all and for one execution of each call (`calls`, the cost's `kernel_calls`, in order): a
     Splash forward call 2 matmuls per score it computes (causal, as its blocks compute it);
     a backward QK^T again, dP, dV and dK, and dQ (fused into the dK/dV kernel unless a dQ
     kernel runs apart, which also recomputes QK^T and dP); a forward the backward recomputes
     is another call; a grouped matmul (Megablox, tokamax, libtpu's ragged_dot) its whole
-    tiles (`grouped_matmul_flops`); any other kernel its cost estimate. Without the calls (a
-    record from before they were read), the model formula's terms. `expert`: the mesh's
+    tiles (`grouped_matmul_flops`); any other kernel its cost estimate. Without calls (no
+    compiled program to read them from), the formula's terms. `expert`: the mesh's
     expert degree. `mxu_width` (the chip's, `Accelerator.mxu_width`): count the FLOPs the
     MXU spends, each kernel matmul over its share of the array (`mxu_fill`); 0: as computed."""
     each = _each_call(
@@ -231,7 +218,7 @@ def kernel_flops(
     )
     if calls and any(each):
         return KernelFlops(sum(c["times"] * f for c, f in zip(calls, each, strict=True)), each)
-    # A record from before kernel calls were read: one forward, backward 2x, each layer.
+    # No program: per layer one forward, and a backward of twice its FLOPs.
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
     flops = 0.0

@@ -150,7 +150,7 @@ def estimate(
         / model_flops
     )
     recompute = model_flops / 3 * layer_share * POLICIES[config.remat.policy].recompute_share
-    precision = "fp8" if config.precision.mode == "fp8" else "bf16"
+    precision = config.precision.peak
     peak = accel.peak_tflops[precision] * 1e12
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
@@ -179,7 +179,7 @@ def estimate(
         "est_compute_s": times["compute"],
         "est_hbm_s": times["hbm"],
         "est_ici_s": times["ici"],
-        "bound": max(times, key=times.get),
+        "bound": max(times, key=lambda name: times[name]),
         "est_tokens_per_sec_per_chip": tokens / step_time / chips,
         "est_mfu": model_flops / chips / step_time / peak,
         "arithmetic_intensity_ici": flops_per_chip / ici_bytes_per_chip

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainer.estimate.analytic import estimate, parameter_count
 from trainer.spec.config import load_config
-from trainer.spec.hardware import accelerator_for, chips_in
+from trainer.spec.hardware import GIB, Topology
 
 LONG_SEQUENCE = 32768  # the guide contrasts 8k (compute-bound) with 128k (memory-bound)
 STATE_BYTES_PER_PARAM = 16  # f32 parameters, gradients and two Adam moments
@@ -29,15 +29,15 @@ class Recommendation:
 
 
 def recommend(model: dict[str, Any], seq_len: int, target: str) -> Recommendation:
-    accel = accelerator_for(target)
-    devices = chips_in(target) * accel.devices_per_chip
+    topology = Topology.parse(target)
+    accel, devices = topology.accelerator, topology.devices
     fsdp = load_config(
         {"model": model, "seq_len": seq_len, "mesh": {"fsdp": -1}, "remat": {"policy": "full"}}
     )
     cfg = fsdp.model
     params = parameter_count(fsdp)
-    state_gib = params * STATE_BYTES_PER_PARAM / 2**30
-    slice_hbm_gib = devices * accel.usable_hbm_per_device / 2**30
+    state_gib = params * STATE_BYTES_PER_PARAM / GIB
+    slice_hbm_gib = devices * accel.usable_hbm_per_device / GIB
     est = estimate(fsdp, accel, devices)
     tp = (
         estimate(
@@ -55,7 +55,7 @@ def recommend(model: dict[str, Any], seq_len: int, target: str) -> Recommendatio
         "fsdp_arithmetic_intensity_ici": est["arithmetic_intensity_ici"],
         "hardware_intensity_ici": est["hardware_intensity_ici"],
         "fsdp_bound": est["bound"],
-        "fsdp_activation_gib_per_device": est["est_memory_per_device"]["activations"] / 2**30,
+        "fsdp_activation_gib_per_device": est["est_memory_per_device"]["activations"] / GIB,
         "fsdp_est_tokens_per_sec_per_chip": est["est_tokens_per_sec_per_chip"],
     }
     reasons = [

@@ -8,6 +8,7 @@ proves wiring, tile validation and numerics, and says nothing about speed.
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,9 @@ def reference_attention(
     return out.reshape(b, s, h, d)
 
 
-def fused_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, implementation: str | None = "cudnn"):
+def fused_attention(
+    q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, implementation: Literal["xla", "cudnn"] | None = "cudnn"
+):
     """Causal grouped-query attention through jax.nn.dot_product_attention: cuDNN's flash
     attention on NVIDIA GPUs (no S x S scores in memory). Positions are the natural order
     (no context sharding, no load-balanced permutation); `implementation="xla"` is the same
@@ -129,9 +132,9 @@ def sharded_splash_attention(
     context = mesh.shape["context"]
     if context == 1:
         spec = P(BATCH_AXES, None, "tensor", None)
-        body = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
+        whole = functools.partial(splash_attention, kernels=kernels, interpret=interpret)
         return jax.shard_map(
-            body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+            whole, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
         )(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
     s = q_BxSxHxD.shape[1]
     # Lazy: the kernel computes causality from each row's position; no S x S array exists.

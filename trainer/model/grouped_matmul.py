@@ -88,8 +88,9 @@ def tokamax_tpu_configs(
         tuned = table.get((m, k, n, groups, False))
         if not chosen[name] and fp8 and (m, k, n, groups, True) not in table and tuned:
             chosen[name], buffers = tuned
-        if chosen[name]:
-            tm, tk, tn = chosen[name]
+        picked = chosen[name]
+        if picked:
+            tm, tk, tn = picked
             configs[name] = tokamax_tpu.Config(
                 tile_m=tm, tile_k=tk, tile_n=tn, input_buffer_count=buffers
             )

@@ -48,7 +48,9 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
     from jax._src import distributed
 
     barrier_id = f"sweeper-{name}-{next(_BARRIERS)}"  # an id is used once
-    distributed.global_state.client.wait_at_barrier(barrier_id, int(timeout_s * 1000))
+    client = distributed.global_state.client
+    assert client is not None, "jax.distributed is initialized in a multi-process trial"
+    client.wait_at_barrier(barrier_id, int(timeout_s * 1000))
 
 
 def agree(flag: bool) -> bool:

@@ -72,7 +72,7 @@ def build_program(config: TrialConfig, devices: list[jax.Device]) -> Program:
     mesh = build_mesh(degrees, devices)
     kernels = config.resolved_kernels(platform, degrees["context"])
     expert_fp8 = config.precision if config.fp8_experts_in_tokamax(platform) else None
-    model = Transformer(
+    model: nn.Module = Transformer(
         config.model,
         checkpoint_policy(config.remat),
         kernels=kernels,

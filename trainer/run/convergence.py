@@ -49,12 +49,20 @@ def lock(config: TrialConfig, platform: str, global_batch: int) -> FileLock:
     return FileLock(path)
 
 
+# What a reference holds (`reference_from_runs`).
+REFERENCE_FIELDS = ("losses", "other_init_losses", "init_seeds", "mesh", "seed_noise", "tolerance")
+
+
 def load_reference(config: TrialConfig, platform: str, global_batch: int) -> dict | None:
+    """The recipe's cached reference; None when there is none, or none whole (damaged, or
+    holding less than a reference does now): then it is computed again."""
     path = _path(config, platform, global_batch)
-    if not path.exists():
+    try:
+        reference = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
         return None
-    reference = json.loads(path.read_text())
-    return reference if "seed_noise" in reference else None  # written before noise was measured
+    whole = isinstance(reference, dict) and all(k in reference for k in REFERENCE_FIELDS)
+    return reference if whole else None
 
 
 def store_reference(config: TrialConfig, platform: str, global_batch: int, reference: dict) -> Path:
@@ -85,12 +93,12 @@ def reference_from_runs(
 
 
 def verdict(
-    losses: list[float], reference: dict, tolerance: float | None, window: int
+    losses: list[float], reference: dict[str, Any], configured: float | None, window: int
 ) -> dict[str, Any]:
     """Pass if every loss is finite and the final loss is within the tolerance (relative) of
     the reference's: the configured one, or else the one the reference derived from its noise."""
-    derived = tolerance is None
-    tolerance = reference["tolerance"] if derived else tolerance
+    derived = configured is None
+    tolerance: float = reference["tolerance"] if configured is None else configured
     window = min(window, len(losses), len(reference["losses"]))
     final = final_loss(losses, window)
     ref_final = final_loss(reference["losses"], window)

@@ -14,6 +14,7 @@ import jax
 
 from trainer.parallel.distributed import agree, barrier
 from trainer.program.build import (
+    Program,
     accepted_event,
     build_program,
     compile_step,
@@ -22,7 +23,7 @@ from trainer.program.build import (
     select_devices,
     xla_cost,
 )
-from trainer.program.hlo import count_collectives, count_matmuls, fingerprint
+from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, parse
 from trainer.run import convergence, metrics
 from trainer.run.data import BatchSource
 from trainer.spec.checks import check_static
@@ -38,6 +39,7 @@ from trainer.spec.events import (
 )
 from trainer.spec.files import cache_dir
 from trainer.spec.flops import training_flops_per_step
+from trainer.spec.hardware import GIB
 
 
 @dataclass
@@ -46,37 +48,76 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Timed:
+    """What the training loop measured."""
+
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)  # timed steps (warm-up skipped)
+    every_step: list[float] = field(default_factory=list)
+    train_s: float = 0.0
+
+
 def train(config: TrialConfig, emitter: Emitter) -> RunResult:
+    """Build, compile and train the trial's program on this host's devices; its summary at
+    run fidelity, and its convergence verdict."""
     devices = select_devices(config)
     program = build_program(config, devices)
     platform = devices[0].platform
-    cache = cache_dir(config)
     # A CPU host is its own "chip": count this process' devices, not the whole trial's.
     local_devices = sum(d.process_index == jax.process_index() for d in devices)
-    chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache)
+    chip = metrics.chip_for(devices[0].device_kind, platform, local_devices, cache_dir(config))
     emitter.emit(
         accepted_event(config, program, devices, chip.name, chip.devices_per_chip, platform)
     )
+    compiled, figures = _compile(config, program, emitter)
+    timed = _train_loop(config, program, compiled, emitter)
+    summary = {**_measured(config, program, devices, chip, timed), **figures}
+    if config.convergence.enabled:
+        summary["convergence"] = check_convergence(
+            config,
+            timed.losses,
+            platform,
+            program.global_batch,
+            len(devices),
+            program.degrees["context"],
+        )
+    return RunResult(timed.losses, summary)
 
+
+def _compile(config: TrialConfig, program: Program, emitter: Emitter) -> tuple[Any, dict]:
+    """The compiled step, its `compiled` event, and its figures for the summary; a program
+    over the trial's memory budget is out of memory here, before it runs."""
     compiled, compile_s = compile_step(program)
     memory = memory_per_device(compiled)
     hlo = compiled.as_text()
-    matmuls = count_matmuls(hlo)
+    module = parse(hlo)
+    matmuls = count_matmuls(module)
     emitter.emit(
         Compiled(
             compile_s=compile_s,
             memory_per_device=memory,
             cost_per_device=xla_cost(compiled),
-            collectives=count_collectives(hlo),
+            collectives=count_collectives(module),
             matmuls=matmuls,
             program_fingerprint=fingerprint(hlo),
             compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
         )
     )
     budget = config.limits.device_memory_gib
-    if budget is not None and memory.get("total_bytes", 0) > budget * 2**30:
-        raise hbm_overflow(memory["total_bytes"], budget * 2**30, "limits.device_memory_gib")
+    if budget is not None and memory.get("total_bytes", 0) > budget * GIB:
+        raise hbm_overflow(memory["total_bytes"], budget * GIB, "limits.device_memory_gib")
+    return compiled, {
+        "compile_s": compile_s,
+        "memory_per_device": memory,
+        "hbm_per_device_gib": memory.get("total_bytes", 0) / GIB,
+        "matmuls": matmuls,
+    }
 
+
+def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: Emitter) -> Timed:
+    """Train for `config.steps` steps, each timed completion to completion; a step with
+    non-finite metrics is `diverged`, a loop past `limits.time_limit_s` a `timeout`."""
     source = BatchSource(config, program.global_batch, program.degrees["context"])
 
     def placed(step: int) -> list[jax.Array]:
@@ -89,9 +130,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     state = program.init_fn(
         jax.random.key(config.seed if config.init_seed is None else config.init_seed)
     )
-    result = RunResult()
-    step_times: list[float] = []  # timed steps (warm-up skipped)
-    every_step: list[float] = []
+    timed = Timed()
     # Hosts finish compiling at different times: the first step's collectives start together.
     barrier("first-step")
     loop_start = last_done = time.perf_counter()
@@ -103,10 +142,10 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         # Completion to completion, with the device never idle in between: the step's time.
         done = time.perf_counter()
         step_time, last_done = done - last_done, done
-        every_step.append(step_time)
-        result.losses.append(values["loss"])
+        timed.every_step.append(step_time)
+        timed.losses.append(values["loss"])
         if step >= config.measure.skip_steps:
-            step_times.append(step_time)
+            timed.step_times.append(step_time)
         emitter.emit(Step(step=step, step_time_s=step_time, **values))
         if not all(math.isfinite(v) for v in values.values()):
             raise TrialFailure(
@@ -139,22 +178,29 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     if pending is not None:
         finish(*pending)
     jax.block_until_ready(state)
-    train_s = time.perf_counter() - loop_start
-    if not step_times:  # too few steps to skip warm-up: time what there is, and say so
-        step_times = every_step[-1:]
+    timed.train_s = time.perf_counter() - loop_start
+    if not timed.step_times:  # too few steps to skip warm-up: time what there is, and say so
+        timed.step_times = timed.every_step[-1:]
+    return timed
 
-    stats = metrics.step_time_stats(step_times)
+
+def _measured(
+    config: TrialConfig, program: Program, devices: list, chip: metrics.Chip, timed: Timed
+) -> dict[str, Any]:
+    """The run's figures: throughput, model TFLOP/s and MFU against the chip's peak of the
+    step's precision, step-time statistics."""
+    stats = metrics.step_time_stats(timed.step_times)
     tokens_per_step = program.global_batch * config.seq_len
     tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
     chips = len(devices) / chip.devices_per_chip
     flops = training_flops_per_step(config.model, program.global_batch, config.seq_len)
     tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
-    precision = "fp8" if config.precision.mode == "fp8" else "bf16"
+    precision = config.precision.peak
     peak = metrics.peak_for(chip, precision)
-    result.summary = {
+    return {
         "fidelity": Fidelity.RUN,
         "hardware": chip.name,
-        "backend": platform,
+        "backend": devices[0].platform,
         "device_kind": devices[0].device_kind,
         "processes": jax.process_count(),
         "num_devices": len(devices),
@@ -170,23 +216,9 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
         "peak_source": chip.source,
         "mfu": tflops_per_chip / peak if peak else None,
         **stats,
-        "compile_s": compile_s,
-        "train_s": train_s,
-        "memory_per_device": memory,
-        "hbm_per_device_gib": memory.get("total_bytes", 0) / 2**30,
-        "matmuls": matmuls,
-        "final_loss": result.losses[-1],
+        "train_s": timed.train_s,
+        "final_loss": timed.losses[-1],
     }
-    if config.convergence.enabled:
-        result.summary["convergence"] = check_convergence(
-            config,
-            result.losses,
-            platform,
-            program.global_batch,
-            len(devices),
-            program.degrees["context"],
-        )
-    return result
 
 
 def canonical_mesh(config: TrialConfig, num_devices: int) -> MeshConfig:
@@ -211,7 +243,7 @@ def baseline_reference(config: TrialConfig, num_devices: int) -> dict[str, Any]:
         for seed in (init, init + 1)
     ]
     return convergence.reference_from_runs(
-        *runs, config.convergence.window, mesh.model_dump(), [init, init + 1]
+        runs[0], runs[1], config.convergence.window, mesh.model_dump(), [init, init + 1]
     )
 
 

@@ -87,14 +87,14 @@ def check_kernels(
                 raise ConfigError(
                     f"kernels.{name}", f"{block} must divide seq_len ({config.seq_len})"
                 )
-        for compute, block in (
+        for compute, whole in (
             ("block_kv_compute", "block_kv"),
             ("block_kv_dkv_compute", "block_kv_dkv"),
         ):
-            if clamped[block] % clamped[compute]:
+            if clamped[whole] % clamped[compute]:
                 raise ConfigError(
                     f"kernels.{compute}",
-                    f"{clamped[compute]} must divide {block} ({clamped[block]})",
+                    f"{clamped[compute]} must divide {whole} ({clamped[whole]})",
                 )
         for name in Q_BLOCKS:  # queries are split over the context axis
             if local % clamped[name]:
@@ -160,7 +160,7 @@ def check_fp8_experts(precision: PrecisionConfig, moe_gmm: str, platform: str | 
 def check_precision(config: TrialConfig) -> None:
     """A subchannel tile must divide the innermost contraction axis of every quantized matmul."""
     precision, model = config.precision, config.model
-    if precision.mode != "fp8" or precision.granularity != "subchannel":
+    if precision.mode != "fp8" or precision.tile_size is None:  # the tile comes with subchannel
         return
     axes = {"d_model": model.d_model, "head_dim": model.head_dim, "mlp_dim": model.mlp_dim}
     bad = {name: size for name, size in axes.items() if size % precision.tile_size}

@@ -192,6 +192,12 @@ class PrecisionConfig(Frozen):
     rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
     """fp8 rounding; stochastic is refused (qwix ignores it for float8)."""
 
+    @property
+    def peak(self) -> str:
+        """The datasheet peak a step in this precision is measured against (KNOBS.md: MFU
+        uses the peak of the precision the matmuls run in)."""
+        return "fp8" if self.mode == "fp8" else "bf16"
+
     @model_validator(mode="after")
     def _check(self) -> PrecisionConfig:
         if self.mode == "bf16":
@@ -249,9 +255,11 @@ class TokamaxTiles(Frozen):
     def is_default(self) -> bool:
         return not any(self.model_dump().values())
 
-    def of(self, weight: str, clamp_to: dict[str, tuple[int, int, int]]):
+    def of(
+        self, weight: str, clamp_to: dict[str, tuple[int, int, int]]
+    ) -> dict[str, tuple[int, ...] | None]:
         """{pass: (tm, tk, tn) clamped to that pass's (m, k, n), or None} for `weight`."""
-        out = {}
+        out: dict[str, tuple[int, ...] | None] = {}
         for name in GMM_PASSES:
             tiles = getattr(self, f"{weight}_{name}")
             dims = clamp_to[name]

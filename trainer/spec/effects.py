@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.spec.config import TrialConfig
+from trainer.spec.config import KernelsConfig, TrialConfig
 from trainer.spec.remat import uses_offload
 
 # What each backend does natively (JAX-free: the trainer's report and the engine's pinning
@@ -20,29 +20,42 @@ GPU_RAGGED_DOT = (
 )
 
 
+Effect = dict[str, str]  # {"status": active | inert | emulated | interpreted, "reason": ...}
+
+
 def knob_effects(
     config: TrialConfig,
     platform: str,
     degrees: dict[str, int] | None = None,
     gpu_gmm: tuple[str | None, dict[str, str]] | None = None,
-) -> dict[str, dict[str, str]]:
+) -> dict[str, Effect]:
     """Each knob's status on `platform`: active, inert, emulated or interpreted, and why.
     `gpu_gmm` is what `kernels.tokamax_gpu_gmm` found for a GPU trial's device: tokamax's
     grouped-matmul kernel that builds there, and why the others did not."""
-    effects: dict[str, dict[str, str]] = {
-        "mesh": {"status": "active", "reason": f"sharded over {platform} devices"},
-        "remat.policy": {
-            "status": "active",
-            "reason": "changes saved tensors, memory and recompute",
-        },
-    }
     expert = degrees["expert"] if degrees else config.mesh.expert
+    context = degrees["context"] if degrees else config.mesh.context
+    kernels = config.resolved_kernels(platform, context)
+    return {
+        **_parallelism(config, platform, expert),
+        **_flags(config, platform),
+        **_precision(config, platform),
+        **_attention(config, platform, kernels),
+        **_experts(config, platform, kernels, gpu_gmm),
+    }
+
+
+def _active(reason: str) -> Effect:
+    return {"status": "active", "reason": reason}
+
+
+def _parallelism(config: TrialConfig, platform: str, expert: int) -> dict[str, Effect]:
+    effects = {
+        "mesh": _active(f"sharded over {platform} devices"),
+        "remat.policy": _active("changes saved tensors, memory and recompute"),
+    }
     if config.model.is_moe and expert != 1:
         effects["mesh.expert"] = (
-            {
-                "status": "active",
-                "reason": "tokens travel to their experts' devices by ragged all-to-all",
-            }
+            _active("tokens travel to their experts' devices by ragged all-to-all")
             if platform in NATIVE_RAGGED_A2A
             else {
                 "status": "emulated",
@@ -51,25 +64,29 @@ def knob_effects(
             }
         )
     if uses_offload(config.remat):
-        if platform in NO_HOST_OFFLOAD:
-            effects["remat.offload"] = {
+        effects["remat.offload"] = (
+            {
                 "status": "inert",
                 "reason": "the CPU backend drops host placement: offload behaves as remat",
             }
-        else:
-            effects["remat.offload"] = {
-                "status": "active",
-                "reason": "offloaded to pinned host memory",
-            }
-    if not config.xla.is_default:
-        effects["xla"] = (
-            {
-                "status": "active",
-                "reason": "LIBTPU_INIT_ARGS: " + " ".join(config.xla.libtpu_init_args()),
-            }
-            if platform in LIBTPU
-            else {"status": "inert", "reason": f"LIBTPU flags do not reach the {platform} backend"}
+            if platform in NO_HOST_OFFLOAD
+            else _active("offloaded to pinned host memory")
         )
+    return effects
+
+
+def _flags(config: TrialConfig, platform: str) -> dict[str, Effect]:
+    if config.xla.is_default:
+        return {}
+    if platform in LIBTPU:
+        return {"xla": _active("LIBTPU_INIT_ARGS: " + " ".join(config.xla.libtpu_init_args()))}
+    return {
+        "xla": {"status": "inert", "reason": f"LIBTPU flags do not reach the {platform} backend"}
+    }
+
+
+def _precision(config: TrialConfig, platform: str) -> dict[str, Effect]:
+    effects: dict[str, Effect] = {}
     if config.precision.mode == "fp8":
         effects["precision"] = (
             {
@@ -77,25 +94,55 @@ def knob_effects(
                 "reason": "XLA on CPU upcasts fp8 to f32: numerics are real, speed is not a TPU finding",
             }
             if platform in FP8_EMULATED
-            else {"status": "active", "reason": "fp8 dot operands via qwix"}
+            else _active("fp8 dot operands via qwix")
         )
-    context = degrees["context"] if degrees else config.mesh.context
-    kernels = config.resolved_kernels(platform, context)
+    if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
+        precision = config.precision
+        unlike = [
+            f"{knob} {value}"
+            for knob, value, experts in (
+                ("granularity", precision.granularity, "per_axis"),
+                ("scaling", precision.scaling, "dynamic"),
+            )
+            if value != experts
+        ]
+        if unlike:
+            effects["precision.experts"] = _active(
+                "the experts are quantized by qwix's ragged_dot, which takes dynamic "
+                f"scales per row and per column: {' and '.join(unlike)} "
+                f"{'reaches' if len(unlike) == 1 else 'reach'} the dense layers only (with "
+                "moe_gmm tokamax on TPU, the experts too)"
+            )
+    return effects
+
+
+def _attention(config: TrialConfig, platform: str, kernels: KernelsConfig) -> dict[str, Effect]:
+    effects: dict[str, Effect] = {}
     if config.kernels.attention == "auto":
-        effects["kernels.attention"] = {
-            "status": "active",
-            "reason": f"auto resolved to {kernels.attention} on {platform}",
-        }
+        effects["kernels.attention"] = _active(
+            f"auto resolved to {kernels.attention} on {platform}"
+        )
     if kernels.attention == "splash":
         effects["kernels.splash_blocks"] = _kernel_effect(
             platform, "Splash attention", "tiles and layouts"
         )
+    if config.kernels.max_logit_const is not None:
+        effects["kernels.max_logit_const"] = _active("numerics: softmax uses exp(s - c)")
+    return effects
+
+
+def _experts(
+    config: TrialConfig,
+    platform: str,
+    kernels: KernelsConfig,
+    gpu_gmm: tuple[str | None, dict[str, str]] | None,
+) -> dict[str, Effect]:
+    effects: dict[str, Effect] = {}
     if config.model.is_moe:
         if config.kernels.moe_gmm == "auto":
-            effects["kernels.moe_gmm"] = {
-                "status": "active",
-                "reason": f"auto resolved to {kernels.moe_gmm} on {platform}",
-            }
+            effects["kernels.moe_gmm"] = _active(
+                f"auto resolved to {kernels.moe_gmm} on {platform}"
+            )
         if kernels.moe_gmm == "megablox":
             effects["kernels.gmm_tiles"] = _kernel_effect(platform, "Megablox GMM")
         if config.fp8_experts_in_tokamax(platform):
@@ -118,14 +165,11 @@ def knob_effects(
                 if config.fp8_experts
                 else ""
             )
-            effects["kernels.moe_gmm"] = {
-                "status": "active",
-                "reason": f"{said}{why}{GPU_RAGGED_DOT}",
-            }
+            effects["kernels.moe_gmm"] = _active(f"{said}{why}{GPU_RAGGED_DOT}")
     if not config.kernels.tokamax_tiles.is_default:
         runs = config.model.is_moe and kernels.moe_gmm == "tokamax" and platform == "tpu"
         effects["kernels.tokamax_tiles"] = (
-            {"status": "active", "reason": "tiles of tokamax's TPU grouped-matmul kernels"}
+            _active("tiles of tokamax's TPU grouped-matmul kernels")
             if runs
             else {
                 "status": "inert",
@@ -133,29 +177,6 @@ def knob_effects(
                 f"does not run (moe_gmm {kernels.moe_gmm} on {platform})",
             }
         )
-    if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
-        precision = config.precision
-        unlike = [
-            f"{knob} {value}"
-            for knob, value, experts in (
-                ("granularity", precision.granularity, "per_axis"),
-                ("scaling", precision.scaling, "dynamic"),
-            )
-            if value != experts
-        ]
-        if unlike:
-            effects["precision.experts"] = {
-                "status": "active",
-                "reason": "the experts are quantized by qwix's ragged_dot, which takes dynamic "
-                f"scales per row and per column: {' and '.join(unlike)} "
-                f"{'reaches' if len(unlike) == 1 else 'reach'} the dense layers only (with "
-                "moe_gmm tokamax on TPU, the experts too)",
-            }
-    if config.kernels.max_logit_const is not None:
-        effects["kernels.max_logit_const"] = {
-            "status": "active",
-            "reason": "numerics: softmax uses exp(s - c)",
-        }
     return effects
 
 
@@ -173,7 +194,7 @@ def _fp8_experts_effect(platform: str) -> dict[str, str]:
     }
 
 
-def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]):
+def _tokamax_gpu_effect(asked: str, kernel: str | None, failures: dict[str, str]) -> Effect:
     said = "auto resolved to tokamax on gpu: " if asked == "auto" else ""
     if kernel:
         return {"status": "active", "reason": f"{said}tokamax's {kernel} grouped matmul"}

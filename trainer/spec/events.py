@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from trainer.spec.hardware import GIB
+
 PROTOCOL_VERSION = 1
 
 
@@ -67,7 +69,6 @@ EXIT_CODES: dict[FailureClass, int] = {
     FailureClass.TIMEOUT: 7,
     FailureClass.CRASHED: 1,
 }
-FAILURE_CLASSES = tuple(FailureClass)
 
 
 class KnobEffect(BaseModel):
@@ -276,7 +277,7 @@ class TrialFailure(Exception):
 
 def hbm_overflow(needed_bytes: float, budget_bytes: float, budget_source: str) -> TrialFailure:
     """The compiled program needs more device memory than `budget_source` offers."""
-    needed, budget = needed_bytes / 2**30, budget_bytes / 2**30
+    needed, budget = needed_bytes / GIB, budget_bytes / GIB
     return TrialFailure(
         FailureClass.OOM_HBM,
         f"compiled program needs {needed:.3f} GiB per device, more than the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -135,25 +136,45 @@ ACCELERATORS: dict[str, Accelerator] = {
 }
 
 
-def accelerator_for(target: str) -> Accelerator:
-    """`tpu7x:4x4x4` -> TPU7x figures; raises ValueError naming the known prefixes."""
-    prefix = target.split(":", 1)[0]
-    targets = {a.topology_prefix: a for a in ACCELERATORS.values() if a.topology_prefix}
-    if prefix not in targets:
-        raise ValueError(
-            f"unknown accelerator {prefix!r} in target {target!r}; known: {', '.join(targets)}"
-        )
-    return targets[prefix]
+@dataclass(frozen=True)
+class Topology:
+    """A TPU compile or run target, `PREFIX:SHAPE` such as `tpu7x:4x4x4`: one slice of
+    `accelerator` chips on a torus of `dims`. The one reader of a target string."""
 
+    target: str
+    accelerator: Accelerator
+    dims: tuple[int, ...]
 
-def chips_in(target: str) -> int:
-    """Chips in a topology string like `tpu7x:2x2x2` (8) or `v6e:2x2` (4)."""
-    _, _, shape = target.partition(":")
-    if not shape:
-        raise ValueError(f"target {target!r} has no topology (e.g. tpu7x:2x2x1)")
-    chips = 1
-    for part in shape.split("x"):
-        if not part.isdigit() or int(part) == 0:
+    @classmethod
+    def parse(cls, target: str) -> Topology:
+        """Raises ValueError naming what is wrong and what is known."""
+        prefix, _, shape = target.partition(":")
+        known = {a.topology_prefix: a for a in ACCELERATORS.values() if a.topology_prefix}
+        if prefix not in known:
+            raise ValueError(
+                f"unknown accelerator {prefix!r} in target {target!r}; known: {', '.join(known)}"
+            )
+        if not shape:
+            raise ValueError(f"target {target!r} has no topology (e.g. tpu7x:2x2x1)")
+        parts = shape.split("x")
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
             raise ValueError(f"target {target!r}: topology {shape!r} must be like 2x2x1")
-        chips *= int(part)
-    return chips
+        return cls(target, known[prefix], tuple(int(p) for p in parts))
+
+    @property
+    def prefix(self) -> str:
+        return self.accelerator.topology_prefix
+
+    @property
+    def shape(self) -> str:
+        """The torus as Ray's `ray.io/tpu-topology` label and libtpu write it: `4x4x4`."""
+        return "x".join(map(str, self.dims))
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.dims)
+
+    @property
+    def devices(self) -> int:
+        """JAX devices: TensorCores, 2 per TPU7x chip."""
+        return self.chips * self.accelerator.devices_per_chip
