@@ -1,0 +1,156 @@
+"""The knob -> MaxText mapping (trainer/spec/maxtext.py), both ways: every mapped setting of a
+trial parses back from its MaxText settings to the same value, and what MaxText cannot take
+is listed, never dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeper.space import assemble, load_space
+from tests.helpers import trial
+from trainer.spec.config import SPLASH_BLOCKS, TrialConfig, load_config
+from trainer.spec.maxtext import RENAMED, from_maxtext, to_maxtext
+
+
+def _round_trip(config: TrialConfig) -> TrialConfig:
+    settings = to_maxtext(config)
+    return load_config(from_maxtext(settings.args, settings.libtpu_init_args))
+
+
+def _values(config: TrialConfig) -> dict:
+    """The config's values by dotted field, its kernels as they run on TPU (MaxText has no
+    `auto`: the export resolves it)."""
+    resolved = config.model_copy(update={"kernels": config.resolved_kernels("tpu")})
+    data = resolved.model_dump(mode="json")
+    flat: dict = {}
+
+    def walk(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict) and value and key != "custom" and key != "recipe":
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(data)
+    return flat
+
+
+# Every knob the mapping carries, with a value other than its default.
+VARIANTS = {
+    "mesh": {"mesh": {"data": 2, "fsdp": 2, "context": 2, "expert": 1, "tensor": 2,
+                      "context_load_balance": False}},
+    "batch and sequence": {"seq_len": 512, "per_device_batch": 0.5, "vocab_tiling": 4},
+    "recipe": {"steps": 40, "warmup_steps": 10, "learning_rate": 1e-4, "weight_decay": 0.05,
+               "grad_clip": 0.5, "mu_dtype": "bfloat16", "seed": 3, "init_seed": 7},
+    "remat custom": {"remat": {"policy": "custom", "custom": {"decoder_layer_input": "offload",
+                                                             "context": "device",
+                                                             "query_proj": "remat"}}},
+    "remat named": {"remat": {"policy": "save_dot_except_mlp"}},
+    "splash": {"kernels": {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 256),
+                           "block_q": 512, "q_layout": "seq_minor", "v_layout": "seq_minor",
+                           "max_logit_const": 30.0}},
+    "fp8 fixed": {"precision": {"mode": "fp8", "granularity": "per_axis", "scaling": "fixed",
+                                "fixed_bound": 224.0}},
+    "fp8 e4m3 backward": {"precision": {"mode": "fp8", "granularity": "per_axis",
+                                        "backward_format": "e4m3"}},
+    "flags": {"xla": {"scoped_vmem_kib": 65536, "collective_mode": "sparsecore_offload",
+                      "extra": ["--xla_tpu_dvfs_p_state=3"]}},
+    "compile target": {"compile_target": "tpu7x:4x4x4", "backend": "tpu"},
+}  # fmt: skip
+MOE_VARIANTS = {
+    "megablox": {"kernels": {"moe_gmm": "megablox", "gmm_tm": 256, "gmm_tk": 512,
+                             "gmm_tn": 768}, "model": {"preset": "tiny-moe",
+                                                       "capacity_factor": 1.25,
+                                                       "load_balance_loss_weight": 0.001}},
+    "tokamax tiles": {"kernels": {"moe_gmm": "tokamax", "tokamax_tiles": {
+        "wi_fwd": "256x512x768", "wo_dlhs": "128x256x384"}}},
+    "ragged_dot": {"kernels": {"moe_gmm": "ragged_dot"}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, *MOE_VARIANTS])
+def test_every_mapped_setting_parses_back_to_the_same_value(name):
+    variant = {**VARIANTS, **MOE_VARIANTS}[name]
+    rest = {k: v for k, v in variant.items() if k != "model"}
+    config = trial("tiny-moe" if name in MOE_VARIANTS else "tiny-dense", **rest)
+    config = load_config({**config, **({"model": variant["model"]} if "model" in variant else {})})
+    back = _round_trip(config)
+    mine, theirs = _values(config), _values(back)
+    unmapped = {u.field for u in to_maxtext(config).unmapped}
+    differ = {
+        k: (mine[k], theirs.get(k))
+        for k in mine
+        if mine[k] != theirs.get(k) and not any(k.startswith(u) for u in unmapped)
+        and not k.startswith(("convergence", "limits", "fault", "backend", "data.", "xla.judge",
+                              "measure", "num_devices", "model.preset"))
+    }  # fmt: skip
+    assert differ == {}
+    assert back.remat.custom == config.remat.custom
+
+
+# A value other than the default for each renamed knob outside the mesh, model and blocks
+# (the variants change those, keeping the mesh and blocks valid).
+CHANGED = {"seq_len": 256, "per_device_batch": 2.0, "steps": 40, "learning_rate": 1e-4,
+           "weight_decay": 0.01, "grad_clip": 0.25, "mu_dtype": "bfloat16", "vocab_tiling": 2,
+           "seed": 5, "remat.policy": "minimal"}  # fmt: skip
+
+
+def test_each_renamed_knob_is_its_maxtext_key():
+    """A change to one knob changes its MaxText key (the table is the mapping)."""
+    before = to_maxtext(load_config(trial())).args
+    assert set(CHANGED) == {k for k in RENAMED if not k.startswith(("mesh.", "model.", "kernels."))}
+    for ours, value in CHANGED.items():
+        section, _, name = ours.rpartition(".")
+        update = {ours: value} if not section else {section: {name: value}}
+        after = to_maxtext(load_config(trial(**update))).args
+        assert after[RENAMED[ours]] != before[RENAMED[ours]], ours
+
+
+def test_what_maxtext_cannot_take_is_listed_with_why():
+    config = load_config(
+        trial(
+            "tiny-moe",
+            precision={"mode": "fp8", "granularity": "per_tensor", "targets": "dense"},
+            remat={"policy": "custom", "custom": {"moe_mlpwo": "device"}},
+            num_devices=4,
+        )
+    )
+    unmapped = {u.field: u.why for u in to_maxtext(config).unmapped}
+    assert {"precision.granularity", "precision.targets", "remat.custom.moe_mlpwo",
+            "num_devices", "data.source"} <= set(unmapped)  # fmt: skip
+    assert all(why for why in unmapped.values())
+
+
+def test_the_published_recipes_export_to_their_maxtext_names_and_flags():
+    """Trial 0 of the 70B space is MaxText's llama3.1-70b with the recipe's knobs."""
+    space = load_space("llama31_70b_8k_tpu7x")
+    config = load_config({**assemble(space, space.search.warm_start[0]),
+                          "compile_target": space.target})  # fmt: skip
+    settings = to_maxtext(config)
+    args = settings.args
+    assert args["model_name"] == "llama3.1-70b" and "base_emb_dim" not in args
+    assert args["remat_policy"] == "custom" and args["decoder_layer_input"] == "device"
+    assert args["attention"] == "flash" and args["sa_block_q"] == "2048"
+    assert args["compile_topology"] == "tpu7x-128"
+    assert "--xla_tpu_scoped_vmem_limit_kib=61440" in settings.libtpu_init_args
+    assert load_config(from_maxtext(args, settings.libtpu_init_args)).compile_target == (
+        "tpu7x:4x4x4"
+    )
+
+
+def _maxtext_keys() -> set[str]:
+    path = Path(__file__).parent / "data" / "maxtext_0.2.5_base_keys.txt"
+    return {line.strip() for line in path.read_text().splitlines() if line and line[0] != "#"}
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, *MOE_VARIANTS])
+def test_every_setting_is_a_key_maxtext_knows(name):
+    """MaxText's config refuses unknown keys: every key the mapping writes is one of its
+    base.yml (0.2.5's keys, kept as test data with the command that lists them)."""
+    variant = {**VARIANTS, **MOE_VARIANTS}[name]
+    rest = {k: v for k, v in variant.items() if k != "model"}
+    config = trial("tiny-moe" if name in MOE_VARIANTS else "tiny-dense", **rest)
+    args = to_maxtext(load_config(config)).args
+    assert set(args) - _maxtext_keys() == set()
