@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sweeper.manifest import MANIFEST, SUMMARY, Found
 from sweeper.space import (
     SpaceError,
     count_points,
@@ -18,14 +19,27 @@ from sweeper.space import (
 from sweeper.spacefile import SpaceFileError, parse_value
 
 if TYPE_CHECKING:
-    from sweeper.space import Space
-    from sweeper.sweep import SweepResult
+    import pandas as pd
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
 )
+VERBOSE = {"on": False}  # -v: the libraries' own output too (Ray, Tune, Optuna, MLflow)
+
+
+@app.callback()
+def main(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show Ray's, Tune's, Optuna's, MLflow's output")
+    ] = False,
+) -> None:
+    """Performance sweeps for JAX training on TPU7x."""
+    VERBOSE["on"] = verbose
+
+
 console = Console()
 err = Console(stderr=True)
+UI_PORT = 5000  # the MLflow UI's port on 127.0.0.1
 
 TrialsOpt = Annotated[int | None, typer.Option("--trials", help="number of trials (search.trials)")]
 ConcurrencyOpt = Annotated[
@@ -73,7 +87,7 @@ def _overrides(
 
 
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line: paths whole
     raise typer.Exit(2)
 
 
@@ -205,22 +219,28 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     import os
     import signal
 
-    from sweeper.engine import start_ray
-    from sweeper.sweep import run_sweep
+    from sweeper.engine import quiet, start_ray
+    from sweeper.sweep import SweepFinished, run_sweep
 
     try:
+        quiet(VERBOSE["on"])
         start_ray(address)
         # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
         # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-        result = run_sweep(progress=True, **kwargs)
+        result = run_sweep(progress=True, verbose=VERBOSE["on"], **kwargs)
+    except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
+        console.print(exc.message)
+        return
     except (SpaceError, ConnectionError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         err.print("[red]interrupted[/red] before the first trial started; nothing was run")
         raise typer.Exit(130) from None
-    assert result.space_used is not None, "set when the sweep finishes"
-    _print_result(result, result.space_used)
+    from sweeper.console import print_sweep
+    from sweeper.manifest import SweepManifest
+
+    print_sweep(SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir)
     if result.interrupted:
         err.print(
             "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
@@ -254,62 +274,135 @@ def plan(
         console.print(f"  - {reason}")
 
 
-# A results cell's convergence verdict (a bool, numpy's too, or missing) as shown.
-_VERDICT: dict[Any, str] = {True: "passed", False: "failed"}
+ResultsDirOpt = Annotated[
+    Path | None,
+    typer.Option("--results-dir", help="where sweeps are written (default: ./results)"),
+]
 
 
-def _print_result(result: SweepResult, space: Space) -> None:
-    from sweeper.results import knob_columns, missing  # after a sweep: already imported
+def _found(sweep_id: str, results_dir: Path | None) -> Found:
+    from sweeper.manifest import find_sweep
 
-    metric = space.objective.primary.metric
-    frame = result.trials
-    hardware = ", ".join(sorted({h for h in frame.get("hardware", []) if h})) or "-"
-    fidelities = ", ".join(sorted({f for f in frame.get("fidelity", []) if f})) or "-"
-    table = Table(
-        title=f"sweep {result.sweep_id}: {result.counts}; fidelity {fidelities} on {hardware}"
+    try:
+        return find_sweep(sweep_id, results_dir)
+    except SpaceError as exc:
+        _fail(str(exc))
+    raise AssertionError  # _fail exits
+
+
+def _frame(found: Found) -> pd.DataFrame:
+    import pandas as pd
+
+    from sweeper.report import frame_of
+
+    if not (found.path / SUMMARY).exists():
+        return pd.DataFrame()
+    return frame_of(found.path)
+
+
+@app.command("list")
+def list_(results_dir: ResultsDirOpt = None) -> None:
+    """The sweeps in the results folder, newest first: state, trials, best."""
+    from sweeper.console import sweeps_table
+    from sweeper.manifest import default_results_dir, list_sweeps
+
+    where = results_dir or default_results_dir()
+    found = list_sweeps(where)
+    if not found:
+        console.print(f"no sweeps under {where} (`--results-dir` says where to look)")
+        return
+    Console(width=max(console.width, 160)).print(sweeps_table(found))
+
+
+@app.command()
+def show(
+    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start (from `sweeper list`)")],
+    results_dir: ResultsDirOpt = None,
+) -> None:
+    """A sweep's trials, notes, and where its records are."""
+    from sweeper.console import print_sweep
+
+    found = _found(sweep_id, results_dir)
+    assert found.manifest is not None
+    print_sweep(found.manifest, _frame(found), found.path)
+
+
+@app.command()
+def export(
+    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="maxtext (its command line), env, or trial (JSON)")
+    ] = "maxtext",
+    trial: Annotated[
+        str | None, typer.Option("--trial", help="a trial id (default: the sweep's best)")
+    ] = None,
+    results_dir: ResultsDirOpt = None,
+) -> None:
+    """A trial as MaxText's command line, its environment, or a trial configuration that
+    `python -m trainer --config FILE` reruns."""
+    from sweeper.export import FORMATS, export_trial
+
+    if fmt not in FORMATS:
+        _fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    found = _found(sweep_id, results_dir)
+    try:
+        text = export_trial(found, _frame(found), trial, fmt)
+    except SpaceError as exc:
+        _fail(str(exc))
+    typer.echo(text, nl=False)
+
+
+@app.command()
+def report(
+    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start")],
+    results_dir: ResultsDirOpt = None,
+) -> None:
+    """Write the sweep's HTML report again (report.html in its folder) and print its path."""
+    import optuna
+
+    from sweeper import report as reports
+
+    found = _found(sweep_id, results_dir)
+    manifest = found.manifest
+    assert manifest is not None
+    objective = manifest.space.objective.primary
+    study = optuna.load_study(study_name=manifest.study_name, storage=manifest.optuna_storage)
+    path = reports.write_report(
+        found.path,
+        _frame(found),
+        title=f"{manifest.space.name}: sweep {manifest.sweep_id}",
+        metric=objective.metric,
+        maximize=objective.mode == "max",
+        notes=manifest.ending.notes,
+        importances=reports.importances_of(study, manifest.sweep_id),
     )
-    knob_cols = knob_columns(frame.columns)
-    # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
-    mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    for col in ("trial", "status", metric, mfu, "convergence", *knob_cols.values()):
-        table.add_column(col)
-    if not frame.empty:
-        ordered = frame.sort_values(
-            metric, ascending=space.objective.primary.mode == "min", na_position="last"
-        )
-        for _, row in ordered.head(10).iterrows():
-            value = row.get(metric)
-            status = (
-                row["status"]
-                if row["status"] == "ok"
-                else f"{row['status']}: {row['failure_class']}"
-            )
-            if not missing(row.get("reused_from")):
-                status += f" (reused #{int(row['reused_from'])})"
-            table.add_row(
-                str(row["trial_id"]),
-                status,
-                "-" if missing(value) else f"{value:,.1f}",
-                "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
-                _VERDICT.get(row.get("convergence_passed"), "-"),
-                *["-" if missing(row[c]) else str(row[c]) for c in knob_cols],
-            )
-    Console(width=max(console.width, 200)).print(table)  # wide: one row per trial, even in a pipe
-    for note in result.notes:
-        console.print(f"[yellow]note[/yellow] {note}")
-    console.print(f"results: {result.sweep_dir}")
-    from sweeper.stores import MEMORY_SCHEME
+    console.print(str(path))
 
-    db = result.tracking_uri
-    if db.startswith(MEMORY_SCHEME):
-        console.print(f"tracking records in this process's memory ({db}): gone at exit")
-    else:
-        console.print(
-            f"compare in MLflow: mlflow ui --backend-store-uri {db}  (experiment {space.name!r})"
-        )
-    console.print(
-        f"Optuna study {result.study_name!r} in {result.optuna_storage} (optuna-dashboard {result.optuna_storage})"
-    )
+
+@app.command()
+def ui(
+    sweep_id: Annotated[
+        str | None, typer.Argument(help="a sweep id, or its start (default: the latest)")
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="the port on 127.0.0.1")] = UI_PORT,
+    results_dir: ResultsDirOpt = None,
+) -> None:
+    """The MLflow UI on 127.0.0.1 for the sweep's store, and the URL of its runs; a tracking
+    server's URL is printed, nothing is started."""
+    from sweeper.manifest import default_results_dir, list_sweeps
+    from sweeper.ui import serve
+
+    if sweep_id is None:
+        latest = [s for s in list_sweeps(results_dir) if s.manifest is not None]
+        if not latest:
+            _fail(f"no sweeps under {results_dir or default_results_dir()}")
+        sweep_id = latest[0].sweep_id
+    found = _found(sweep_id, results_dir)
+    assert found.manifest is not None
+    try:
+        serve(found.manifest, port, lambda line: console.print(line, soft_wrap=True))
+    except (SpaceError, ConnectionError) as exc:
+        _fail(str(exc))
 
 
 if __name__ == "__main__":

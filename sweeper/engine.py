@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,33 @@ def cap_grid(space: Space) -> tuple[Space, list[str]]:
     return space.model_copy(update={"search": search}), [note]
 
 
+TOKEN_NOTICE = "ray._private.authentication.authentication_token_setup"
+# Whether this process started the Ray it uses (a Ray it found is the caller's to stop).
+_RAY_STARTED_HERE = False
+
+
+def quiet(verbose: bool = False) -> None:
+    """No library banners unless `verbose`: Tune's experiment box and TensorBoard hint (its
+    legacy reporter at verbosity 0 prints nothing), Optuna's study notices, MLflow's schema
+    creation; warnings still show. Set before Ray and Tune start (they read the environment)."""
+    if verbose:
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # Ray says a local cluster has token authentication (its default): it keeps it, quietly.
+    logging.getLogger(TOKEN_NOTICE).setLevel(logging.ERROR)
+
+
 def start_ray(address: str | None = None) -> None:
     """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)."""
+    global _RAY_STARTED_HERE
     if ray.is_initialized():
         return
+    _RAY_STARTED_HERE = True
     ray.init(
         address=address or "local",
         include_dashboard=False,
@@ -95,6 +119,14 @@ def start_ray(address: str | None = None) -> None:
         # Remote nodes import the engine and trainer from the driver's copy of the code.
         runtime_env=shipped_code() if address else None,
     )
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started; leave one it found running."""
+    global _RAY_STARTED_HERE
+    if _RAY_STARTED_HERE and ray.is_initialized():
+        ray.shutdown()
+    _RAY_STARTED_HERE = False
 
 
 def shipped_code() -> dict[str, Any]:

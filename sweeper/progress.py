@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray import tune
@@ -10,7 +11,10 @@ from rich.console import Console
 
 from sweeper.space import Space
 from trainer.spec.events import TrialStatus
-from trainer.spec.result import TrialResult
+from trainer.spec.result import PHASE_KEY, TrialResult
+
+# Seconds a running trial goes without a line before one says it is still at it.
+HEARTBEAT_S = 30.0
 
 
 class ProgressCallback(tune.Callback):
@@ -20,6 +24,9 @@ class ProgressCallback(tune.Callback):
         self.maximize = space.objective.primary.mode == "max"
         self.started = self.done = self.failed = 0
         self.best: float | None = None
+        self.since: dict[str, float] = {}  # trial id -> when it started
+        self.phase: dict[str, str] = {}  # trial id -> the phase last shown
+        self.shown_at: dict[str, float] = {}  # trial id -> when a line last spoke of it
 
     @property
     def console(self) -> Console:
@@ -31,7 +38,8 @@ class ProgressCallback(tune.Callback):
         best = f"{self.best:,.1f}" if self.best is not None else "-"
         self.console.print(
             f"[dim][{self.done}/{self.space.search.trials} done, {running} running, {self.failed} failed, "
-            f"best {self.metric} {best}][/dim] {text}"
+            f"best {self.metric} {best}][/dim] {text}",
+            soft_wrap=True,  # one line per event, whatever the terminal's width
         )
 
     def _better(self, value: float) -> bool:
@@ -41,7 +49,32 @@ class ProgressCallback(tune.Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         self.started += 1
+        self.since[trial.trial_id] = self.shown_at[trial.trial_id] = time.monotonic()
         self._line(f"started {trial.trial_id}")
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        """A line when a running trial changes phase (compiling, training, finishing), and
+        every HEARTBEAT_S while it stays in one: alive, and how long it has taken."""
+        phase = result.get(PHASE_KEY)
+        if not phase:
+            return
+        trial_id, now = trial.trial_id, time.monotonic()
+        where = phase
+        if "step" in result:
+            where = f"step {int(result['step']) + 1} of {int(result.get('steps') or 0)}"
+        if phase == "finishing":
+            where = "checking convergence" if self._checks else "finishing"
+        changed = self.phase.get(trial_id) != phase
+        if changed or now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
+            self.phase[trial_id], self.shown_at[trial_id] = phase, now
+            elapsed = now - self.since.get(trial_id, now)
+            self._line(f"{trial_id} {where} ({elapsed:.0f} s)")
+
+    @property
+    def _checks(self) -> bool:
+        return self.space.constraints.convergence and self.space.effective_fidelity == "run"
 
     def on_trial_complete(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

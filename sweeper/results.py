@@ -109,6 +109,7 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         },
         "attempts": attempts,
         "reused_from": final.reused_from,
+        "program_fingerprint": final.program_fingerprint,
         "effects": json.dumps(final.effects) if final.effects else "",
         **{f"{KNOB_PREFIX}{k}": v for k, v in knob_point(trial.config).items()},
     }

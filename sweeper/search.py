@@ -25,6 +25,8 @@ from trainer.spec.events import FailureClass, TrialStatus
 from trainer.spec.result import STATUS_KEY, TrialResult
 
 OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
+# Asks in a row that may draw points this sweep has before it is taken to have them all.
+MAX_REPEATS = 50
 # A point measured before in this study: its stored result, reused instead of run again.
 REUSE_KEY = "sweeper.reuse"
 # Config keys that steer a trial and are not knobs.
@@ -250,26 +252,68 @@ class SweepSearch(Searcher):
             load_if_exists=True,
             directions=["minimize" if m == "min" else "maximize" for m in modes],
         )
+        with warnings.catch_warnings():  # set_metric_names is experimental in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._ot_study.set_metric_names(space.objective.metrics)  # dashboards name them
         for point in points_to_evaluate or []:
             self._ot_study.enqueue_trial(point)
         self._ot_trials: dict[str, optuna.Trial] = {}  # Tune trial id -> its Optuna trial
         self._completed_trials: set[str] = set()
+        self._points: dict[str, str] = {}  # point key -> the Tune trial of this sweep that runs it
+        self.exhausted = False  # asks kept drawing points this sweep has
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        if trial_id not in self._ot_trials:
-            self._ot_trials[trial_id] = self._ot_study.ask()
-        ot_trial = self._ot_trials[trial_id]
-        control = self._define(ot_trial)
-        config = {**ot_trial.params, **control}
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
+        """The point trial `trial_id` runs. A point this sweep has already run (or is
+        running) is not run again: the sampler is told its result (or, still running, that
+        this ask failed) and asked anew, so `search.trials` counts distinct points. A point
+        an earlier sweep of the study measured is reused (`REUSE_KEY`): it counts. When asks
+        keep drawing points this sweep has, it has them all: Searcher.FINISHED (Ray's
+        documented end of a search; its type hint leaves that string out)."""
+        if trial_id in self._ot_trials:  # asked again for a trial it has (a restored sweep)
+            return self._config(trial_id, self._ot_trials[trial_id])
+        for _ in range(MAX_REPEATS):
+            ot_trial = self._ot_study.ask()
+            ot_trial.set_user_attr("sweep_id", self._sweep_id)
+            key = point_key(self._sweep_space, self._point(ot_trial))
+            ot_trial.set_user_attr("point_key", key)
+            if key in self._points:
+                self._tell_repeat(ot_trial, key)
+                continue
+            self._points[key] = trial_id
+            self._ot_trials[trial_id] = ot_trial
+            return self._config(trial_id, ot_trial)
+        self.exhausted = True  # every recent ask was a point this sweep has: it has them all
+        return Searcher.FINISHED
+
+    def _point(self, ot_trial: optuna.Trial) -> dict[str, Any]:
+        """The knob values the trial draws (define-by-run: asked here, then in its params)."""
+        self._define(ot_trial)
+        return dict(ot_trial.params)
+
+    def _config(self, trial_id: str, ot_trial: optuna.Trial) -> dict[str, Any]:
+        config = {**self._point(ot_trial), **self._define(ot_trial)}
         key = point_key(self._sweep_space, knob_point(config))
-        ot_trial.set_user_attr("sweep_id", self._sweep_id)
         ot_trial.set_user_attr("tune_trial_id", trial_id)
-        ot_trial.set_user_attr("point_key", key)
         earlier = self.measured(key)
-        if earlier is not None:  # measured before in this study: reuse, do not run it again
+        if earlier is not None and earlier.user_attrs.get("sweep_id") != self._sweep_id:
+            # Measured by an earlier sweep of this study: reuse, do not run it again.
             config[REUSE_KEY] = {"from": earlier.number, "result": earlier.user_attrs["result"]}
             ot_trial.set_user_attr("reused_from", earlier.number)
         return config
+
+    def _tell_repeat(self, ot_trial: optuna.Trial, key: str) -> None:
+        """An ask that drew a point this sweep has: the sampler learns its result (or, while
+        it runs, that this ask failed); no Tune trial is spent on it."""
+        earlier = self.measured(key)
+        ot_trial.set_user_attr("outcome", "repeat")
+        if earlier is not None:
+            ot_trial.set_user_attr("repeat_of", earlier.number)
+            for name, value in earlier.constraints.items():
+                ot_trial.set_constraint(name, value)
+            values = earlier.values
+            self._ot_study.tell(ot_trial, values[0] if len(values) == 1 else values)
+        else:
+            self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
 
     def save(self, checkpoint_path: str) -> None:
         """Tune checkpoints the searcher with the experiment (the study lives in its RDB)."""
@@ -293,10 +337,11 @@ class SweepSearch(Searcher):
         value = result.get(self.metric)
         if (
             result.get(STATUS_KEY) == TrialStatus.RUNNING
+            and "step" in result  # a step's running throughput, not a phase report
             and value is not None
             and math.isfinite(value)
         ):
-            self._ot_trials[trial_id].report(value, result.get("training_iteration", 0))
+            self._ot_trials[trial_id].report(value, int(result["step"]))
 
     def fail_unfinished(self, reason: str) -> None:
         """Tell FAIL for every trial still open (suggested or running when the sweep ended)."""

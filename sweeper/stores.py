@@ -56,6 +56,10 @@ class TrackingStore(Protocol):
     def experiment(self, name: str, artifact_root: Path) -> str:
         """The id of experiment `name`, created when missing."""
 
+    def set_experiment_tags(self, experiment_id: str, tags: dict[str, str]) -> None: ...
+
+    def experiment_tags(self, experiment_id: str) -> dict[str, str]: ...
+
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str: ...
 
     def log_batch(
@@ -124,6 +128,13 @@ class MlflowStore:
         # A server keeps artifacts in its own store (the UI anywhere shows them).
         location = None if self.served else artifact_root.resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location)
+
+    def set_experiment_tags(self, experiment_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_experiment_tag(experiment_id, key, value)
+
+    def experiment_tags(self, experiment_id: str) -> dict[str, str]:
+        return dict(self.client.get_experiment(experiment_id).tags)
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
         run_id: str = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
@@ -199,6 +210,7 @@ class MemoryStore:
         self.experiments: dict[str, str] = {}  # name -> id
         self.runs: dict[str, RunRecord] = {}
         self.run_experiment: dict[str, str] = {}
+        self.tags: dict[str, dict[str, str]] = {}  # experiment id -> its tags
         self.down = False
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
@@ -227,6 +239,14 @@ class MemoryStore:
     def experiment(self, name: str, artifact_root: Path) -> str:
         self._reach()
         return self.experiments.setdefault(name, str(len(self.experiments)))
+
+    def set_experiment_tags(self, experiment_id: str, tags: dict[str, str]) -> None:
+        self._reach()
+        self.tags.setdefault(experiment_id, {}).update(tags)
+
+    def experiment_tags(self, experiment_id: str) -> dict[str, str]:
+        self._reach()
+        return dict(self.tags.get(experiment_id, {}))
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
         self._reach()

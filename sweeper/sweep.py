@@ -13,7 +13,6 @@ the Optuna study, the sweep folder), in Tune's `fit`, or in `finish`; `tuner()` 
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,18 +22,34 @@ from typing import Any
 import optuna
 import pandas as pd
 import yaml
-from pydantic import Field
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 
 from sweeper import results
-from sweeper.engine import cap_grid, check_space, new_sweep_id, place, start_ray
+from sweeper.engine import (
+    cap_grid,
+    check_space,
+    new_sweep_id,
+    place,
+    quiet,
+    start_ray,
+    stop_ray,
+)
+from sweeper.export import trial_config
 from sweeper.inert import effect_caveats
+from sweeper.manifest import (
+    MANIFEST,
+    Ending,
+    SweepManifest,
+    default_results_dir,
+    find_sweep,
+    now,
+)
 from sweeper.placement import Placement
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler, stored_result
-from sweeper.space import Space, SpaceError, assemble, load_space, space_overrides
+from sweeper.space import Space, SpaceError, load_space, space_overrides
 from sweeper.tracking import (
     Tracker,
     TrackingCallback,
@@ -44,12 +59,8 @@ from sweeper.tracking import (
 from sweeper.trainable import TrialRuntime, run_trial
 from trainer.spec.config import TrialConfig
 from trainer.spec.events import FailureClass, TrialStatus
-from trainer.spec.files import write_json
 from trainer.spec.result import TrialResult
-from trainer.spec.schema import Frozen
 
-REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
-MANIFEST = "sweep.json"  # in the sweep folder: what `sweeper resume` needs to reattach
 JOURNAL = "tracking_journal.json"  # tracking writes waiting for the store to come back
 ID_MAP = "mlflow_runs.json"  # trial -> tracking run, and each trial's attempts
 # A trial whose Ray worker or host died is retried this many times (a trial fault never is).
@@ -60,34 +71,18 @@ INFRA_RETRIES = 2
 TUNE_STATE_EVERY_S = "2"
 
 
-class SweepManifest(Frozen):
-    """What `sweeper resume` reattaches (sweep.json in the sweep folder): the space as run,
-    the study, the tracking records, Tune's storage."""
+class SweepFinished(SpaceError):
+    """`resume` of a sweep that ended well: nothing to continue."""
 
-    sweep_id: str
-    space: Space
-    study_name: str
-    own_study: bool
-    optuna_storage: str
-    tracking_uri: str
-    experiment_id: str
-    parent_run_id: str
-    storage: str
-    inert_notes: list[str] = Field(default_factory=list)
-
-    def write(self, path: Path) -> None:
-        write_json(path, self.model_dump(mode="json"), indent=1, durable=True)
-
-    @classmethod
-    def read(cls, path: Path) -> SweepManifest:
-        try:
-            return cls.model_validate_json(path.read_text())
-        except (OSError, ValueError) as exc:  # ValidationError is a ValueError
-            raise SpaceError(
-                f"cannot read the sweep's manifest ({str(exc).splitlines()[0][:200]}); it is "
-                "damaged or from another version: start a new sweep",
-                file=str(path),
-            ) from None
+    def __init__(self, path: Path, manifest: SweepManifest):
+        ending = manifest.ending
+        super().__init__(
+            f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counts}; best "
+            f"trial {ending.best_trial or 'none'}): nothing to resume. `sweeper show "
+            f"{manifest.sweep_id}` shows it",
+            file=str(path),
+        )
+        self.manifest = manifest
 
 
 @dataclass
@@ -110,6 +105,8 @@ class SweepResult:
     interrupted: bool = False  # Ctrl-C / SIGTERM ended it; its running trials were killed
     journaled: int = 0  # tracking records still waiting in the journal (the store was down)
     space_used: Space | None = None  # the space as run: fidelity resolved, inert values pinned
+    # The best trial's configuration as it ran, devices included: `python -m trainer` reruns it.
+    best_config: dict[str, Any] | None = None
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
@@ -139,6 +136,7 @@ class Sweep:
     # its pickled searcher. Kept to close trials an interruption cut off.
     searcher: SweepSearch | None = None
     interrupted: bool = False
+    started_at: str = field(default_factory=now)
 
     @property
     def sweep_dir(self) -> Path:
@@ -176,7 +174,7 @@ class Sweep:
             )
         start_ray()
         space, placement, inert_notes, placement_notes = checked(space)
-        results_dir = Path(results_dir or REPO_RESULTS).resolve()
+        results_dir = Path(results_dir or default_results_dir()).resolve()
         results_dir.mkdir(parents=True, exist_ok=True)
         storage = storage or str(results_dir)
         tracking_uri = tracking_uri or default_tracking_uri(results_dir)
@@ -232,17 +230,24 @@ class Sweep:
 
         Finished trials stay finished; trials the driver's death cut off run again once.
         """
-        results_dir = Path(results_dir or REPO_RESULTS).resolve()
-        sweep_dir = find_sweep(sweep_id, results_dir)
-        manifest = SweepManifest.read(sweep_dir / MANIFEST)
-        space = manifest.space
+        found = find_sweep(sweep_id, results_dir)
+        manifest = found.manifest
+        assert manifest is not None, "find_sweep reads the manifest"
+        if manifest.ending.state == "finished":
+            if (found.path / JOURNAL).exists():  # records an outage kept: replay them now
+                Tracker(tracking_uri or manifest.tracking_uri, manifest.space, manifest.sweep_id,
+                        found.path.parents[1] / "mlartifacts", found.path / JOURNAL,
+                        parent_run_id=manifest.parent_run_id).flush()  # fmt: skip
+            raise SweepFinished(found.path, manifest)
+        results_dir, sweep_dir = found.path.parents[1], found.path
+        sweep_id, space = manifest.sweep_id, manifest.space
         start_ray()
         _, placement = place(space)
         tracking_uri = tracking_uri or manifest.tracking_uri
         check_tracking_server(tracking_uri)
         tracker = Tracker(tracking_uri, space, sweep_id, results_dir / "mlartifacts",
                           sweep_dir / JOURNAL, parent_run_id=manifest.parent_run_id)  # fmt: skip
-        tracker.tag(tracker.parent, {"resumed_at": dt.datetime.now().isoformat(timespec="seconds")})
+        tracker.tag(tracker.parent, {"resumed_at": now()})
         sweep = cls(
             space=space,
             sweep_id=sweep_id,
@@ -259,11 +264,12 @@ class Sweep:
             placement_notes=[f"placement: {placement.description}", f"resumed sweep {sweep_id}"],
             own_study=manifest.own_study,
             resumed=True,
+            started_at=manifest.started_at,
         )
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
         return sweep
 
-    def write_manifest(self) -> None:
+    def write_manifest(self, ending: Ending | None = None) -> None:
         manifest = SweepManifest(
             sweep_id=self.sweep_id,
             space=self.space,
@@ -275,6 +281,8 @@ class Sweep:
             parent_run_id=self.tracker.parent_run_id or "",
             storage=self.storage,
             inert_notes=self.inert_notes,
+            started_at=self.started_at,
+            ending=ending or Ending(),
         )
         manifest.write(self.sweep_dir / MANIFEST)
 
@@ -350,10 +358,10 @@ class Sweep:
         if space.search.early_stopping and objective.secondary is None:
             steps = int(space.trial.get("steps", TrialConfig.model_fields["steps"].default))
             scheduler = ASHAScheduler(
-                time_attr="training_iteration",
+                time_attr="step",  # in step reports only: phase and final reports pass it by
                 metric=objective.primary.metric,
                 mode=objective.primary.mode,
-                max_t=steps + 1,
+                max_t=steps,
                 grace_period=max(3, steps // 4),
             )
         return tune.TuneConfig(
@@ -426,8 +434,7 @@ class Sweep:
         best = _best(frame, space)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         frame.to_csv(self.sweep_dir / "summary.csv", index=False)
-        if best:
-            self._write_best(best)
+        best_config = self._write_best(best) if best else None
         notes = [
             *self.placement_notes,
             *(f"pinned: {n}" for n in self.inert_notes),
@@ -438,10 +445,17 @@ class Sweep:
             notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
         if self.interrupted:
             notes.append("interrupted: trials still running were killed and recorded as such")
+        if self.searcher is not None and self.searcher.exhausted:
+            notes.append(
+                f"the space ran out of new points after {len(frame)} trials: every point the "
+                "sampler drew again had run in this sweep"
+            )
         notes += self.close_leftovers()
         self.tracker.flush()  # a store back by now: the outage is in the notes it keeps
         notes += self.tracker.outages
         told = len(self.tracker.outages)
+        report = self.write_report(frame, notes)
+        self.tracker.log_report(report)
         self.tracker.finish_sweep(
             best, counts, status="KILLED" if self.interrupted else "FINISHED", notes=notes
         )
@@ -452,6 +466,16 @@ class Sweep:
                 f"tracking store still unreachable: {journaled} records wait in "
                 f"{self.tracker.journal.path}; `sweeper resume {self.sweep_id}` replays them once it answers"
             )
+        self.write_manifest(
+            Ending(
+                state="interrupted" if self.interrupted else "finished",
+                ended_at=now(),
+                counts=counts,
+                best_trial=str(best["trial_id"]) if best else "",
+                best_value=float(best[space.objective.primary.metric]) if best else None,
+                notes=notes,
+            )
+        )
         return SweepResult(
             space=space.name,
             sweep_id=self.sweep_id,
@@ -468,28 +492,54 @@ class Sweep:
             interrupted=self.interrupted,
             journaled=journaled,
             space_used=space,
+            best_config=best_config,
         )
 
-    def _write_best(self, best: dict[str, Any]) -> None:
+    def write_report(self, frame: pd.DataFrame, notes: list[str]) -> Path:
+        """The sweep's HTML report (sweeper/report.py), beside summary.csv."""
+        from sweeper import report
+
+        study = optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+        objective = self.space.objective.primary
+        return report.write_report(
+            self.sweep_dir,
+            frame,
+            title=f"{self.space.name}: sweep {self.sweep_id}",
+            metric=objective.metric,
+            maximize=objective.mode == "max",
+            notes=notes,
+            importances=report.importances_of(study, self.sweep_id),
+        )
+
+    def best_config(self, point: dict[str, Any]) -> dict[str, Any]:
+        """A point's trial configuration as it ran, devices included: what `python -m
+        trainer --config FILE` reruns (sweeper/export.py)."""
+        config = trial_config(self.space, point, self.placement.num_devices)
+        return config.model_dump(mode="json", exclude_defaults=True)
+
+    def _write_best(self, best: dict[str, Any]) -> dict[str, Any]:
         metric = self.space.objective.primary.metric
         point = {
             name: best[column]
             for column, name in results.knob_columns(best).items()
             if not results.missing(best[column])
         }
+        config = self.best_config(point)
         (self.sweep_dir / "best.yaml").write_text(
             yaml.safe_dump(
                 {
                     "trial_id": best["trial_id"],
                     "knobs": point,
-                    "trial": assemble(self.space, point),
                     metric: float(best[metric]),
                     "fidelity": best.get("fidelity"),
                     "hardware": best.get("hardware"),
+                    "program_fingerprint": best.get("program_fingerprint"),
+                    "trial": config,
                 },
                 sort_keys=False,
             )
         )
+        return config
 
     def close_leftovers(self) -> list[str]:
         """Close what a killed driver left open: Optuna trials and tracking runs still RUNNING."""
@@ -619,19 +669,6 @@ def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
     return {str(k): v for k, v in ranked.iloc[0].to_dict().items()}
 
 
-def find_sweep(sweep_id: str, results_dir: Path) -> Path:
-    found = sorted(results_dir.glob(f"*/{sweep_id}/{MANIFEST}"))
-    if not found:
-        known = sorted(p.parent.name for p in results_dir.glob(f"*/*/{MANIFEST}"))[-5:]
-        raise SpaceError(
-            f"no sweep {sweep_id!r} under {results_dir} (latest: {', '.join(known) or 'none'}); "
-            "pass the id `sweeper run` printed, and the same --results-dir",
-            file="sweeper resume",
-            field="SWEEP_ID",
-        )
-    return found[0].parent
-
-
 def run_sweep(
     space: Space | str | Path | None = None,
     *,
@@ -642,12 +679,34 @@ def run_sweep(
     storage: str | None = None,
     study: str | None = None,
     resume: str | None = None,
+    verbose: bool = False,
     **overrides: Any,
 ) -> SweepResult:
     """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`).
 
-    `resume=SWEEP_ID` continues a sweep whose driver died or was stopped instead.
+    `resume=SWEEP_ID` continues a sweep whose driver died or was stopped instead. Prints
+    nothing unless `progress` (the sweep's own lines) or `verbose` (the libraries' too). A
+    Ray this call started is shut down when it returns; one the caller started is not.
     """
+    quiet(verbose)
+    try:
+        return _run_sweep(space, results_dir, tracking_uri, progress, callbacks, storage, study,
+                          resume, overrides)  # fmt: skip
+    finally:
+        stop_ray()
+
+
+def _run_sweep(
+    space: Space | str | Path | None,
+    results_dir: Path | None,
+    tracking_uri: str | None,
+    progress: bool,
+    callbacks: list[tune.Callback] | None,
+    storage: str | None,
+    study: str | None,
+    resume: str | None,
+    overrides: dict[str, Any],
+) -> SweepResult:
     if resume is not None:
         if space is not None or overrides:
             raise TypeError("resume continues a sweep as it was: pass no space or overrides")

@@ -18,6 +18,7 @@ from typing import Any
 from ray import tune
 from ray.tune.experiment import Trial
 
+from sweeper import mlflow_view
 from sweeper.journal import TrackingJournal, is_outage
 from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
@@ -28,6 +29,8 @@ from trainer.spec.files import write_json
 from trainer.spec.result import STATUS_KEY, TrialResult
 
 log = logging.getLogger("sweeper")
+TRAINER_LOG = "trainer.log"  # in a local trial's Tune working directory
+LOG_TAIL_LINES = 60
 
 # Bounded MLflow HTTP calls: an unreachable store costs seconds, then the journal takes over.
 MLFLOW_REQUEST_BOUNDS = {
@@ -87,6 +90,7 @@ class Tracker:
         self._last_try = 0.0
         self.experiment_id = self.store.experiment(space.name, artifact_root)
         self.parent_run_id = parent_run_id
+        self._write("experiment_tags", tags=mlflow_view.experiment_tags(space))
         if len(self.journal):
             self._reconnect(force=True)
 
@@ -117,6 +121,8 @@ class Tracker:
             self.store.log_text(run_id, entry["text"], entry["path"])
         elif op == "set_terminated":
             self.store.set_terminated(run_id, entry["status"], entry["end_time"])
+        elif op == "experiment_tags":
+            self.store.set_experiment_tags(self.experiment_id, entry["tags"])
         return None
 
     def _create(self, name: str, tags: dict[str, str]) -> str:
@@ -192,13 +198,22 @@ class Tracker:
         )
         self._batch(self.parent, params=params)
         self._write("log_text", run_id=self.parent, text=space_text, path="space.yaml")
+        self.show_sweep()
         return self.parent
+
+    def show_sweep(self) -> None:
+        """The sweep's shared view in the MLflow UI (its runs, sorted, its columns, charts)."""
+        view = mlflow_view.view_tag(self.space, self.sweep_id, self.resolve(self.parent))
+        self._write("experiment_tags", tags=view)
+
+    def runs_url(self, base: str) -> str:
+        return mlflow_view.runs_url(base, self.experiment_id, self.sweep_id)
 
     def start_trial(
         self, trial_id: str, point: dict[str, Any], optuna_number: int | None, tags: dict[str, str]
     ) -> str:
         run_id = self._create(
-            f"trial-{optuna_number if optuna_number is not None else trial_id}",
+            mlflow_view.run_name(trial_id, point),
             {
                 PARENT: self.parent,
                 "sweeper.sweep_id": self.sweep_id,
@@ -209,12 +224,14 @@ class Tracker:
                 **tags,
             },
         )
-        params = {k: v for k, v in flatten(assemble(self.space, point)).items() if k not in point}
-        params.update(point)  # sampled knobs under their own names
-        numeric = {k: _number(v) for k, v in point.items()}
-        self._batch(
-            run_id, params=params, metrics={k: v for k, v in numeric.items() if v is not None}
-        )
+        # Sampled knobs under one prefix, the rest of the trial's configuration under another:
+        # as params only (a knob as a metric would take the UI's first chart).
+        fixed = {k: v for k, v in flatten(assemble(self.space, point)).items() if k not in point}
+        params = {
+            **{f"{mlflow_view.KNOB_PARAM}{k}": v for k, v in point.items()},
+            **{f"{mlflow_view.TRIAL_PARAM}{k}": v for k, v in fixed.items()},
+        }
+        self._batch(run_id, params=params)
         return run_id
 
     def tag(self, run_id: str, tags: dict[str, str]) -> None:
@@ -289,7 +306,10 @@ class Tracker:
         self._batch(
             self.parent,
             metrics=metrics,
-            tags={"best_trial": str(best.get("trial_id")) if best else ""},
+            tags={
+                "best_trial": str(best.get("trial_id")) if best else "",
+                mlflow_view.NOTE: self.description(best, counts, notes or []),
+            },
         )
         if notes:
             self._write(
@@ -299,6 +319,27 @@ class Tracker:
                 path="notes.txt",
             )
         self.terminate(self.parent, status)
+
+    def description(
+        self, best: dict[str, Any] | None, counts: dict[str, int], notes: list[str]
+    ) -> str:
+        """The sweep run's description in the UI: its best trial, its counts, its notes."""
+        metric = self.space.objective.primary.metric
+        if best:
+            value = _number(best.get(metric))
+            shown = "-" if value is None else f"{value:,.1f}"
+            head = (
+                f"Best: trial {best.get('trial_id')}, {metric} {shown} (fidelity "
+                f"{best.get('fidelity') or '?'}, on {best.get('hardware') or '?'})."
+            )
+        else:
+            head = "No trial ended well."
+        tally = ", ".join(f"{v} {k}" for k, v in counts.items())
+        return "\n\n".join([head, f"Trials: {tally}.", *(f"- {n}" for n in notes)])
+
+    def log_report(self, path: Path) -> None:
+        """The sweep's HTML report, as an artifact of its run."""
+        self._write("log_text", run_id=self.parent, text=path.read_text(), path=path.name)
 
     def close_leftovers(self) -> int:
         """KILLED for this sweep's child runs still RUNNING once its trials have all ended.
@@ -423,7 +464,9 @@ class TrackingCallback(tune.Callback):
         if trial.trial_id in self.finals or trial.trial_id not in self.run_ids:
             return  # already recorded, or never started (no run, no row)
         message = "the sweep was interrupted (Ctrl-C / SIGTERM) while it ran"
-        ending = TrialResult(status=TrialStatus.KILLED, failure_message=message)
+        ending = TrialResult(
+            status=TrialStatus.KILLED, failure_message=message, log_tail=log_tail(trial)
+        )
         self._finish(trial, error=False, ending=ending)
 
     def run_id(self, trial_id: str) -> str | None:
@@ -440,6 +483,18 @@ class TrackingCallback(tune.Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         self._finish(trial, error=True)
+
+
+def log_tail(trial: Trial, lines: int = LOG_TAIL_LINES) -> str:
+    """The end of a trial's trainer log, where this host can read it (a local trial's Tune
+    working directory); empty otherwise."""
+    if trial.storage is None:
+        return ""
+    path = Path(trial.storage.trial_working_directory) / TRAINER_LOG
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def bound_mlflow_requests() -> None:

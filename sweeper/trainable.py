@@ -36,6 +36,7 @@ from sweeper.launch import (
 from sweeper.placement import Placement
 from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
+from sweeper.tracking import LOG_TAIL_LINES, TRAINER_LOG
 from trainer.spec.config import ConfigError, TrialConfig
 from trainer.spec.events import (
     EXIT_CODES,
@@ -52,7 +53,6 @@ from trainer.spec.events import (
 )
 from trainer.spec.result import Convergence, Layout, TrialResult, running_report
 
-LOG_TAIL_LINES = 60
 Report = Callable[[dict[str, Any]], None]  # tune.report
 POLL_S = 0.1
 # After one process fails, how long its peers may take to end too (3 s was too short on a
@@ -103,10 +103,14 @@ class TrialRun:
         return self.accepted.tokens_per_step / statistics.median(timed) / (self.accepted.chips or 1)
 
     def on_event(self, event: Accepted | Compiled | Step | Summary, report: Report) -> None:
+        """Keep what process 0 says, and tell Tune where the trial is: compiling, training
+        (a report per step), finishing (the convergence check and the summary)."""
         if isinstance(event, Accepted):
             self.accepted = event
+            report(running_report(self.objectives, "compiling"))
         elif isinstance(event, Compiled):
             self.compiled = event
+            report(running_report(self.objectives, "training"))
         elif isinstance(event, Step):
             self.step_times.append(event.step_time_s)
             running = self.running_throughput()
@@ -114,12 +118,16 @@ class TrialRun:
             report(
                 running_report(
                     self.objectives,
+                    "training",
                     step=event.step,
+                    steps=self.config.steps if self.config else 0,
                     **figures,
                     tokens_per_sec_per_chip_running=running,
                     tokens_per_sec_per_chip=running,
                 )
             )
+            if self.config and event.step == self.config.steps - 1:
+                report(running_report(self.objectives, "finishing"))
         elif isinstance(event, Summary):
             self.summary = event
 
@@ -180,6 +188,7 @@ class TrialRun:
             layout=self.layout(),
             effects=self.effects(),
             trial_config=self.config.to_json() if self.config else "",
+            program_fingerprint=self.compiled.program_fingerprint if self.compiled else "",
             log_tail="\n".join(self.tail),
         )
 
@@ -258,7 +267,7 @@ class TrialRun:
             process = TrainerProcess(
                 trainer_argv(config_path, self.extra_args(), self.runtime.python),
                 {**os.environ, **env},
-                self.trial_dir / "trainer.log",
+                self.trial_dir / TRAINER_LOG,
                 cores,
             )
             where = {

@@ -64,7 +64,7 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     good = store.read(ok)
     assert good.status == "FINISHED" and good.tags[PARENT] == parent
     assert good.tags["status"] == "ok" and good.tags["convergence"] == "passed"
-    assert good.params["mesh.fsdp"] == "2" and good.params["steps"] == "8"  # knob + trial base
+    assert good.params["knob.mesh.fsdp"] == "2" and good.params["trial.steps"] == "8"
     assert good.metrics["tokens_per_sec_per_chip"] == 123.5  # the final, over the step values
     assert sorted(good.history["loss"]) == [(1, 4.0), (2, 3.0), (3, 2.0)]
     assert good.texts["trial.json"] == '{"steps": 3}'

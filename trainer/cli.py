@@ -32,11 +32,18 @@ def _read_config(path: str) -> TrialConfig:
     return load_config(data)
 
 
+SIMULATED = "xla_force_host_platform_device_count"  # XLA's simulated CPU devices
+
+
 def prepare_environment(config: TrialConfig) -> None:
     """The process environment a trial of `config` compiles and runs in (JAX platform, the
     trial's LIBTPU flags, checked): before JAX and libtpu start, as they read it once."""
     if config.backend == "cpu" or config.compile_target:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # AOT for TPU needs no TPU backend
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    if config.backend == "cpu" and config.num_devices and SIMULATED not in xla_flags:
+        # A configuration that names its CPU devices brings them (an exported trial reruns so).
+        os.environ["XLA_FLAGS"] = f"{xla_flags} --{SIMULATED}={config.num_devices}".strip()
     if config.compile_target:
         # AOT opens no TPU device, so concurrent compile trials may share libtpu; without this
         # the second process fails on libtpu's single-process lockfile.

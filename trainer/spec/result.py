@@ -18,6 +18,7 @@ from trainer.spec.events import ENDED, FailureClass, Fidelity, TrialStatus
 # Keys of a Tune report that the engine reads; the rest is Tune's own bookkeeping.
 RESULT_KEY = "sweeper.result"  # the final result, as JSON
 STATUS_KEY = "trial_status"  # every report: running, or how the trial ended
+PHASE_KEY = "trial_phase"  # a running report: starting, compiling, training, finishing
 DONE_KEY = "done"
 
 
@@ -76,6 +77,7 @@ class TrialResult(BaseModel):
         default_factory=dict, description="knob -> its effect on the backend (status, reason)"
     )
     trial_config: str = ""  # the validated TrialConfig, as JSON
+    program_fingerprint: str = ""  # the compiled program's identity (optimized HLO hash)
     log_tail: str = ""
     reused_from: int | None = None  # the Optuna trial whose measurement this reuses
     recovered: bool = False  # recorded before a resumed sweep's driver died
@@ -131,6 +133,12 @@ class TrialResult(BaseModel):
         return cls.model_validate_json(text) if text else None
 
 
-def running_report(objectives: list[str], **figures: float) -> dict[str, Any]:
-    """A Tune report while a trial runs: its step's figures, the objectives at 0."""
-    return {**dict.fromkeys(objectives, 0.0), **figures, STATUS_KEY: TrialStatus.RUNNING.value}
+def running_report(objectives: list[str], phase: str, **figures: float) -> dict[str, Any]:
+    """A Tune report while a trial runs: its phase (and a step's figures), the objectives
+    at 0."""
+    return {
+        **dict.fromkeys(objectives, 0.0),
+        **figures,
+        STATUS_KEY: TrialStatus.RUNNING.value,
+        PHASE_KEY: phase,
+    }
