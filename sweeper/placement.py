@@ -152,10 +152,53 @@ def _requested_backend(space: Space) -> str:
 def resolve(space: Space, hosts: list[Host], driver: Host) -> Placement:
     """The placement of this space's trials on this cluster; SpaceError when it has no room."""
     if space.target == "local":
+        if _requested_backend(space) == "cpu" or not _accelerators(driver):
+            return _cpu(space, hosts)
         return _local(space, driver)
     if gpus_in(space.target) is not None:
         return _gpu_host(space, hosts)
     return _slice(space, hosts)
+
+
+def _accelerators(host: Host) -> bool:
+    return bool(host.resources.get("TPU", 0) or host.resources.get("GPU", 0))
+
+
+def _cpu(space: Space, hosts: list[Host]) -> Placement:
+    """Local CPU trials on whichever nodes have CPUs (the driver's host among them when it has
+    some): each trial holds `cpus_per_trial` cores of one node and its trainer is pinned to
+    cores no other trial of that node holds."""
+    node_cpus = [int(h.resources.get("CPU", 0)) for h in hosts]
+    most = max(node_cpus, default=0)
+    if most < 1:
+        raise SpaceError(
+            f"no node of the Ray cluster offers CPUs ({_describe_cluster(hosts)}); give a node "
+            "CPUs (ray start --num-cpus) or ray.init num_cpus",
+            field="target",
+        )
+    per_trial = space.resources.cpus_per_trial or max(1, most // space.search.concurrency)
+    if per_trial > most:
+        raise SpaceError(
+            f"{per_trial} CPUs per trial, but no node has more than {most} "
+            f"({_describe_cluster(hosts)})",
+            field="resources.cpus_per_trial",
+        )
+    capacity = sum(c // per_trial for c in node_cpus)
+    nodes = sum(c >= per_trial for c in node_cpus)
+    devices = space.devices or 8
+    return Placement(
+        kind="single",
+        backend="cpu",
+        num_devices=devices,
+        processes=1,
+        devices_per_process=devices,
+        capacity=capacity,
+        trial_resources={"CPU": per_trial},
+        cpus_per_trial=per_trial,
+        description=f"local cpu: {devices} simulated devices pinned to {per_trial} core"
+        f"{'s' if per_trial > 1 else ''} of a node; {nodes} node{'s' if nodes > 1 else ''} "
+        f"with CPUs hold {capacity} such trial{'s' if capacity > 1 else ''} at once",
+    )
 
 
 def _local(space: Space, host: Host) -> Placement:
@@ -173,31 +216,6 @@ def _local(space: Space, host: Host) -> Placement:
             )
     affinity = {f"node:{host.address}": NODE_AFFINITY}
     cpus = int(host.resources.get("CPU", 0))
-    if backend == "cpu":
-        if cpus < 1:
-            raise SpaceError(
-                f"the driver host offers Ray no CPUs ({_describe_cluster([host])}); "
-                "run from a host with CPUs or give ray.init num_cpus",
-                field="target",
-            )
-        per_trial = space.resources.cpus_per_trial or max(1, cpus // space.search.concurrency)
-        if per_trial > cpus:
-            raise SpaceError(
-                f"{per_trial} CPUs per trial, but the driver host has {cpus}",
-                field="resources.cpus_per_trial",
-            )
-        devices = space.devices or 8
-        return Placement(
-            kind="single",
-            backend="cpu",
-            num_devices=devices,
-            processes=1,
-            devices_per_process=devices,
-            capacity=cpus // per_trial,
-            trial_resources={"CPU": per_trial, **affinity},
-            cpus_per_trial=per_trial,
-            description=f"local cpu: {devices} simulated devices pinned to {per_trial} of {cpus} cores",
-        )
     count = int(has[backend])
     accelerators = space.devices or count
     if accelerators > count:

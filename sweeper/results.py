@@ -6,6 +6,7 @@ says); the tracking adapter only contributes the MLflow run id and the attempt c
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -44,6 +45,13 @@ KNOB_PREFIX = "knob:"
 def knob_columns(columns: Iterable[str]) -> dict[str, str]:
     """column -> knob name, for the results table's knob columns."""
     return {c: c.removeprefix(KNOB_PREFIX) for c in columns if c.startswith(KNOB_PREFIX)}
+
+
+def readable(timestamp: float | None) -> str:
+    """A Unix time as local ISO 8601 with milliseconds (sortable as text); empty if none."""
+    if timestamp is None:
+        return ""
+    return dt.datetime.fromtimestamp(timestamp).isoformat(timespec="milliseconds")
 
 
 def final_of(trial: Trial, error: bool, ending: TrialResult | None = None) -> TrialResult:
@@ -104,12 +112,13 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         "convergence_passed": final.convergence.passed if final.convergence else None,
         "hardware": final.hardware,
         "fidelity": final.fidelity.value if final.fidelity else "",
-        **{
-            k: getattr(layout, k) for k in (*LAYOUT_TAGS, "cores", "pids", "started_at", "ended_at")
-        },
+        **{k: getattr(layout, k) for k in (*LAYOUT_TAGS, "cores", "pids")},
+        "started_at": readable(layout.started_at),
+        "ended_at": readable(layout.ended_at),
         "attempts": attempts,
         "reused_from": final.reused_from,
         "program_fingerprint": final.program_fingerprint,
+        "profile_dir": final.profile_dir,
         "effects": json.dumps(final.effects) if final.effects else "",
         **{f"{KNOB_PREFIX}{k}": v for k, v in knob_point(trial.config).items()},
     }

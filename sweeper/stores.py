@@ -41,6 +41,7 @@ class RunRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # the latest value of each
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # (step, value)
     texts: dict[str, str] = field(default_factory=dict)  # artifact path -> text
+    files: list[str] = field(default_factory=list)  # artifact paths of logged files
     end_time: int | None = None
 
 
@@ -67,6 +68,9 @@ class TrackingStore(Protocol):
     ) -> None: ...
 
     def log_text(self, run_id: str, text: str, path: str) -> None: ...
+
+    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
+        """Every file under `local_dir`, as artifacts under `path`."""
 
     def set_terminated(self, run_id: str, status: str, end_time: int) -> None: ...
 
@@ -128,6 +132,9 @@ class MlflowStore:
         # A server keeps artifacts in its own store (the UI anywhere shows them).
         location = None if self.served else artifact_root.resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location)
+
+    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
+        self.client.log_artifacts(run_id, local_dir, artifact_path=path)
 
     def set_experiment_tags(self, experiment_id: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():
@@ -276,6 +283,12 @@ class MemoryStore:
 
     def log_text(self, run_id: str, text: str, path: str) -> None:
         self._run(run_id).texts[path] = text
+
+    def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
+        run = self._run(run_id)
+        for file in sorted(Path(local_dir).rglob("*")):
+            if file.is_file():
+                run.files.append(f"{path}/{file.relative_to(local_dir)}")
 
     def set_terminated(self, run_id: str, status: str, end_time: int) -> None:
         if status not in TERMINAL:

@@ -20,7 +20,7 @@ from ray.tune.experiment import Trial
 
 from sweeper import mlflow_view
 from sweeper.journal import TrackingJournal, is_outage
-from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of
+from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of, readable
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import KEY_SEPARATOR, Space, assemble
 from sweeper.stores import PARENT, store_for
@@ -121,6 +121,8 @@ class Tracker:
             self.store.log_text(run_id, entry["text"], entry["path"])
         elif op == "set_terminated":
             self.store.set_terminated(run_id, entry["status"], entry["end_time"])
+        elif op == "log_artifacts":
+            self.store.log_artifacts(run_id, entry["local_dir"], entry["path"])
         elif op == "experiment_tags":
             self.store.set_experiment_tags(self.experiment_id, entry["tags"])
         return None
@@ -266,12 +268,16 @@ class Tracker:
             if verdict is None
             else ("passed" if verdict else "failed"),
             **{k: str(getattr(final.layout, k) or "") for k in LAYOUT_TAGS},
+            "started_at": readable(final.layout.started_at),
+            "ended_at": readable(final.layout.ended_at),
         }
         if final.reused_from is not None:
             tags["reused_from"] = f"optuna trial {final.reused_from}"
         self._batch(run_id, metrics={k: v for k, v in metrics.items() if v is not None}, tags=tags)
         if final.trial_config:  # from the trial's result: the driver may not see its disk
             self._write("log_text", run_id=run_id, text=final.trial_config, path="trial.json")
+        if final.profile_dir and Path(final.profile_dir).is_dir():  # where this host sees it
+            self._write("log_artifacts", run_id=run_id, local_dir=final.profile_dir, path="profile")
         if final.effects:
             text = json.dumps(final.effects, indent=1)
             self._write("log_text", run_id=run_id, text=text, path="knob_effects.json")

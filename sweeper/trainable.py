@@ -189,6 +189,7 @@ class TrialRun:
             effects=self.effects(),
             trial_config=self.config.to_json() if self.config else "",
             program_fingerprint=self.compiled.program_fingerprint if self.compiled else "",
+            profile_dir=(summary.profile_dir or "") if summary else "",
             log_tail="\n".join(self.tail),
         )
 
@@ -342,6 +343,9 @@ class TrialRun:
             return TrialResult.failed(
                 FailureClass.INVALID_CONFIG, exc.message, failure_field=exc.field
             )
+        if config.profile is not None and config.profile.dir is None:  # the trace: beside its log
+            profile = config.profile.model_copy(update={"dir": str(self.trial_dir / "profile")})
+            config = self.config = config.model_copy(update={"profile": profile})
         config_json = config.to_json()
         (self.trial_dir / "trial.json").write_text(config_json)
         spawned = time.time()

@@ -3,6 +3,7 @@ runs; a tracking server is already serving, so its URL is printed and nothing is
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,8 @@ def serve(manifest: SweepManifest, port: int, say: Callable[[str], None]) -> Non
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", HOST, "--port", str(port)]  # fmt: skip
     base = f"http://{HOST}:{port}"
+    # A SIGTERM (a supervisor, `kill`) stops the UI as Ctrl-C does, never orphaning it.
+    signal.signal(signal.SIGTERM, _interrupt)
     # The UI's own log, read only if it fails to start.
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -51,6 +54,10 @@ def serve(manifest: SweepManifest, port: int, say: Callable[[str], None]) -> Non
         finally:
             server.terminate()
             server.wait(timeout=30)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def wait_for(base: str, server: subprocess.Popen[bytes], log: IO[bytes]) -> None:

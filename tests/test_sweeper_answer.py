@@ -148,3 +148,5 @@ def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+    with pytest.raises(OSError):  # the UI it started stopped with it
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)

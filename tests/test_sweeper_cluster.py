@@ -240,3 +240,16 @@ def test_a_lost_host_is_retried_on_another_slice(tpu_cluster, tmp_path):
     assert removed["node"] not in row["hosts"].split(",")
     client = MlflowClient(result.tracking_uri)
     assert client.get_run(row["mlflow_run_id"]).data.tags["attempts"] == "2"
+
+
+def test_a_pipelines_cluster_runs_local_cpu_trials_on_its_workers(tpu_cluster, tmp_path):
+    """KubeRay's usual head has no CPUs: a pipeline attached to it still runs the smoke space,
+    its CPU trials placed on whichever nodes have CPUs."""
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("CPU"))
+    result = run_sweep("smoke", results_dir=tmp_path, trials=2,
+                       set={"trial.steps": 3, "constraints.convergence": False})  # fmt: skip
+    frame = result.trials
+    assert result.counts == {"total": 2, "ok": 2}, frame[["status", "failure_message"]]
+    hosts = {h for hosts in frame["hosts"] for h in hosts.split(",")}
+    assert hosts and head not in hosts
+    assert any("nodes with CPUs" in note for note in result.notes), result.notes

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,18 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
     assert any(t.user_attrs.get("outcome") == "killed" for t in study.trials)
     (summary,) = tmp_path.glob("smoke/*/summary.csv")
     assert "killed" in summary.read_text()
+
+
+def test_a_profiled_trial_logs_its_trace_and_times_the_other_steps(tmp_path):
+    """trial.profile traces the steps it names (JAX's profiler) and the trace reaches the
+    trial's run; the traced steps are left out of the step-time figures."""
+    uri = f"memory:{uuid.uuid4().hex}"
+    result = run_sweep("smoke", results_dir=tmp_path, tracking_uri=uri, trials=1,
+                       set={"trial.steps": 6, "trial.profile": {"start_step": 3, "steps": 2},
+                            "constraints.convergence": False})  # fmt: skip
+    row = result.trials.iloc[0]
+    assert row["status"] == "ok" and row["timed_steps"] == 6 - 2 - 2  # warm-up and traced out
+    traces = list(Path(row["profile_dir"]).rglob("*.xplane.pb"))
+    assert traces, row["profile_dir"]
+    run = store_for(uri).read(row["mlflow_run_id"])
+    assert any(f.startswith("profile/") and f.endswith(".xplane.pb") for f in run.files)

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, p
 from trainer.run import convergence, metrics
 from trainer.run.data import BatchSource
 from trainer.spec.checks import check_static
-from trainer.spec.config import ConfigError, MeshConfig, TrialConfig
+from trainer.spec.config import ConfigError, MeshConfig, ProfileConfig, TrialConfig
 from trainer.spec.events import (
     Compiled,
     Emitter,
@@ -56,6 +57,7 @@ class Timed:
     step_times: list[float] = field(default_factory=list)  # timed steps (warm-up skipped)
     every_step: list[float] = field(default_factory=list)
     train_s: float = 0.0
+    profile_dir: str | None = None  # where a profiler trace of some steps was written
 
 
 def train(config: TrialConfig, emitter: Emitter) -> RunResult:
@@ -115,6 +117,29 @@ def _compile(config: TrialConfig, program: Program, emitter: Emitter) -> tuple[A
     }
 
 
+class Trace:
+    """A JAX profiler trace of `profile.steps` steps from `profile.start_step` (none without
+    a profile): started as the first is dispatched, stopped once the last has been read."""
+
+    def __init__(self, profile: ProfileConfig | None):
+        self.profile = profile
+        self.dir: str | None = None
+        if profile is not None:
+            self.dir = str(Path(profile.dir or "profile").resolve())
+
+    def covers(self, step: int) -> bool:
+        p = self.profile
+        return p is not None and p.start_step <= step < p.start_step + p.steps
+
+    def before(self, step: int) -> None:
+        if self.profile is not None and step == self.profile.start_step and self.dir:
+            jax.profiler.start_trace(self.dir)
+
+    def after(self, step: int) -> None:
+        if self.profile is not None and step == self.profile.start_step + self.profile.steps - 1:
+            jax.profiler.stop_trace()
+
+
 def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: Emitter) -> Timed:
     """Train for `config.steps` steps, each timed completion to completion; a step with
     non-finite metrics is `diverged`, a loop past `limits.time_limit_s` a `timeout`."""
@@ -131,6 +156,7 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
         jax.random.key(config.seed if config.init_seed is None else config.init_seed)
     )
     timed = Timed()
+    trace = Trace(config.profile)
     # Hosts finish compiling at different times: the first step's collectives start together.
     barrier("first-step")
     loop_start = last_done = time.perf_counter()
@@ -144,7 +170,7 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
         step_time, last_done = done - last_done, done
         timed.every_step.append(step_time)
         timed.losses.append(values["loss"])
-        if step >= config.measure.skip_steps:
+        if step >= config.measure.skip_steps and not trace.covers(step):
             timed.step_times.append(step_time)
         emitter.emit(Step(step=step, step_time_s=step_time, **values))
         if not all(math.isfinite(v) for v in values.values()):
@@ -169,15 +195,19 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
                 while True:  # a wedged host: alive, silent, its peers blocked in collectives
                     time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
+        trace.before(step)
         state, step_metrics = compiled(state, *arrays)
         if step + 1 < config.steps:
             arrays = placed(step + 1)
         if pending is not None:
             finish(*pending)
+            trace.after(pending[0])
         pending = (step, step_metrics)
     if pending is not None:
         finish(*pending)
+        trace.after(pending[0])
     jax.block_until_ready(state)
+    timed.profile_dir = trace.dir
     timed.train_s = time.perf_counter() - loop_start
     if not timed.step_times:  # too few steps to skip warm-up: time what there is, and say so
         timed.step_times = timed.every_step[-1:]
@@ -217,6 +247,7 @@ def _measured(
         "mfu": tflops_per_chip / peak if peak else None,
         **stats,
         "train_s": timed.train_s,
+        "profile_dir": timed.profile_dir,
         "final_loss": timed.losses[-1],
     }
 

@@ -171,6 +171,16 @@ def check_precision(config: TrialConfig) -> None:
         )
 
 
+def check_profile(config: TrialConfig) -> None:
+    profile = config.profile
+    if profile is not None and profile.start_step + profile.steps > config.steps:
+        raise ConfigError(
+            "profile.start_step",
+            f"steps {profile.start_step}..{profile.start_step + profile.steps - 1} are traced, "
+            f"but the trial trains {config.steps}; trace earlier steps or train longer",
+        )
+
+
 def check_static(
     config: TrialConfig, num_devices: int, platform: str | None = None
 ) -> dict[str, int]:
@@ -180,4 +190,5 @@ def check_static(
     check_batch_and_sequence(config, degrees, num_devices)
     check_kernels(config, degrees, num_devices, platform)
     check_precision(config)
+    check_profile(config)
     return degrees

@@ -453,6 +453,18 @@ class MeasureConfig(Frozen):
     skip_steps: int = Field(default=2, ge=0, description="warm-up steps excluded from timing")
 
 
+class ProfileConfig(Frozen):
+    """A JAX profiler trace (xprof/TensorBoard) of some training steps; those steps are not
+    timed (tracing slows them)."""
+
+    start_step: int = Field(ge=0)
+    """the first traced step."""
+    steps: int = Field(default=2, gt=0)
+    """how many steps are traced."""
+    dir: str | None = None
+    """where the trace is written (a sweep sets its trial's folder)."""
+
+
 class LimitsConfig(Frozen):
     time_limit_s: float | None = Field(default=None, gt=0)
     """stop with failure class timeout after this long in the training loop."""
@@ -543,6 +555,8 @@ class TrialConfig(Frozen):
     """devices to use (default: all the backend shows)."""
     measure: MeasureConfig = MeasureConfig()
     """how step time is measured."""
+    profile: ProfileConfig | None = None
+    """a profiler trace of some steps (off unless given)."""
     convergence: ConvergenceConfig = ConvergenceConfig()
     """the loss check."""
     limits: LimitsConfig = LimitsConfig()

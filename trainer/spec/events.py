@@ -182,6 +182,7 @@ class Summary(_Event):
     peak_precision: str | None = None
     peak_source: str | None = None
     convergence: dict[str, Any] | None = Field(default=None, description="the loss verdict")
+    profile_dir: str | None = Field(default=None, description="the profiler trace's folder")
     # Compiled (a run compiles too).
     target: str | None = None
     compile_s: float | None = None
