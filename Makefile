@@ -30,12 +30,14 @@ gpu-compile: $(GPU_COMPILE)/.installed
 run: setup
 	$(BIN)/sweeper run spaces/$(SPACE).yaml
 
-# Two workers: the suite is CPU-bound compiles and trainings, CI has 2 cores (TEST_WORKERS=0: one process).
+# Two workers: the suite is CPU-bound compiles and trainings, CI has 2 cores (TEST_WORKERS=0: one
+# process). loadgroup: tests marked with one xdist_group share a worker, so a module fixture
+# (a sweep, a Ray cluster, a pair of compiles) is built once, not once per worker.
 TEST_WORKERS ?= 2
 test: setup gpu-compile
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Real-size checks (the published 70B recipe against MaxText): about 15 minutes each here.
 test-slow: setup

@@ -152,7 +152,8 @@ def _requested_backend(space: Space) -> str:
 def resolve(space: Space, hosts: list[Host], driver: Host) -> Placement:
     """The placement of this space's trials on this cluster; SpaceError when it has no room."""
     if space.target == "local":
-        if _requested_backend(space) == "cpu" or not _accelerators(driver):
+        requested = _requested_backend(space)
+        if requested == "cpu" or (requested == "auto" and not _accelerators(driver)):
             return _cpu(space, hosts)
         return _local(space, driver)
     if gpus_in(space.target) is not None:

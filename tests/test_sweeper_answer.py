@@ -21,6 +21,9 @@ from tests.helpers import REPO, free_port
 from trainer.spec.config import load_config
 from trainer.spec.maxtext import from_maxtext
 
+# One worker runs this module: its module fixture is set up once, not once per worker.
+pytestmark = pytest.mark.xdist_group("answer")
+
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):

@@ -26,6 +26,9 @@ from sweeper.space import SpaceError, load_space
 from sweeper.sweep import run_sweep
 from tests.helpers import run_trainer
 
+# One worker runs this module: its module fixture is set up once, not once per worker.
+pytestmark = pytest.mark.xdist_group("cluster")
+
 STEPS = 5
 SLICES = ("slice-a", "slice-b")
 
@@ -206,6 +209,19 @@ def _hosts_of_a_running_slice_trial(timeout_s: float) -> list[str]:
     raise AssertionError("no slice trial started")
 
 
+def test_a_pipelines_cluster_runs_local_cpu_trials_on_its_workers(tpu_cluster, tmp_path):
+    """KubeRay's usual head has no CPUs: a pipeline attached to it still runs the smoke space,
+    its CPU trials placed on whichever nodes have CPUs."""
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("CPU"))
+    result = run_sweep("smoke", results_dir=tmp_path, trials=2,
+                       set={"trial.steps": 3, "constraints.convergence": False})  # fmt: skip
+    frame = result.trials
+    assert result.counts == {"total": 2, "ok": 2}, frame[["status", "failure_message"]]
+    hosts = {h for hosts in frame["hosts"] for h in hosts.split(",")}
+    assert hosts and head not in hosts
+    assert any("nodes with CPUs" in note for note in result.notes), result.notes
+
+
 def test_a_lost_host_is_retried_on_another_slice(tpu_cluster, tmp_path):
     # Last in this module: it removes a node of the shared cluster.
     removed: dict[str, str] = {}
@@ -240,16 +256,3 @@ def test_a_lost_host_is_retried_on_another_slice(tpu_cluster, tmp_path):
     assert removed["node"] not in row["hosts"].split(",")
     client = MlflowClient(result.tracking_uri)
     assert client.get_run(row["mlflow_run_id"]).data.tags["attempts"] == "2"
-
-
-def test_a_pipelines_cluster_runs_local_cpu_trials_on_its_workers(tpu_cluster, tmp_path):
-    """KubeRay's usual head has no CPUs: a pipeline attached to it still runs the smoke space,
-    its CPU trials placed on whichever nodes have CPUs."""
-    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("CPU"))
-    result = run_sweep("smoke", results_dir=tmp_path, trials=2,
-                       set={"trial.steps": 3, "constraints.convergence": False})  # fmt: skip
-    frame = result.trials
-    assert result.counts == {"total": 2, "ok": 2}, frame[["status", "failure_message"]]
-    hosts = {h for hosts in frame["hosts"] for h in hosts.split(",")}
-    assert hosts and head not in hosts
-    assert any("nodes with CPUs" in note for note in result.notes), result.notes

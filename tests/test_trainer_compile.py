@@ -71,6 +71,7 @@ def remat_pair(tmp_path_factory):
     }
 
 
+@pytest.mark.xdist_group("remat_pair")  # one worker compiles the pair
 def test_full_remat_uses_less_tpu_memory_than_minimal(remat_pair):
     (code_full, full, err), (code_min, minimal, _) = remat_pair["full"], remat_pair["minimal"]
     assert code_full == 0 and code_min == 0, err[-2000:]
@@ -79,6 +80,7 @@ def test_full_remat_uses_less_tpu_memory_than_minimal(remat_pair):
     assert temp(full) < temp(minimal)
 
 
+@pytest.mark.xdist_group("remat_pair")  # one worker compiles the pair
 def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
     """A policy that does not save the context recomputes each layer's attention for the
     backward: the compiled program makes two Splash forward calls a layer and one fused
@@ -116,6 +118,7 @@ def test_a_policy_that_saves_the_context_runs_the_splash_forward_once(tmp_path):
     assert times["splash_mqa_dkv_no_residuals"] == layers, times
 
 
+@pytest.mark.xdist_group("remat_pair")  # one worker compiles the pair
 def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pair):
     collectives = remat_pair["full"][1]["compiled"]["collectives"]
     assert collectives["all-gather"] > 0 and collectives["reduce-scatter"] > 0
@@ -166,6 +169,7 @@ def test_capacity_factor_shrinks_expert_parallel_memory(tmp_path):
     assert temp["est1.0"] < temp["est-1.0"]  # the analytic model sees the buffer too
 
 
+@pytest.mark.xdist_group("remat_pair")  # one worker compiles the pair
 def test_summary_labels_every_figure(remat_pair):
     summary = remat_pair["full"][1]["summary"]
     assert summary["hardware"] == "TPU7x" and summary["chips"] == 4
@@ -426,7 +430,8 @@ MOE_LAYER = {
 @pytest.mark.parametrize(
     ("tiles", "code"), [((512, 1024, 1024), 0), ((1024, 2048, 2048), EXIT_CODES["oom_vmem"])]
 )
-def test_megablox_tiles_meet_tpu7x_vmem(tmp_path, tiles, code):
+@pytest.mark.xdist_group("megablox")  # shares the (512,1024,1024) compile with the next test
+def test_megablox_tiles_meet_tpu7x_vmem(compile_once, tiles, code):
     """TPU7X.md: GMM tiles (512,1024,1024) compile; (1024,2048,2048) overflow the default scoped VMEM."""
     tm, tk, tn = tiles
     config = {
@@ -436,12 +441,13 @@ def test_megablox_tiles_meet_tpu7x_vmem(tmp_path, tiles, code):
         "mesh": {"fsdp": 8},
         "kernels": {"moe_gmm": "megablox", "gmm_tm": tm, "gmm_tk": tk, "gmm_tn": tn},
     }
-    got, events, err = _compile(tmp_path, config)
+    got, events, err = compile_once(config)
     assert got == code, (events.get("failure"), err[-1500:])
     if code:
         assert "vmem" in events["failure"]["message"].lower()
 
 
+@pytest.mark.xdist_group("megablox")
 def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     """Megablox runs whole row tiles, one more for each group boundary inside a tile (its
     group metadata): 1,024 routed rows per device over 8 experts are 2 + 7 tiles of 512

@@ -12,6 +12,9 @@ from trainer.spec.effects import knob_effects
 from trainer.spec.events import Emitter
 from trainer.spec.remat import REMAT_POLICIES
 
+# One worker runs this module: its module fixture is set up once, not once per worker.
+pytestmark = pytest.mark.xdist_group("remat")
+
 
 def _run(policy: str, custom: dict | None = None):
     remat = {"policy": policy} | ({"custom": custom} if custom else {})
