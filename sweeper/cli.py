@@ -258,20 +258,58 @@ def plan(
     target: Annotated[
         str, typer.Option("--target", help="TPU topology, e.g. tpu7x:4x4x4")
     ] = "tpu7x:4x4x4",
+    space: Annotated[
+        Path | None,
+        typer.Option("--space", help="write a compile-fidelity space starting from the advice"),
+    ] = None,
+    compile_: Annotated[
+        bool, typer.Option("--compile", help="compile the advice for the target (minutes)")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="compile timeout, seconds")] = 3600,
 ) -> None:
-    """The guide's decision table: primary/secondary strategy with the estimates behind it."""
-    from trainer.estimate.plan import recommend
+    """Mesh, remat and batch for a model on a target: every candidate the trainer accepts is
+    estimated and the fastest that fits is advised, with FP8 and batch advice (estimates)."""
+    import yaml
 
+    from sweeper.plan import compile_advice, space_for
+    from trainer.estimate.plan import recommend
+    from trainer.spec.hardware import Topology
+
+    spec = {"preset": model}
     try:
-        rec = recommend({"preset": model}, seq, target)
+        Topology.parse(target)
+        rec = recommend(spec, seq, target)
     except ValueError as exc:
         _fail(str(exc))
     console.print(
         f"[bold]{rec.workload}[/bold] on {target}: primary {rec.primary}; secondary {rec.secondary}"
     )
-    console.print(f"start from mesh {rec.mesh}, remat {rec.remat}  (fidelity: estimate)")
+    console.print(f"advice: {rec.best.describe()}  (fidelity: estimate)")
     for reason in rec.reasons:
         console.print(f"  - {reason}")
+    table = Table(
+        "mesh, remat, batch", "GiB/device", "tokens/s/chip", title="next that fit (estimate)"
+    )
+    for alt in rec.alternatives[:5]:
+        table.add_row(alt.describe(), f"{alt.gib:.1f}", f"{alt.tokens:,.0f}")
+    console.print(table)
+    if space is not None:
+        name = f"plan_{model}_{seq}".replace(".", "").replace("-", "_")
+        space.write_text(yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False))
+        load_space(str(space))  # what it wrote is a space the engine takes
+        console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
+    if compile_:
+        with console.status(f"compiling the advice for {target} with libtpu (minutes)"):
+            got = compile_advice(rec, spec, seq, target, timeout)
+        if got["status"] != "ok":
+            console.print(f"compile: {got['status']}: {got['message']}")
+            raise typer.Exit(1)
+        console.print(
+            f"compile: {got['hbm_per_device_gib']:.1f} GiB per device (estimate "
+            f"{rec.best.gib:.1f}), fits: {got['fits']}; {got['est_tokens_per_sec_per_chip']:,.0f} "
+            f"tokens/s/chip from the compiled program (estimate, fidelity compile), "
+            f"{got['compile_s']:.0f} s"
+        )
 
 
 ResultsDirOpt = Annotated[

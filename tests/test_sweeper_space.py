@@ -216,33 +216,6 @@ def test_every_shipped_space_validates(path):
     assert count_points(space) and space.effective_fidelity in ("run", "compile")
 
 
-@pytest.mark.parametrize(
-    ("model", "seq", "workload", "primary", "secondary"),
-    [
-        ({"preset": "llama3-8b"}, 8192, "dense, short sequence", "FSDP", "-"),
-        ({"preset": "llama3-8b"}, 131072, "dense, long sequence", "FSDP", "CP"),
-        ({"preset": "mixtral-8x7b"}, 4096, "MoE, short sequence", "FSDP + EP", "-"),
-        (
-            {"preset": "deepseek-moe-16b-class", "num_layers": 600, "num_experts": 256},
-            4096,
-            "MoE, very large",
-            "FSDP + EP + PP",
-            "MP (tensor)",
-        ),
-    ],
-)
-def test_decision_table_rows(model, seq, workload, primary, secondary):
-    from trainer.estimate.plan import recommend
-
-    rec = recommend(model, seq, "tpu7x:4x4x4")
-    assert (rec.workload, rec.primary, rec.secondary) == (workload, primary, secondary)
-    assert rec.figures["hardware_intensity_ici"] == pytest.approx(11_535)
-    assert rec.reasons and "estimate" in rec.reasons[0]
-    if "tp4_est_ici_s" in rec.figures:  # the reason states what the estimate says about TP
-        more = rec.figures["tp4_est_ici_s"] > rec.figures["fsdp_est_ici_s"]
-        assert ("as the guide warns" in rec.reasons[1]) == more
-
-
 def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
     """`auto` is measured as what it resolves to; cuDNN only on GPU; tokamax's grouped matmul
     is ragged_dot on CPU; each such value is folded into its twin, with a note."""

@@ -13,7 +13,7 @@ from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import TrialConfig
 from trainer.spec.flops import training_flops_per_step
 from trainer.spec.hardware import Accelerator
-from trainer.spec.remat import POLICIES
+from trainer.spec.remat import POLICIES, Tensor, placements
 
 BF16, F32 = 2, 4
 
@@ -87,10 +87,73 @@ def communication_bytes_per_device(
     return comm
 
 
+# What one layer holds while its backward runs, beyond the saved activations (estimate
+# constants, stated with the compiles they were set against: benchmarks/memory_model.py).
+# Bytes per layer parameter: the layer's bf16 weights gathered and the next layer's
+# prefetched (2 + 2), and its weight gradient before the reduce-scatter, half of it at once
+# (2 of 4 f32 bytes). Set on the llama3.1-70b 8k recipe (64 chips) and checked on the 405B.
+LAYER_WEIGHT_BYTES = 6
+# The loss's working set (logits, their gradient, the gathered unembedding and its f32
+# gradient) peaks while the last layer's backward starts: half of the smaller of the two
+# overlaps the larger. Set on qwen3-235b-a22b 4k's trial 0 (untiled: its logits are 18.5 GiB).
+LOSS_LAYER_OVERLAP = 0.5
+
+
+def layer_tensor_bytes(
+    config: TrialConfig, degrees: dict[str, int], tokens_local: float
+) -> dict[str, float]:
+    """Bytes per device of each tensor a decoder layer names (trainer.spec.remat.Tensor), for
+    one layer: what saving it on device (or offloading it) costs per layer."""
+    m, tensor = config.model, degrees["tensor"]
+    heads = tokens_local * m.head_dim * BF16 / tensor
+    residual = tokens_local * m.d_model * BF16
+    sizes = {
+        Tensor.DECODER_LAYER_INPUT: residual,
+        Tensor.CONTEXT: heads * m.num_heads,
+        Tensor.QUERY_PROJ: heads * m.num_heads,
+        Tensor.KEY_PROJ: heads * m.num_kv_heads,
+        Tensor.VALUE_PROJ: heads * m.num_kv_heads,
+        Tensor.QKV_PROJ: heads * (m.num_heads + 2 * m.num_kv_heads) if m.fused_qkv else 0.0,
+        Tensor.OUT_PROJ: residual,
+    }
+    rows = tokens_local
+    if m.is_moe:  # routed rows: each token's top-k slots, received into the EP buffer
+        slots = tokens_local * m.experts_per_token
+        groups = receive_buffer_groups(
+            round(slots), m.num_experts, degrees["expert"], m.capacity_factor
+        )
+        rows = slots * groups
+    sizes[Tensor.MLPWI_0] = sizes[Tensor.MLPWI_1] = rows * m.mlp_dim * BF16 / tensor
+    # The MLP's output is only read by the residual add whose result is the next layer's
+    # input: saved beside that input it holds nothing the backward reads (XLA drops it;
+    # the 405B recipe's offloaded mlpwo moved no bytes to host), unless that input is not kept.
+    sizes[Tensor.MLPWO] = rows * m.d_model * BF16 / tensor
+    return {t.value: v for t, v in sizes.items()}
+
+
+def _placed(config: TrialConfig) -> dict[str, tuple[str, ...]]:
+    """Tensor names kept on device and offloaded, each once (an MoE twin counts as its tensor;
+    the layer input, the checkpoint boundary, is kept unless placed otherwise)."""
+    placed = placements(config.remat)
+    boundary = Tensor.DECODER_LAYER_INPUT.value
+    out: dict[str, tuple[str, ...]] = {}
+    for where in ("device", "offload"):
+        names = {n.removeprefix("moe_") for n in placed[where]}
+        out[where] = tuple(sorted(names))
+    if config.remat.policy != "custom":
+        out["device"] = tuple(sorted({boundary, *out["device"]}))
+    if boundary in (*out["device"], *out["offload"]):  # the MLP output then holds nothing read
+        out = {k: tuple(n for n in v if n != Tensor.MLPWO.value) for k, v in out.items()}
+    return out
+
+
 def memory_per_device(
     config: TrialConfig, degrees: dict[str, int], global_batch: int
 ) -> dict[str, float]:
-    """Parameters, optimizer state, gradients and saved activations per device (bytes)."""
+    """Bytes per device at the step's peak: parameters, optimizer state and gradients; the
+    activations each layer keeps on device for the backward (per tensor, as the remat policy
+    or its custom placements place them; offloaded ones are host bytes); and the working set
+    of one layer's backward or of the loss, whichever is larger."""
     m = config.model
     shards = degrees["fsdp"] * degrees["context"] * degrees["expert"] * degrees["tensor"]
     params = parameter_count(config) / shards
@@ -99,41 +162,65 @@ def memory_per_device(
         * config.seq_len
         / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * degrees["context"])
     )
-    saved_per_layer = tokens_local * m.d_model * BF16  # the layer input, always saved
-    policy = config.remat.policy
-    if policy not in ("full",):
-        qkv = (
-            tokens_local
-            * m.head_dim
-            * (m.num_heads + 2 * m.num_kv_heads)
-            / degrees["tensor"]
-            * BF16
-        )
-        # Expert parallelism receives into a buffer of whole multiples of the device's slots.
-        slots = tokens_local * (m.experts_per_token or 1)
-        groups = (
-            receive_buffer_groups(round(slots), m.num_experts, degrees["expert"], m.capacity_factor)
-            if m.is_moe
-            else 1
-        )
-        rows = slots * groups
-        mlp = rows * m.mlp_dim * 2 / degrees["tensor"] * BF16
-        saved_per_layer += {
-            "save_qkv_proj": qkv,
-            "save_out_proj": tokens_local * m.d_model * BF16,
-        }.get(policy, qkv + mlp)
-    # bf16 logits and their gradient (the loss's float32 work stays in its fusions), one
-    # tile of them at a time when the loss is tiled.
+    sizes = layer_tensor_bytes(config, degrees, tokens_local)
+    placed = _placed(config)
+    saved = m.num_layers * sum(sizes[n] for n in placed["device"])
+    host = m.num_layers * sum(sizes[n] for n in placed["offload"])
+    # One layer's backward: its weights gathered over fsdp (a device's own experts only), and
+    # every tensor it names alive twice (the recomputed forward and its gradient), plus the
+    # unnamed ones: the normalized inputs of attention and MLP, the MLP's gated activation
+    # and, in an MoE layer, the routed copy of its input.
+    experts = expert_parameter_count(config) / m.num_layers
+    layer_params = (
+        (parameter_count(config) - 2 * m.vocab_size * m.d_model) / m.num_layers - experts
+    ) / degrees["tensor"] + experts / (degrees["tensor"] * degrees["expert"])
+    unnamed = 2 * tokens_local * m.d_model * BF16 + sizes[Tensor.MLPWI_0.value]
+    if m.is_moe:
+        unnamed += sizes[Tensor.MLPWO.value]  # routed rows x d_model, as the MLP's output
+    layer = LAYER_WEIGHT_BYTES * layer_params + 2 * (sum(sizes.values()) + unnamed)
+    # The loss: bf16 logits and their gradient (one tile of them when tiled), the gathered
+    # bf16 unembedding and its float32 gradient.
     logits = tokens_local * m.vocab_size / degrees["tensor"] * BF16 * 2 / config.vocab_tiling
+    loss = logits + m.vocab_size * m.d_model / degrees["tensor"] * (BF16 + F32)
+    working = max(layer, loss) + LOSS_LAYER_OVERLAP * min(layer, loss)
     mu_bytes = BF16 if config.mu_dtype == "bfloat16" else F32
     memory = {
         "params_f32": params * F32,
         "optimizer_state": params * (mu_bytes + F32),
         "gradients_f32": params * F32,
-        "activations": m.num_layers * saved_per_layer + logits,
+        "activations": saved,
+        "working_set": working,
     }
     memory["total"] = sum(memory.values())
+    memory["host_activations"] = host  # pinned host memory, not in the device total
     return memory
+
+
+def recompute_share(config: TrialConfig) -> float:
+    """Share of a layer's forward FLOPs the backward recomputes: the policy's figure, or for
+    custom placements the matmuls whose outputs it does not keep (attention's core unless
+    the context is kept; the projections unless their outputs are)."""
+    if config.remat.policy != "custom":
+        return POLICIES[config.remat.policy].recompute_share
+    m = config.model
+    kept = {n.removeprefix("moe_") for where in placements(config.remat).values() for n in where}
+    experts = m.experts_per_token if m.is_moe else 1
+    flops = {  # per token, forward
+        "qkv": 2 * m.d_model * m.head_dim * (m.num_heads + 2 * m.num_kv_heads),
+        "attention": 2 * config.seq_len * m.num_heads * m.head_dim,  # causal: half of 4 x seq
+        "out": 2 * m.num_heads * m.head_dim * m.d_model,
+        "wi": 4 * m.d_model * m.mlp_dim * experts,
+        "wo": 2 * m.d_model * m.mlp_dim * experts,
+    }
+    qkv = {Tensor.QUERY_PROJ.value, Tensor.KEY_PROJ.value, Tensor.VALUE_PROJ.value}
+    saved = {
+        "qkv": qkv <= kept or Tensor.QKV_PROJ.value in kept,
+        "attention": Tensor.CONTEXT.value in kept,
+        "out": Tensor.OUT_PROJ.value in kept,
+        "wi": {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
+        "wo": Tensor.MLPWO.value in kept,
+    }
+    return sum(f for k, f in flops.items() if not saved[k]) / sum(flops.values())
 
 
 def estimate(
@@ -149,7 +236,7 @@ def estimate(
         - (2 * global_batch * config.seq_len * config.model.d_model * config.model.vocab_size * 3)
         / model_flops
     )
-    recompute = model_flops / 3 * layer_share * POLICIES[config.remat.policy].recompute_share
+    recompute = model_flops / 3 * layer_share * recompute_share(config)
     precision = config.precision.peak
     peak = accel.peak_tflops[precision] * 1e12
     mem = memory_per_device(config, degrees, global_batch)
@@ -165,6 +252,8 @@ def estimate(
         "compute": flops_per_chip / peak,
         "hbm": hbm_bytes_per_chip / accel.hbm_bytes_per_s,
         "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
+        # offloaded activations go to the host in the forward and come back in the backward
+        "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
     }
     step_time = max(times.values())
     tokens = global_batch * config.seq_len
@@ -182,7 +271,9 @@ def estimate(
         "bound": max(times, key=lambda name: times[name]),
         "est_tokens_per_sec_per_chip": tokens / step_time / chips,
         "est_mfu": model_flops / chips / step_time / peak,
-        "arithmetic_intensity_ici": flops_per_chip / ici_bytes_per_chip
+        # Per byte over each of the ring's two links, as the hardware figure is per link:
+        # below the hardware's figure exactly when the ICI time exceeds the compute time.
+        "arithmetic_intensity_ici": flops_per_chip / (ici_bytes_per_chip / 2)
         if ici_bytes_per_chip
         else float("inf"),
         "hardware_intensity_ici": accel.intensity_flops_per_ici_byte(precision),
@@ -190,6 +281,11 @@ def estimate(
         "hardware_intensity_hbm": accel.intensity_flops_per_hbm_byte(precision),
         "communication_bytes_per_device": comm,
         "est_memory_per_device": mem,
-        "fits": used <= accel.usable_hbm_per_device,
+        "est_host_s": times["host"],
+        "fits": used <= accel.usable_hbm_per_device
+        and (  # 0: the host's memory is not known for this accelerator, not judged
+            not accel.host_offload_per_device
+            or mem["host_activations"] <= accel.host_offload_per_device
+        ),
         "usable_hbm_per_device": accel.usable_hbm_per_device,
     }

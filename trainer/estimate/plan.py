@@ -1,20 +1,75 @@
-"""The guide's decision table as code: primary and secondary strategy, with the figures behind them.
+"""The guide's decision table, searched by the estimate: every mesh, remat placement and
+per-device batch this trainer can run on the target is estimated, and the fastest that fits
+is advised, with the figures behind it.
 
-All figures are estimates (trainer.estimate.analytic: datasheet + formulas); they choose where a sweep
-starts, they are not results.
+All figures are estimates (trainer.estimate.analytic: datasheet + formulas); they choose where a
+sweep starts, they are not results. `sweeper plan --compile` holds the advice against a compile.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.estimate.analytic import estimate, parameter_count
-from trainer.spec.config import load_config
-from trainer.spec.hardware import GIB, Topology
+from trainer.spec.checks import check_static
+from trainer.spec.config import TrialConfig, load_config
+from trainer.spec.hardware import GIB, Accelerator, Topology
 
 LONG_SEQUENCE = 32768  # the guide contrasts 8k (compute-bound) with 128k (memory-bound)
 STATE_BYTES_PER_PARAM = 16  # f32 parameters, gradients and two Adam moments
+# Candidates within this share of the fastest are ties (the step estimate does not resolve
+# less): the simplest mesh, then the largest batch, then the lightest remat is advised.
+TIE = 0.03
+# Advice keeps this share of a device's usable HBM free: the memory estimate's largest error
+# on the published recipes' trial 0 is 6% (benchmarks/memory_model.py).
+HEADROOM = 0.05
+BATCHES = (0.125, 0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# Lightest first: what the backward recomputes grows down the list.
+REMATS: tuple[dict[str, Any], ...] = (
+    {"policy": "minimal_with_context"},
+    {"policy": "minimal"},
+    {"policy": "save_dot_with_context_except_mlp"},
+    {"policy": "save_dot_except_mlp"},
+    {"policy": "save_qkv_proj"},
+    {"policy": "minimal_offloaded"},
+    {"policy": "qkv_proj_offloaded"},
+    {"policy": "full"},
+    # What the published 405B and qwen3 recipes run: full remat, the layer input on host.
+    {"policy": "custom", "custom": {"decoder_layer_input": "offload"}},
+)
+
+
+@dataclass
+class Candidate:
+    mesh: dict[str, int]
+    remat: dict[str, Any]
+    per_device_batch: float
+    estimate: dict[str, Any]
+
+    @property
+    def gib(self) -> float:
+        return float(self.estimate["est_memory_per_device"]["total"]) / GIB
+
+    @property
+    def tokens(self) -> float:
+        return float(self.estimate["est_tokens_per_sec_per_chip"])
+
+    def trial(self) -> dict[str, Any]:
+        """The knobs a trial config takes for this candidate."""
+        return {
+            "per_device_batch": self.per_device_batch,
+            "mesh": {"fsdp": -1, **self.mesh},
+            "remat": self.remat,
+        }
+
+    def describe(self) -> str:
+        mesh = ", ".join(f"{k} {v}" for k, v in self.mesh.items() if v > 1) or "fsdp only"
+        remat = self.remat["policy"]
+        if remat == "custom":
+            remat += " " + ", ".join(f"{k}: {v}" for k, v in self.remat["custom"].items())
+        return f"mesh fsdp -1 ({mesh}), remat {remat}, per-device batch {self.per_device_batch:g}"
 
 
 @dataclass
@@ -22,105 +77,225 @@ class Recommendation:
     workload: str
     primary: str
     secondary: str
-    mesh: dict[str, int]
-    remat: str
+    best: Candidate
+    alternatives: list[Candidate] = field(
+        default_factory=list
+    )  # the others that fit, fastest first
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def mesh(self) -> dict[str, int]:
+        return {"fsdp": -1, **self.best.mesh}
 
-def recommend(model: dict[str, Any], seq_len: int, target: str) -> Recommendation:
+    @property
+    def remat(self) -> dict[str, Any]:
+        return self.best.remat
+
+
+def _divisors(n: int, devices: int, cap: int) -> list[int]:
+    return [d for d in (1, 2, 4, 8, 16, 32) if d <= cap and n % d == 0 and devices % d == 0]
+
+
+def meshes(config: TrialConfig, devices: int) -> list[dict[str, int]]:
+    """The axes this trainer shards over besides fsdp: tensor (over heads), expert (over
+    experts), context (over the sequence, long sequences only). No pipeline axis: the
+    guide's PP row runs through MaxText, not this trainer."""
+    m = config.model
+    tensors = _divisors(m.num_kv_heads, devices, 8)
+    experts = _divisors(m.num_experts, devices, 16) if m.is_moe else [1]
+    contexts = _divisors(config.seq_len, devices, 32) if config.seq_len >= LONG_SEQUENCE else [1]
+    out = []
+    for t, e, c in itertools.product(tensors, experts, contexts):
+        if devices % (t * e * c) == 0 and devices // (t * e * c) >= 1:
+            out.append({"tensor": t, "expert": e, "context": c})
+    return out
+
+
+def _estimate(
+    base: dict[str, Any], knobs: dict[str, Any], accel: Accelerator, devices: int
+) -> dict[str, Any] | None:
+    """The estimate of one candidate, or None where the trainer would refuse it."""
+    try:
+        config = load_config({**base, **knobs})
+        check_static(config, devices, "tpu")
+        return estimate(config, accel, devices)
+    except ValueError:  # ConfigError and pydantic's ValidationError: not a trial this trainer runs
+        return None
+
+
+def candidates(
+    model: dict[str, Any], seq_len: int, target: str, precision: str = "bf16"
+) -> list[Candidate]:
+    """Every candidate the trainer accepts and the estimate fits (with HEADROOM), fastest first."""
     topology = Topology.parse(target)
     accel, devices = topology.accelerator, topology.devices
-    fsdp = load_config(
-        {"model": model, "seq_len": seq_len, "mesh": {"fsdp": -1}, "remat": {"policy": "full"}}
-    )
-    cfg = fsdp.model
-    params = parameter_count(fsdp)
+    base = {"model": model, "seq_len": seq_len, "precision": {"mode": precision}}
+    limit = accel.usable_hbm_per_device * (1 - HEADROOM)
+    found: list[Candidate] = []
+    for mesh in meshes(load_config(base), devices):
+        for remat in REMATS:
+            for batch in BATCHES:
+                knobs = {"mesh": {"fsdp": -1, **mesh}, "remat": remat, "per_device_batch": batch}
+                est = _estimate(base, knobs, accel, devices)
+                if est is None:
+                    continue
+                if est["est_memory_per_device"]["total"] > limit or not est["fits"]:
+                    break  # a larger batch only needs more (device or host memory)
+                found.append(Candidate(mesh, remat, batch, est))
+    return sorted(found, key=lambda c: (-c.tokens, sum(c.mesh.values())))
+
+
+def recommend(
+    model: dict[str, Any], seq_len: int, target: str, precision: str = "bf16"
+) -> Recommendation:
+    topology = Topology.parse(target)
+    accel, devices = topology.accelerator, topology.devices
+    config = load_config({"model": model, "seq_len": seq_len})
+    m = config.model
+    params = parameter_count(config)
     state_gib = params * STATE_BYTES_PER_PARAM / GIB
     slice_hbm_gib = devices * accel.usable_hbm_per_device / GIB
-    est = estimate(fsdp, accel, devices)
-    tp = (
-        estimate(
-            fsdp.model_copy(update={"mesh": fsdp.mesh.model_copy(update={"tensor": 4})}),
-            accel,
-            devices,
+    fits = candidates(model, seq_len, target, precision)
+    if not fits:
+        raise ValueError(
+            f"{m.preset or 'the model'} at sequence {seq_len:,} fits no mesh, remat policy and "
+            f"per-device batch on {target} by the estimate ({state_gib:,.0f} GiB of training "
+            f"state against {slice_hbm_gib:,.0f} GiB usable): use a larger topology"
         )
-        if cfg.num_heads % 4 == 0 and cfg.num_kv_heads % 4 == 0
-        else None
+    long = seq_len >= LONG_SEQUENCE
+    # The smallest context degree that fits keeps the batch axes whole.
+    context = min(c.mesh["context"] for c in fits)
+    fits = [c for c in fits if c.mesh["context"] == context]
+    top = fits[0].tokens
+    ties = [c for c in fits if c.tokens >= (1 - TIE) * top]
+    best = min(
+        ties,
+        key=lambda c: (
+            sum(v > 1 for v in c.mesh.values()),
+            -c.per_device_batch,
+            REMATS.index(c.remat),
+        ),
     )
-    figures = {
+    fits = [best, *(c for c in fits if c is not best)]
+    est = best.estimate
+    figures: dict[str, Any] = {
         "params": params,
         "state_gib": state_gib,
         "slice_usable_hbm_gib": slice_hbm_gib,
-        "fsdp_arithmetic_intensity_ici": est["arithmetic_intensity_ici"],
+        "candidates_that_fit": len(fits),
+        "est_memory_gib": best.gib,
+        "est_tokens_per_sec_per_chip": best.tokens,
+        "arithmetic_intensity_ici": est["arithmetic_intensity_ici"],
         "hardware_intensity_ici": est["hardware_intensity_ici"],
-        "fsdp_bound": est["bound"],
-        "fsdp_activation_gib_per_device": est["est_memory_per_device"]["activations"] / GIB,
-        "fsdp_est_tokens_per_sec_per_chip": est["est_tokens_per_sec_per_chip"],
+        "bound": est["bound"],
     }
     reasons = [
-        f"FSDP at per-device batch 1: {est['arithmetic_intensity_ici']:,.0f} FLOP per ICI byte against the "
-        f"hardware's {est['hardware_intensity_ici']:,.0f}; bound: {est['bound']} (estimate)"
+        f"{best.describe()}: {best.gib:.1f} GiB per device of {accel.usable_hbm_per_device / GIB:.2f} "
+        f"usable, {best.tokens:,.0f} tokens/s/chip; of {len(fits)} candidates that fit, the "
+        f"simplest within {TIE:.0%} of the fastest ({top:,.0f}; estimate)",
+        f"{est['arithmetic_intensity_ici']:,.0f} FLOP per byte over each ICI link against the "
+        f"hardware's {est['hardware_intensity_ici']:,.0f}: {est['bound']}-bound (estimate)",
     ]
-    if tp is not None:
-        figures["tp4_est_ici_s"], figures["fsdp_est_ici_s"] = tp["est_ici_s"], est["est_ici_s"]
-        verdict = (
-            "TP adds ICI traffic per FLOP here, as the guide warns"
-            if tp["est_ici_s"] > est["est_ici_s"]
-            else "here TP shrinks the weights each device gathers, a trade worth one trial despite the guide's rule"
-        )
+    reasons += _batch_advice(best, fits)
+    reasons += _axis_advice(best, fits, config)
+    reasons += _fp8_advice(best, model, seq_len, accel, devices, precision, figures)
+    workload, primary, secondary = _row(config, best, long, state_gib, slice_hbm_gib)
+    if m.is_moe and state_gib > 0.5 * slice_hbm_gib:
         reasons.append(
-            f"tensor parallelism x4 would move ICI time from {est['est_ici_s'] * 1e3:.2f} ms to "
-            f"{tp['est_ici_s'] * 1e3:.2f} ms per step (estimate): {verdict}"
-        )
-    long = seq_len >= LONG_SEQUENCE
-    if cfg.is_moe and state_gib > 0.5 * slice_hbm_gib:
-        reasons.append(
-            f"training state {state_gib:,.0f} GiB exceeds half of the slice's {slice_hbm_gib:,.0f} GiB: split layers across slices"
-        )
-        return Recommendation(
-            "MoE, very large",
-            "FSDP + EP + PP",
-            "MP (tensor)",
-            {"fsdp": -1, "expert": min(cfg.num_experts, 8), "stage": 2},
-            "custom (offload decoder_layer_input)",
-            reasons,
-            figures,
-        )
-    if cfg.is_moe:
-        reasons.append(
-            f"{cfg.num_experts} experts: expert parallelism routes tokens by all-to-all instead of gathering every expert"
-        )
-        return Recommendation(
-            "MoE, short sequence" if not long else "MoE, long sequence",
-            "FSDP + EP",
-            "CP" if long else "-",
-            {"fsdp": -1, "expert": _largest_divisor(cfg.num_experts, devices, 8)},
-            "minimal" if not long else "full",
-            reasons,
-            figures,
+            f"training state {state_gib:,.0f} GiB exceeds half of the slice's {slice_hbm_gib:,.0f} "
+            "GiB: the guide splits layers across stages (PP), which this trainer has no axis "
+            "for; sweep it through MaxText (ici_pipeline_parallelism)"
         )
     if long:
         reasons.append(
-            f"sequence {seq_len:,}: activations {figures['fsdp_activation_gib_per_device']:,.1f} GiB per device with full remat; "
-            "context parallelism at the smallest degree that fits keeps the batch axis whole"
+            f"sequence {seq_len:,}: context parallelism {context} is the smallest degree that fits"
         )
-        return Recommendation(
-            "dense, long sequence",
-            "FSDP",
-            "CP",
-            {"fsdp": -1, "context": 2},
-            "full",
-            reasons,
-            figures,
-        )
-    reasons.append(
-        f"sequence {seq_len:,} is compute-bound territory: keep remat light (remat overhead is the main waste)"
-    )
-    return Recommendation(
-        "dense, short sequence", "FSDP", "-", {"fsdp": -1}, "minimal", reasons, figures
-    )
+    return Recommendation(workload, primary, secondary, best, fits[1:], reasons, figures)
 
 
-def _largest_divisor(n: int, devices: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0 and devices % d == 0)
+def _row(
+    config: TrialConfig, best: Candidate, long: bool, state_gib: float, slice_gib: float
+) -> tuple[str, str, str]:
+    """The guide's row for this workload and the strategies of the advised mesh."""
+    m = config.model
+    if m.is_moe:
+        size = (
+            "very large"
+            if state_gib > 0.5 * slice_gib
+            else "long sequence"
+            if long
+            else "short sequence"
+        )
+        workload = f"MoE, {size}"
+    else:
+        workload = f"dense, {'long' if long else 'short'} sequence"
+    primary = "FSDP" + (" + EP" if best.mesh["expert"] > 1 else "")
+    secondary = [
+        name for axis, name in (("context", "CP"), ("tensor", "TP")) if best.mesh[axis] > 1
+    ]
+    return workload, primary, " + ".join(secondary) or "-"
+
+
+def _batch_advice(best: Candidate, fits: list[Candidate]) -> list[str]:
+    same = [c for c in fits if c.mesh == best.mesh and c.remat == best.remat]
+    largest = max(c.per_device_batch for c in same)
+    most = max(fits, key=lambda c: c.per_device_batch)
+    out = [
+        f"per-device batch {best.per_device_batch:g}: the largest that fits with this mesh and "
+        f"remat is {largest:g}"
+    ]
+    if most.per_device_batch > best.per_device_batch:
+        out.append(
+            f"batch {most.per_device_batch:g} fits with {most.describe()} at "
+            f"{most.tokens:,.0f} tokens/s/chip: more batch buys less than lighter remat here"
+        )
+    return out
+
+
+def _fp8_advice(
+    best: Candidate,
+    model: dict[str, Any],
+    seq_len: int,
+    accel: Accelerator,
+    devices: int,
+    precision: str,
+    figures: dict[str, Any],
+) -> list[str]:
+    if precision != "bf16" or "fp8" not in accel.peak_tflops:
+        return []
+    base = {"model": model, "seq_len": seq_len, "precision": {"mode": "fp8"}}
+    fp8 = _estimate(base, best.trial(), accel, devices)
+    if fp8 is None:
+        return []
+    gain = fp8["est_tokens_per_sec_per_chip"] / best.tokens - 1
+    figures["fp8_est_tokens_per_sec_per_chip"] = fp8["est_tokens_per_sec_per_chip"]
+    ridge = fp8["hardware_intensity_ici"]
+    if best.estimate["bound"] == "compute":
+        why = (
+            f"compute-bound: fp8 doubles the peak, so the ridge moves to {ridge:,.0f} FLOP per "
+            "link byte; worth a trial, with its convergence check"
+        )
+    else:
+        why = f"{best.estimate['bound']}-bound: fp8 shortens only the compute"
+    return [
+        f"fp8: {fp8['est_tokens_per_sec_per_chip']:,.0f} tokens/s/chip ({gain:+.0%}, estimate); {why}"
+    ]
+
+
+def _axis_advice(best: Candidate, fits: list[Candidate], config: TrialConfig) -> list[str]:
+    """The best candidate with and without each axis the guide names for this row, so the
+    advice says what expert or tensor parallelism is estimated to buy or cost."""
+    out = []
+    axes = ["expert", "tensor"] if config.model.is_moe else ["tensor"]
+    for axis in axes:
+        other = [c for c in fits if (c.mesh[axis] > 1) != (best.mesh[axis] > 1)]
+        if not other:
+            continue
+        alt = max(other, key=lambda c: c.tokens)
+        verb = "with" if alt.mesh[axis] > 1 else "without"
+        out.append(
+            f"best {verb} {axis} parallelism: {alt.describe()}, {alt.gib:.1f} GiB, "
+            f"{alt.tokens:,.0f} tokens/s/chip ({alt.tokens / best.tokens - 1:+.0%}, estimate)"
+        )
+    return out

@@ -25,6 +25,8 @@ class Accelerator:
     source: str
     device_kind: str = ""  # prefix of JAX's Device.device_kind for this chip
     host_link_bytes_per_s: float = 64e9  # chip <-> host, one direction
+    # Pinned host memory one device may offload activations to (0: none assumed).
+    host_offload_per_device: float = 0.0
     # A systolic MXU's side: a matmul holds a (contracted x columns) operand in the array in
     # tiles of this size (0: not a TPU; no tile geometry modelled)
     mxu_width: int = 0
@@ -63,6 +65,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         source="Ironwood datasheet; usable HBM from the TPU compiler's OOM message",
         device_kind="TPU7x",
         mxu_width=256,
+        host_offload_per_device=94.5 * GIB,
         sources={
             "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
             "hbm": "docs.cloud.google.com/tpu/docs/tpu7x: 192 GiB, 7380 GB/s per chip",
@@ -72,6 +75,9 @@ ACCELERATORS: dict[str, Accelerator] = {
             "a JAX device",
             "usable_hbm_per_device": "libtpu's OOM message: 'exceeds available HBM (94.75G)'",
             "host_link": "assumed: PCIe Gen5 x16, 64 GB/s per direction (not in the datasheet)",
+            "host_offload_per_device": "assumed: what a published recipe offloads and runs "
+            "(tpu-recipes llama3.1-405b 8k: its layer inputs, 94.5 GiB per device compiled "
+            "here); the host's memory is not in the datasheet",
             "mxu_width": "JAX's TpuInfo for TPU7x (jax/_src/pallas/mosaic/tpu_info.py, jax "
             "0.10.2): mxu_column_size 256, 2 MXUs per TensorCore",
         },

@@ -1,0 +1,216 @@
+"""The analytic memory estimate (trainer/estimate/analytic.py: memory_per_device) against
+libtpu's compiled memory per device, on TPU7x topologies compiled on this CPU host.
+
+    python -m benchmarks.memory_model             # the table from the records
+    python -m benchmarks.memory_model --predict   # freeze predictions for rows not compiled yet
+    python -m benchmarks.memory_model --compile   # compile the held-out rows (minutes each)
+
+Rows, by what the estimate's two constants (LAYER_WEIGHT_BYTES, LOSS_LAYER_OVERLAP) saw:
+- fit: the rows the constants were set on;
+- seen: rows compiled before and looked at while the model's terms were chosen (the
+  calibration rows of benchmarks/calibration.py and the spaces' trial 0);
+- held-out: rows whose prediction was committed (results/memory_model/predictions.json,
+  with the commit it came from) before they were compiled.
+The table reports the error of each set apart. Fidelity: estimate, against compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.calibration import PUBLISHED, RECORDS, recipe
+from sweeper.space import assemble, load_space
+from trainer.estimate.analytic import memory_per_device
+from trainer.spec.checks import check_static, global_batch_size
+from trainer.spec.config import load_config
+from trainer.spec.events import parse_line
+from trainer.spec.hardware import GIB, Topology
+
+HERE = Path(__file__).resolve().parents[1] / "results" / "memory_model"
+PREDICTIONS = HERE / "predictions.json"
+COMPILED = HERE / "compiled.json"
+FIT = ("llama3.1-70b 8k bf16 64 chips", "qwen3-235b-a22b 4k trial 0")
+
+_70B_MINIMAL_CONTEXT = {"policy": "minimal_with_context"}
+# Held out: chosen before their compile, among them `sweeper plan`'s advice for two models.
+HELD_OUT: dict[str, tuple[dict[str, Any], str]] = {
+    "llama3.1-70b 8k full remat batch 1": (
+        {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 1,
+         "mesh": {"fsdp": -1}, "remat": {"policy": "full"}},
+        "tpu7x:4x4x4",
+    ),
+    "llama3.1-70b 8k plan advice": (
+        {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 0.5,
+         "mesh": {"fsdp": -1, "tensor": 2}, "remat": _70B_MINIMAL_CONTEXT},
+        "tpu7x:4x4x4",
+    ),
+    "mixtral-8x7b 4k plan advice": (
+        {"model": {"preset": "mixtral-8x7b"}, "seq_len": 4096, "per_device_batch": 3,
+         "mesh": {"fsdp": -1, "tensor": 4}, "remat": {"policy": "minimal_with_context"}},
+        "tpu7x:4x4x4",
+    ),
+    "llama3-8b 8k minimal batch 2": (
+        {"model": {"preset": "llama3-8b"}, "seq_len": 8192, "per_device_batch": 2,
+         "mesh": {"fsdp": -1}, "remat": {"policy": "minimal"}},
+        "tpu7x:2x2x2",
+    ),
+}  # fmt: skip
+
+
+def _trial_zero(space_name: str) -> tuple[dict[str, Any], str]:
+    space = load_space(space_name)
+    return assemble(space, space.search.warm_start[0]), str(space.target)
+
+
+def rows() -> dict[str, tuple[dict[str, Any], str, str]]:
+    """name: (trial config, target, set)."""
+    out: dict[str, tuple[dict[str, Any], str, str]] = {}
+    for name in PUBLISHED:
+        config, target = recipe(name)
+        out[name] = (config, target, "fit" if name in FIT else "seen")
+    for name, space in (
+        ("llama3.1-70b 8k trial 0", "llama31_70b_8k_tpu7x"),
+        ("llama3.1-405b 8k trial 0", "llama31_405b_8k_tpu7x"),
+        ("qwen3-235b-a22b 4k trial 0", "qwen3_235b_4k_tpu7x"),
+    ):
+        config, target = _trial_zero(space)
+        out[name] = (config, target, "fit" if name in FIT else "seen")
+    for name, (config, target) in HELD_OUT.items():
+        out[name] = (config, target, "held-out")
+    return out
+
+
+def estimate_gib(config: dict[str, Any], target: str) -> float:
+    trial = load_config({**config, "compile_target": target})
+    devices = Topology.parse(target).devices
+    degrees = check_static(trial, devices, "tpu")
+    return memory_per_device(trial, degrees, global_batch_size(trial, devices))["total"] / GIB
+
+
+def compiled_gib(name: str) -> float | None:
+    """Arguments + temporaries per device, as the compiler reported them (host memory apart)."""
+    record = RECORDS / f"{name.replace(' ', '_')}.json"
+    if record.exists():
+        memory = json.loads(record.read_text())["memory_per_device"]
+    else:
+        memory = _read(COMPILED).get(name)
+        if memory is None:
+            memory = TRIAL_ZERO_COMPILED.get(name)
+        if memory is None:
+            return None
+    return (memory["argument_size_in_bytes"] + memory["temp_size_in_bytes"]) / GIB
+
+
+# Trial 0 of the spaces, compiled as their headers record (libtpu 0.0.42.1, this host kind).
+TRIAL_ZERO_COMPILED = {
+    "llama3.1-70b 8k trial 0": {  # TPU7X.md: 5.15 + 87.16 GiB
+        "argument_size_in_bytes": 5.15 * GIB,
+        "temp_size_in_bytes": 87.16 * GIB,
+    },
+    "llama3.1-405b 8k trial 0": {"argument_size_in_bytes": 7.42 * GIB, "temp_size_in_bytes": 62.58 * GIB},
+    "qwen3-235b-a22b 4k trial 0": {"argument_size_in_bytes": 5.14 * GIB, "temp_size_in_bytes": 73.95 * GIB},
+}  # fmt: skip
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def predict() -> None:
+    """Freeze the estimate of every held-out row not compiled yet, with the commit it came from."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
+    for name, (config, target, kind) in rows().items():
+        if kind == "held-out" and name not in compiled and name not in frozen:
+            frozen[name] = {"est_gib": round(estimate_gib(config, target), 3), "commit": commit}
+            print(f"{name}: predicted {frozen[name]['est_gib']:.2f} GiB per device")
+    HERE.mkdir(parents=True, exist_ok=True)
+    PREDICTIONS.write_text(json.dumps(frozen, indent=1) + "\n")
+
+
+def compile_held_out() -> None:
+    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
+    for name, (config, target) in HELD_OUT.items():
+        if name in compiled:
+            continue
+        if name not in frozen:
+            raise SystemExit(f"{name}: no frozen prediction; run --predict and commit it first")
+        print(f"compiling {name} for {target} ...", flush=True)
+        memory = _compile(config, target)
+        compiled[name] = memory
+        COMPILED.write_text(json.dumps(compiled, indent=1) + "\n")
+
+
+def _compile(config: dict[str, Any], target: str) -> dict[str, Any]:
+    trial = {**config, "compile_target": target, "convergence": {"enabled": False}}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trial.json"
+        path.write_text(json.dumps(trial))
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainer", "--config", str(path)],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+    events = {e["event"]: e for e in map(parse_line, proc.stdout.splitlines()) if e}
+    if "compiled" in events:
+        return dict(events["compiled"]["memory_per_device"])
+    failure = events.get("failure", {})
+    # An oom_hbm is a compiled answer too: the compiler's figure is in its message.
+    return {
+        "failure": failure.get("failure_class", "crashed"),
+        "message": failure.get("message", proc.stderr[-800:]),
+    }
+
+
+def table() -> None:
+    frozen = _read(PREDICTIONS)
+    errors: dict[str, list[float]] = {"fit": [], "seen": [], "held-out": []}
+    print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>9s} {'error':>7s}")
+    for name, (config, target, kind) in rows().items():
+        est = (
+            frozen[name]["est_gib"]
+            if kind == "held-out" and name in frozen
+            else estimate_gib(config, target)
+        )
+        got = compiled_gib(name) if kind != "held-out" or name in _read(COMPILED) else None
+        record = _read(COMPILED).get(name, {})
+        if got is None or "failure" in record:
+            note = record.get("failure", "not compiled yet")
+            print(f"{name:40s} {kind:9s} {est:8.1f}G {'-':>9s} {'':>7s} {note}")
+            continue
+        error = est / got - 1
+        errors[kind].append(abs(error))
+        print(f"{name:40s} {kind:9s} {est:8.1f}G {got:8.1f}G {error:+7.1%}")
+    for kind, values in errors.items():
+        if values:
+            print(
+                f"{kind}: {len(values)} rows, median |error| {statistics.median(values):.1%}, "
+                f"max {max(values):.1%}"
+            )
+    print("fidelity: estimate against compile (libtpu, TPU7x topologies, on a CPU host)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--predict", action="store_true")
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args()
+    if args.predict:
+        predict()
+    if args.compile:
+        compile_held_out()
+    table()
+
+
+if __name__ == "__main__":
+    main()

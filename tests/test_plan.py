@@ -1,0 +1,143 @@
+"""`sweeper plan`: advice its own estimate and the trainer accept, on the published workloads."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweeper.cli import app
+from sweeper.plan import space_for
+from sweeper.space import assemble, load_space
+from trainer.estimate.analytic import estimate, memory_per_device
+from trainer.estimate.plan import HEADROOM, candidates, recommend
+from trainer.spec.checks import check_static, global_batch_size
+from trainer.spec.config import load_config
+from trainer.spec.hardware import GIB, Topology
+
+# The published Ironwood workloads (tpu-recipes) on their topologies.
+WORKLOADS = {
+    "llama3.1-70b 8k": ("llama3.1-70b", 8192, "tpu7x:4x4x4"),
+    "llama3.1-70b 128k": ("llama3.1-70b", 131072, "tpu7x:4x8x8"),
+    "llama3.1-405b 8k": ("llama3.1-405b", 8192, "tpu7x:4x8x8"),
+    "qwen3-235b-a22b 4k": ("qwen3-235b-a22b", 4096, "tpu7x:4x8x8"),
+    "mixtral-8x7b 4k": ("mixtral-8x7b", 4096, "tpu7x:4x4x4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_advice_fits_by_its_own_estimate_and_the_trainer_takes_it(name):
+    preset, seq, target = WORKLOADS[name]
+    rec = recommend({"preset": preset}, seq, target)
+    topology = Topology.parse(target)
+    config = load_config({"model": {"preset": preset}, "seq_len": seq, **rec.best.trial()})
+    check_static(config, topology.devices, "tpu")  # the trainer's own checks: raises if refused
+    assert set(rec.mesh) <= {"fsdp", "tensor", "expert", "context"}  # no axis it lacks
+    est = estimate(config, topology.accelerator, topology.devices)
+    usable = topology.accelerator.usable_hbm_per_device
+    assert est["fits"] and est["est_memory_per_device"]["total"] <= (1 - HEADROOM) * usable
+    assert est["est_memory_per_device"]["host_activations"] <= 94.5 * GIB
+    assert all("estimate" in r for r in rec.reasons[:2])
+    # The smallest context degree any fitting candidate has is the one advised.
+    everything = candidates({"preset": preset}, seq, target)
+    assert rec.best.mesh["context"] == min(c.mesh["context"] for c in everything)
+    if seq < 32768:
+        assert rec.best.mesh["context"] == 1
+    # FP8 is estimated before it is advised, and so is the other side of each axis.
+    assert any(r.startswith("fp8: ") for r in rec.reasons)
+    if config.model.is_moe:
+        assert any("expert parallelism" in r for r in rec.reasons)
+
+
+def test_the_published_long_context_recipe_fits_where_the_old_plan_said_it_did_not():
+    """The 70B 128k recipe (FSDP x context 8, batch 0.125, its custom placements): the old
+    estimate said 189 GiB; MaxText compiles it to 78.7 GiB per device."""
+    recipe = load_config({
+        "model": {"preset": "llama3.1-70b"}, "seq_len": 131072, "per_device_batch": 0.125,
+        "mesh": {"fsdp": -1, "context": 8}, "vocab_tiling": 4,
+        "remat": {"policy": "custom", "custom": dict.fromkeys(
+            ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "mlpwo"),
+            "device")},
+    })  # fmt: skip
+    degrees = check_static(recipe, 512, "tpu")
+    memory = memory_per_device(recipe, degrees, global_batch_size(recipe, 512))
+    assert memory["total"] / GIB == pytest.approx(78.7, rel=0.10)
+
+
+def test_memory_follows_the_placements_a_custom_policy_names():
+    base = {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 2}
+
+    def memory(custom):
+        config = load_config({**base, "remat": {"policy": "custom", "custom": custom}})
+        return memory_per_device(config, check_static(config, 128, "tpu"), 256)
+
+    boundary = memory({})
+    kept = memory({"context": "device"})
+    moved = memory({"context": "offload"})
+    context = 16384 * 64 * 128 * 2 * 80  # tokens x heads x head_dim x bf16 x layers
+    assert kept["activations"] - boundary["activations"] == pytest.approx(context)
+    assert moved["activations"] == boundary["activations"]
+    assert moved["host_activations"] - boundary["host_activations"] == pytest.approx(context)
+    offload_input = memory({"decoder_layer_input": "offload"})
+    assert offload_input["activations"] == 0 and offload_input["host_activations"] > 0
+
+
+def test_the_intensity_line_and_the_bound_use_one_ridge():
+    """ICI-bound exactly when the FLOPs per link byte fall below the hardware's figure."""
+    seen = set()
+    for tensor in (1, 2, 4, 8):
+        for batch in (1 / tensor, 4 / tensor, 16 / tensor):
+            config = load_config({"model": {"preset": "llama3.1-70b"}, "seq_len": 8192,
+                                  "per_device_batch": batch, "mesh": {"fsdp": -1, "tensor": tensor}})  # fmt: skip
+            est = estimate(config, Topology.parse("tpu7x:4x4x4").accelerator, 128)
+            below = est["arithmetic_intensity_ici"] < est["hardware_intensity_ici"]
+            assert below == (est["est_ici_s"] > est["est_compute_s"]), (tensor, batch)
+            seen.add(below)
+    assert seen == {True, False}  # both sides of the ridge were tried
+
+
+def test_plan_writes_a_space_whose_trial_0_is_the_advice(tmp_path):
+    path = tmp_path / "plan.yaml"
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "mixtral-8x7b",
+            "--seq",
+            "4096",
+            "--target",
+            "tpu7x:4x4x4",
+            "--space",
+            str(path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    space = load_space(str(path))
+    rec = recommend({"preset": "mixtral-8x7b"}, 4096, "tpu7x:4x4x4")
+    trial = load_config(assemble(space, space.search.warm_start[0]))
+    want = load_config({"model": {"preset": "mixtral-8x7b"}, "seq_len": 4096, **rec.best.trial()})
+    for key in ("per_device_batch", "remat", "precision"):
+        assert getattr(trial, key) == getattr(want, key), key
+    assert trial.mesh.resolve(128) == want.mesh.resolve(128)
+    assert len(space.knobs) > 1  # it sweeps around the advice
+    # An offload advice keeps its placement a knob of its own.
+    qwen = recommend({"preset": "qwen3-235b-a22b"}, 4096, "tpu7x:4x8x8")
+    written = space_for(qwen, {"preset": "qwen3-235b-a22b"}, 4096, "tpu7x:4x8x8", "q")
+    assert written["trial"]["remat"] == qwen.best.remat
+    assert yaml.safe_load(yaml.safe_dump(written)) == written
+
+
+def test_an_unknown_target_is_a_clear_exit_2():
+    result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--target", "tpu9:2x2"])
+    assert result.exit_code == 2 and "tpu9" in result.output
+
+
+@pytest.mark.tpu_compile
+def test_plan_compile_holds_the_advice_against_the_compiler():
+    result = CliRunner().invoke(
+        app,
+        ["plan", "--model", "tiny-dense", "--seq", "1024", "--target", "tpu7x:2x2x1", "--compile"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "compile: " in result.output and "fits: True" in result.output
