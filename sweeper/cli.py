@@ -220,10 +220,12 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     import signal
 
     from sweeper.engine import quiet, start_ray
-    from sweeper.sweep import SweepFinished, run_sweep
+    from sweeper.sweep import SweepFinished, run_sweep, unfinished
 
     try:
         quiet(VERBOSE["on"])
+        if kwargs.get("resume"):  # a finished sweep is said so before any Ray starts
+            unfinished(kwargs["resume"], kwargs.get("results_dir"), kwargs.get("tracking_uri"))
         start_ray(address)
         # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
         # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
@@ -267,8 +269,10 @@ def plan(
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="compile timeout, seconds")] = 3600,
 ) -> None:
-    """Mesh, remat and batch for a model on a target: every candidate the trainer accepts is
-    estimated and the fastest that fits is advised, with FP8 and batch advice (estimates)."""
+    """Advise a mesh, remat policy and batch for a model on a target (estimates).
+
+    Every candidate the trainer accepts is estimated; the fastest that fits is advised, with
+    FP8 and batch advice. --space writes a space starting there; --compile checks it."""
     import yaml
 
     from sweeper.plan import compile_advice, space_for
@@ -376,8 +380,9 @@ def export(
     ] = None,
     results_dir: ResultsDirOpt = None,
 ) -> None:
-    """A trial as MaxText's command line, its environment, or a trial configuration that
-    `python -m trainer --config FILE` reruns."""
+    """A trial as MaxText's command line, its LIBTPU/XLA environment, or a trial config.
+
+    The trial form is self-contained: `python -m trainer --config FILE` reruns it."""
     from sweeper.export import FORMATS, export_trial
 
     if fmt not in FORMATS:
@@ -425,8 +430,9 @@ def ui(
     port: Annotated[int, typer.Option("--port", help="the port on 127.0.0.1")] = UI_PORT,
     results_dir: ResultsDirOpt = None,
 ) -> None:
-    """The MLflow UI on 127.0.0.1 for the sweep's store, and the URL of its runs; a tracking
-    server's URL is printed, nothing is started."""
+    """Open the MLflow UI on 127.0.0.1 at the sweep's runs.
+
+    For a sweep recorded on a tracking server, its URL is printed and nothing is started."""
     from sweeper.manifest import default_results_dir, list_sweeps
     from sweeper.ui import serve
 

@@ -261,6 +261,8 @@ class SweepSearch(Searcher):
         self._completed_trials: set[str] = set()
         self._points: dict[str, str] = {}  # point key -> the Tune trial of this sweep that runs it
         self.exhausted = False  # asks kept drawing points this sweep has
+        self._closing = False  # the sweep was interrupted: fail_unfinished told the rest
+        self._reruns: set[str] = set()  # trials rerun after fail_unfinished told them FAIL
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         """The point trial `trial_id` runs. A point this sweep has already run (or is
@@ -323,6 +325,7 @@ class SweepSearch(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self._closing = False  # a resumed sweep: its trials are told again
 
     def measured(self, key: str) -> optuna.trial.FrozenTrial | None:
         """The first finished trial of the study with this point key and a stored result."""
@@ -334,6 +337,8 @@ class SweepSearch(Searcher):
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
             return  # Optuna has no intermediate values for multi-objective studies
+        if trial_id in self._reruns:
+            return  # its Optuna trial was told FAIL when it was cut off
         value = result.get(self.metric)
         if (
             result.get(STATUS_KEY) == TrialStatus.RUNNING
@@ -341,48 +346,63 @@ class SweepSearch(Searcher):
             and value is not None
             and math.isfinite(value)
         ):
-            self._ot_trials[trial_id].report(value, int(result["step"]))
+            try:
+                self._ot_trials[trial_id].report(value, int(result["step"]))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # A resumed sweep reruns a trial its interrupted driver told FAIL.
+                self._reruns.add(trial_id)
 
     def fail_unfinished(self, reason: str) -> None:
-        """Tell FAIL for every trial still open (suggested or running when the sweep ended)."""
+        """Tell FAIL for every trial still open (suggested or running when the sweep ended):
+        the record of who was cut off. Nothing more is told in this process; a resumed
+        sweep reruns them, each into an Optuna trial of its own (`rerun_of`)."""
         for trial_id, ot_trial in self._ot_trials.items():
             if trial_id in self._completed_trials:
                 continue
             ot_trial.set_user_attr("outcome", "killed")
             ot_trial.set_user_attr("failure_class", reason)
             self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
-            self._completed_trials.add(trial_id)
+        self._closing = True
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        if self._closing or trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return
         ot_trial = self._ot_trials[trial_id]
         final = TrialResult.from_report(result)
         kind = outcome(final, error, reported=bool(result))
-        if self._told_already(ot_trial):
+        frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
+        cut_off = frozen.state.is_finished() and frozen.user_attrs.get("outcome") == "killed"
+        if frozen.state.is_finished() and not cut_off:
             # Told before the driver died (resume): the stored record stands.
             self._completed_trials.add(trial_id)
             return
-        ot_trial.set_user_attr("outcome", kind)
         failure = final.failure_class if final else None
-        ot_trial.set_user_attr("failure_class", failure.value if failure else "")
+        attrs: dict[str, Any] = {
+            "outcome": kind,
+            "failure_class": failure.value if failure else "",
+        }
         if final is not None and kind != "failed":
-            ot_trial.set_user_attr("result", durable_result(final))
+            attrs["result"] = durable_result(final)
         # Constraint-aware samplers (TPE, GP, NSGA-II) read these to learn infeasible regions.
-        for name, value in zip(CONSTRAINTS, constraint_vector(final), strict=True):
+        constraints = dict(zip(CONSTRAINTS, constraint_vector(final), strict=True))
+        values, state = self._told(final, kind)
+        if cut_off:
+            # The interrupted driver told this trial FAIL (the record of who was cut off);
+            # its rerun is a trial of its own, with the same point.
+            rerun = optuna.trial.create_trial(
+                state=state, values=values, params=frozen.params,
+                distributions=frozen.distributions, constraints=constraints,
+                user_attrs={**frozen.user_attrs, **attrs, "rerun_of": frozen.number},
+            )  # fmt: skip
+            self._ot_study.add_trial(rerun)
+            self._completed_trials.add(trial_id)
+            return
+        for key, value in attrs.items():
+            ot_trial.set_user_attr(key, value)
+        for name, value in constraints.items():
             ot_trial.set_constraint(name, value)
-        objectives = self._sweep_space.objective.all
-        if kind == "ok" and final is not None:
-            values = [final.objective(o.metric) for o in objectives]
-            state = TrialState.COMPLETE
-        elif kind == "infeasible":
-            # A value is required for COMPLETE; the constraint violation ranks it below any feasible point.
-            values = [0.0 if o.mode == "max" else 1e30 for o in objectives]
-            state = TrialState.COMPLETE
-        else:
-            values, state = None, TrialState.PRUNED if kind == "pruned" else TrialState.FAIL
         try:
             self._ot_study.tell(ot_trial, values[0] if values and len(values) == 1 else values,
                                 state=state)  # fmt: skip
@@ -393,9 +413,19 @@ class SweepSearch(Searcher):
                 raise
         self._completed_trials.add(trial_id)
 
-    def _told_already(self, ot_trial: optuna.Trial) -> bool:
-        frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
-        return frozen.state.is_finished()
+    def _told(self, final: TrialResult | None, kind: str) -> tuple[list[float] | None, TrialState]:
+        """The values and state a trial's outcome is told with."""
+        objectives = self._sweep_space.objective.all
+        if kind == "ok" and final is not None:
+            values = [final.objective(o.metric) for o in objectives]
+            state = TrialState.COMPLETE
+        elif kind == "infeasible":
+            # A value is required for COMPLETE; the constraint violation ranks it below any feasible point.
+            values = [0.0 if o.mode == "max" else 1e30 for o in objectives]
+            state = TrialState.COMPLETE
+        else:
+            values, state = None, TrialState.PRUNED if kind == "pruned" else TrialState.FAIL
+        return values, state
 
 
 def close_open_trials(study: optuna.Study, sweep_id: str, own_study: bool) -> int:

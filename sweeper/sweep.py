@@ -41,6 +41,7 @@ from sweeper.inert import effect_caveats
 from sweeper.manifest import (
     MANIFEST,
     Ending,
+    Found,
     SweepManifest,
     default_results_dir,
     find_sweep,
@@ -83,6 +84,21 @@ class SweepFinished(SpaceError):
             file=str(path),
         )
         self.manifest = manifest
+
+
+def unfinished(sweep_id: str, results_dir: Path | None, tracking_uri: str | None) -> Found:
+    """The sweep to resume; SweepFinished (after replaying any records an outage kept) when
+    it ended well. Needs no Ray: the CLI asks before it starts one."""
+    found = find_sweep(sweep_id, results_dir)
+    manifest = found.manifest
+    assert manifest is not None, "find_sweep reads the manifest"
+    if manifest.ending.state == "finished":
+        if (found.path / JOURNAL).exists():  # records an outage kept: replay them now
+            Tracker(tracking_uri or manifest.tracking_uri, manifest.space, manifest.sweep_id,
+                    found.path.parents[1] / "mlartifacts", found.path / JOURNAL,
+                    parent_run_id=manifest.parent_run_id).flush()  # fmt: skip
+        raise SweepFinished(found.path, manifest)
+    return found
 
 
 @dataclass
@@ -230,15 +246,9 @@ class Sweep:
 
         Finished trials stay finished; trials the driver's death cut off run again once.
         """
-        found = find_sweep(sweep_id, results_dir)
+        found = unfinished(sweep_id, results_dir, tracking_uri)
         manifest = found.manifest
         assert manifest is not None, "find_sweep reads the manifest"
-        if manifest.ending.state == "finished":
-            if (found.path / JOURNAL).exists():  # records an outage kept: replay them now
-                Tracker(tracking_uri or manifest.tracking_uri, manifest.space, manifest.sweep_id,
-                        found.path.parents[1] / "mlartifacts", found.path / JOURNAL,
-                        parent_run_id=manifest.parent_run_id).flush()  # fmt: skip
-            raise SweepFinished(found.path, manifest)
         results_dir, sweep_dir = found.path.parents[1], found.path
         sweep_id, space = manifest.sweep_id, manifest.space
         start_ray()

@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import ray
 import yaml
@@ -403,7 +404,7 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "run", "smoke", "--results-dir", str(tmp_path),
-         "--trials", "6", "--concurrency", "1", "--set", "trial.steps=400"],
+         "--trials", "1", "--concurrency", "1", "--set", "trial.steps=400"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines = []
@@ -424,6 +425,23 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
     assert any(t.user_attrs.get("outcome") == "killed" for t in study.trials)
     (summary,) = tmp_path.glob("smoke/*/summary.csv")
     assert "killed" in summary.read_text()
+    if sig != signal.SIGTERM:
+        return
+    # Resume continues it: the cut-off trials run again, each into an Optuna trial of its
+    # own (the FAIL told at the interrupt stays, the record of who was cut off).
+    killed = {t.number for t in study.trials if t.user_attrs.get("outcome") == "killed"}
+    sweep_id = summary.parent.name
+    resumed = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "resume", sweep_id, "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/optuna.db")
+    reruns = {t.user_attrs["rerun_of"]: t for t in study.trials if "rerun_of" in t.user_attrs}
+    assert set(reruns) == killed and all(t.state == TrialState.COMPLETE for t in reruns.values())
+    assert all(study.trials[n].state == TrialState.FAIL for n in killed)
+    rows = pd.read_csv(summary)
+    assert list(rows["status"]) == ["ok"], rows[["status", "failure_message"]]
 
 
 def test_a_profiled_trial_logs_its_trace_and_times_the_other_steps(tmp_path):
