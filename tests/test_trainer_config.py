@@ -157,3 +157,26 @@ def test_presets_are_the_published_models(
 
     flops = training_flops_per_step(ModelConfig(preset=preset), global_batch, seq)
     assert flops / chips / step_s / 1e12 == pytest.approx(tflops_per_chip, rel=2e-3)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--a b", "--xla_x=1\t", "--xla_x=1\n--xla_y=2", "-x=1", "--xla_x=\x00"],
+)
+def test_an_extra_flag_is_one_flag(flag):
+    with pytest.raises(ValueError, match="must be one flag"):
+        load_config({"model": {"preset": "tiny-dense"}, "xla": {"extra": [flag]}})
+
+
+@pytest.mark.parametrize(
+    "flag", ["--xla_jf_dump_to=/some/path", "--xla_dump_hlo_as_text", "--log_dir=/tmp/l"]
+)
+def test_an_extra_flag_that_writes_files_is_refused(flag):
+    with pytest.raises(ValueError, match="write files"):
+        load_config({"model": {"preset": "tiny-dense"}, "xla": {"extra": [flag]}})
+    assert load_config(
+        {
+            "model": {"preset": "tiny-dense"},
+            "xla": {"extra": ["--xla_tpu_enable_x=true", "--xla_b"]},
+        }
+    ).xla.extra
