@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -172,25 +174,40 @@ def _compile(config: dict[str, Any], target: str) -> dict[str, Any]:
     }
 
 
+def _oom_gib(record: dict[str, Any]) -> float | None:
+    """A compile that ran out of HBM states its temporaries: at least that much was needed."""
+    match = re.search(r"HLO temporaries \(([0-9.]+)G\)", record.get("message", ""))
+    return float(match.group(1)) if match else None
+
+
 def table() -> None:
-    frozen = _read(PREDICTIONS)
+    """Each row's estimate against its compile. A held-out row shows its frozen prediction
+    (the error that counts) and today's estimate beside it (made after it was seen)."""
+    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
     errors: dict[str, list[float]] = {"fit": [], "seen": [], "held-out": []}
-    print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>9s} {'error':>7s}")
+    print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>10s} {'error':>7s}  now")
     for name, (config, target, kind) in rows().items():
-        est = (
-            frozen[name]["est_gib"]
-            if kind == "held-out" and name in frozen
-            else estimate_gib(config, target)
-        )
-        got = compiled_gib(name) if kind != "held-out" or name in _read(COMPILED) else None
-        record = _read(COMPILED).get(name, {})
-        if got is None or "failure" in record:
-            note = record.get("failure", "not compiled yet")
-            print(f"{name:40s} {kind:9s} {est:8.1f}G {'-':>9s} {'':>7s} {note}")
+        now = estimate_gib(config, target)
+        est = frozen[name]["est_gib"] if kind == "held-out" and name in frozen else now
+        record = compiled.get(name, {})
+        if kind == "held-out" and not record:
+            print(f"{name:40s} {kind:9s} {est:8.1f}G {'-':>10s} {'':>7s}  not compiled yet")
             continue
+        if "failure" in record:
+            floor = _oom_gib(record)
+            got_text = f">{floor:.1f}G" if floor else record["failure"]
+            error = est / floor - 1 if floor else math.nan
+            print(f"{name:40s} {kind:9s} {est:8.1f}G {got_text:>10s} {error:+7.1%}  "
+                  f"{now:.1f}G ({record['failure']}: the compiler's temporaries alone)")  # fmt: skip
+            if floor:
+                errors[kind].append(abs(error))
+            continue
+        got = compiled_gib(name)
+        assert got is not None, name
         error = est / got - 1
         errors[kind].append(abs(error))
-        print(f"{name:40s} {kind:9s} {est:8.1f}G {got:8.1f}G {error:+7.1%}")
+        after = f"{now:.1f}G ({now / got - 1:+.1%})" if kind == "held-out" else ""
+        print(f"{name:40s} {kind:9s} {est:8.1f}G {got:9.1f}G {error:+7.1%}  {after}")
     for kind, values in errors.items():
         if values:
             print(

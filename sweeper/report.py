@@ -26,10 +26,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from sweeper.results import knob_columns, missing
+from trainer.spec.events import FailureClass
 
 REPORT = "report.html"
-FAILURE_CLASSES = ("invalid_config", "oom_hbm", "oom_vmem", "compile_error", "diverged",
-                   "timeout", "crashed")  # fmt: skip
+FAILURE_CLASSES = tuple(c.value for c in FailureClass)
 MEMORY = "hbm_per_device_gib"
 
 
