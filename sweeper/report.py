@@ -294,7 +294,12 @@ def importances_of(study: Any, sweep_id: str) -> dict[str, float]:
     ]
     if len(ran) < 2 or len(study.directions) != 1:
         return {}
-    alone = optuna.create_study(direction=study.direction)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line
+    try:
+        alone = optuna.create_study(direction=study.direction)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     alone.add_trials(ran)
     try:
         return dict(optuna.importance.get_param_importances(alone))
