@@ -141,3 +141,18 @@ def test_plan_compile_holds_the_advice_against_the_compiler():
     )
     assert result.exit_code == 0, result.output
     assert "compile: " in result.output and "fits: True" in result.output
+
+
+def test_the_memory_estimate_is_within_10_percent_of_the_recipes_compiles():
+    """Trial 0 of each published-recipe space (the recipe) against libtpu's compile of it,
+    as recorded (benchmarks/memory_model.py compiles them again; minutes each)."""
+    from benchmarks.memory_model import compiled_gib, estimate_gib, rows
+
+    checked = 0
+    for name, (config, target, _) in rows().items():
+        if name.endswith("trial 0"):
+            got = compiled_gib(name)
+            assert got is not None, name
+            assert estimate_gib(config, target) == pytest.approx(got, rel=0.10), name
+            checked += 1
+    assert checked == 3
