@@ -28,3 +28,24 @@ import pytest
 def cache_dir(tmp_path_factory):
     """One cache per test session: convergence references and the measured CPU peak."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist's `--dist loadgroup` sends tests sharing an `xdist_group` to one worker by
+    a `@group` suffix on their node ids; xdist 3.8 writes it to `item._nodeid`, which pytest 9
+    no longer reads (the id is `item._id`), so no test was grouped. Write it where pytest 9
+    reads it, on xdist's workers only."""
+    import dataclasses
+
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})  # fmt: skip
+        node_id = getattr(item, "_id", None)
+        if not names or node_id is None or "@" in str(node_id):
+            continue
+        grouped = dataclasses.replace(node_id)
+        object.__setattr__(grouped, "_str_cache", f"{node_id}@{'_'.join(names)}")
+        item._id = grouped
