@@ -19,21 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import statistics
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.calibration import PUBLISHED, RECORDS, recipe
+from sweeper.plan import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.estimate.analytic import memory_per_device
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import load_config
-from trainer.spec.events import parse_line
 from trainer.spec.hardware import GIB, Topology
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "memory_model"
@@ -161,23 +158,16 @@ def compile_held_out() -> None:
 
 
 def _compile(config: dict[str, Any], target: str) -> dict[str, Any]:
-    trial = {**config, "compile_target": target, "convergence": {"enabled": False}}
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trial.json"
-        path.write_text(json.dumps(trial))
-        proc = subprocess.run(
-            [sys.executable, "-m", "trainer", "--config", str(path)],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
-    events = {e["event"]: e for e in map(parse_line, proc.stdout.splitlines()) if e}
+    done = compile_trial(config, target)
+    assert done is not None  # no timeout
+    events, stderr = done
     if "compiled" in events:
         return dict(events["compiled"]["memory_per_device"])
     failure = events.get("failure", {})
     # An oom_hbm is a compiled answer too: the compiler's figure is in its message.
     return {
         "failure": failure.get("failure_class", "crashed"),
-        "message": failure.get("message", proc.stderr[-800:]),
+        "message": failure.get("message", stderr[-800:]),
     }
 
 

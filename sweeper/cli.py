@@ -316,6 +316,7 @@ def plan(
         )
 
 
+SweepIdArg = Annotated[str, typer.Argument(help="a sweep id, or its start (from `sweeper list`)")]
 ResultsDirOpt = Annotated[
     Path | None,
     typer.Option("--results-dir", help="where sweeps are written (default: ./results)"),
@@ -358,7 +359,7 @@ def list_(results_dir: ResultsDirOpt = None) -> None:
 
 @app.command()
 def show(
-    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start (from `sweeper list`)")],
+    sweep_id: SweepIdArg,
     results_dir: ResultsDirOpt = None,
 ) -> None:
     """A sweep's trials, notes, and where its records are."""
@@ -371,7 +372,7 @@ def show(
 
 @app.command()
 def export(
-    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start")],
+    sweep_id: SweepIdArg,
     fmt: Annotated[
         str, typer.Option("--format", help="maxtext (its command line), env, or trial (JSON)")
     ] = "maxtext",
@@ -397,7 +398,7 @@ def export(
 
 @app.command()
 def report(
-    sweep_id: Annotated[str, typer.Argument(help="a sweep id, or its start")],
+    sweep_id: SweepIdArg,
     results_dir: ResultsDirOpt = None,
 ) -> None:
     """Write the sweep's HTML report again (report.html in its folder) and print its path."""

@@ -75,22 +75,16 @@ def _knob_values(best: Candidate, knobs: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def compile_advice(
-    rec: Recommendation, model: dict[str, Any], seq_len: int, target: str, timeout_s: float
-) -> dict[str, Any]:
-    """Compile the advice for the target with libtpu (a child process, as a compile trial);
-    the compiler's memory, fits and failure beside the estimate's."""
-    config = {
-        "model": model,
-        "seq_len": seq_len,
-        **rec.best.trial(),
-        "compile_target": target,
-        "convergence": {"enabled": False},
-    }
+def compile_trial(
+    config: dict[str, Any], target: str, timeout_s: float | None = None
+) -> tuple[dict[str, dict[str, Any]], str] | None:
+    """Compile one trial config for `target` with libtpu, in a child process as a compile
+    trial does: its events by kind and its stderr; None when it ran past `timeout_s`."""
+    trial = {**config, "compile_target": target, "convergence": {"enabled": False}}
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    with tempfile.TemporaryDirectory(prefix="sweeper-plan-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sweeper-compile-") as tmp:
         path = Path(tmp) / "trial.json"
-        path.write_text(json.dumps(config))
+        path.write_text(json.dumps(trial))
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "trainer", "--config", str(path)],
@@ -100,8 +94,23 @@ def compile_advice(
                 timeout=timeout_s,
             )
         except subprocess.TimeoutExpired:
-            return {"status": "timeout", "message": f"no compile within {timeout_s:.0f} s"}
+            return None
     events = {e["event"]: e for e in map(parse_line, proc.stdout.splitlines()) if e}
+    if proc.returncode and "failure" not in events:
+        events.pop("summary", None)  # a crash: no summary stands for the compile
+    return events, proc.stderr
+
+
+def compile_advice(
+    rec: Recommendation, model: dict[str, Any], seq_len: int, target: str, timeout_s: float
+) -> dict[str, Any]:
+    """Compile the advice for the target; the compiler's memory, fits and failure beside
+    the estimate's."""
+    config = {"model": model, "seq_len": seq_len, **rec.best.trial()}
+    done = compile_trial(config, target, timeout_s)
+    if done is None:
+        return {"status": "timeout", "message": f"no compile within {timeout_s:.0f} s"}
+    events, stderr = done
     if "failure" in events:
         failure = events["failure"]
         return {
@@ -109,8 +118,8 @@ def compile_advice(
             "message": failure.get("message", ""),
         }
     summary = events.get("summary")
-    if proc.returncode or summary is None:
-        return {"status": "crashed", "message": proc.stderr.strip()[-500:]}
+    if summary is None:
+        return {"status": "crashed", "message": stderr.strip()[-500:]}
     return {
         "status": "ok",
         "hbm_per_device_gib": summary.get("hbm_per_device_gib"),
