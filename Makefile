@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SPACE ?= moe_short
 
-.PHONY: setup gpu-compile run test test-slow lint bench clean
+.PHONY: setup gpu-compile maxtext run test test-slow lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ $(GPU_COMPILE)/.installed: constraints.txt $(VENV)/.installed
 	touch $@
 
 gpu-compile: $(GPU_COMPILE)/.installed
+
+# MaxText 0.2.5, the trial program of `program: maxtext` spaces: its own environment (it needs
+# Python >= 3.12 and pins its own JAX and libtpu; never imported by the engine). About 3.5
+# minutes. MAXTEXT_PYTHON: a Python 3.12 (default: pyenv's 3.12.1, else python3.12).
+MAXTEXT := .maxtext
+MAXTEXT_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python 2>/dev/null || command -v python3.12)
+$(MAXTEXT)/.installed:
+	test -x $(MAXTEXT)/bin/python || $(MAXTEXT_PYTHON) -m venv $(MAXTEXT)
+	$(MAXTEXT)/bin/pip install --quiet --upgrade pip
+	$(MAXTEXT)/bin/pip install --quiet 'maxtext[tpu]==0.2.5'
+	touch $@
+
+maxtext: $(MAXTEXT)/.installed
 
 run: setup
 	$(BIN)/sweeper run spaces/$(SPACE).yaml

@@ -15,6 +15,7 @@ from trainer.spec.checks import check_static
 from trainer.spec.config import RECIPE_HYPERPARAMETERS, ConfigError, TrialConfig, load_config
 from trainer.spec.events import MEASURED_METRICS
 from trainer.spec.hardware import Topology
+from trainer.spec.maxtext import KNOB_PREFIX, MaxTextProgram, check_knob_key, to_maxtext
 from trainer.spec.schema import Frozen, first_error
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -222,7 +223,12 @@ class Space(Frozen):
     resources: Resources = Resources()
     """what each trial holds."""
     knobs: dict[str, Knob] = Field(default_factory=dict)
-    """trial config keys (dotted paths) to search, and their values."""
+    """trial config keys (dotted paths) to search, and their values; `maxtext.<key>` sets a
+    MaxText setting in a space of program maxtext."""
+    program: Literal["sweeper-trainer", "maxtext"] = "sweeper-trainer"
+    """what runs each trial: this project's trainer, or MaxText (compile or run fidelity)."""
+    maxtext: MaxTextProgram | None = None
+    """program maxtext: MaxText's Python, model_name, base config and extra settings."""
 
     @model_validator(mode="before")
     @classmethod
@@ -265,6 +271,32 @@ class Space(Frozen):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _check_program(self) -> Space:
+        maxtext_knobs = [k for k in self.knobs if k.startswith(KNOB_PREFIX)]
+        if self.program != "maxtext":
+            if self.maxtext is not None:
+                raise ValueError("maxtext: a maxtext section needs program: maxtext")
+            if maxtext_knobs:
+                raise ValueError(
+                    f"knobs: {maxtext_knobs[0]} is a MaxText setting: it needs program: maxtext"
+                )
+            return self
+        if self.effective_fidelity == "estimate":
+            raise ValueError(
+                "fidelity: MaxText trials are compiled or run (the analytic estimate is our "
+                "trainer's model): use fidelity compile or run"
+            )
+        for key in maxtext_knobs:
+            why = check_knob_key(key)
+            if why:
+                raise ValueError(f"knobs: {key}: {why}")
+        return self
+
+    def maxtext_program(self) -> MaxTextProgram:
+        """The MaxText a maxtext space runs (its section, or the defaults)."""
+        return self.maxtext or MaxTextProgram()
+
     @property
     def effective_fidelity(self) -> str:
         """auto: run where the target is attached (local, GPU hosts), compile for a TPU target
@@ -293,6 +325,10 @@ class Space(Frozen):
         if self.effective_fidelity in ("compile", "estimate"):
             base["compile_target"] = self.target
             base.setdefault("convergence", {})["enabled"] = False  # nothing trains
+        if self.program == "maxtext":
+            # The loss check runs a reference of our trainer: a MaxText trial's losses are
+            # recorded per step, not judged against it.
+            base.setdefault("convergence", {})["enabled"] = False
         convergence = base.setdefault("convergence", {})
         convergence.setdefault("enabled", self.constraints.convergence)
         convergence.setdefault("tolerance", self.constraints.tolerance)
@@ -356,11 +392,18 @@ def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<sp
 
 
 def assemble(space: Space, point: dict[str, Any]) -> dict[str, Any]:
-    """Trial configuration dict for a sampled point (knob path -> value)."""
+    """Trial configuration dict for a sampled point (knob path -> value); `maxtext.*` knobs
+    are MaxText's settings, not the trial configuration's (`maxtext_knobs`)."""
     trial = space.base_trial()
     for key, value in point.items():
-        set_path(trial, key, value)
+        if not key.startswith(KNOB_PREFIX):
+            set_path(trial, key, value)
     return trial
+
+
+def maxtext_knobs(point: dict[str, Any]) -> dict[str, Any]:
+    """A point's MaxText settings (`maxtext.<key>` knobs)."""
+    return {k: v for k, v in point.items() if k.startswith(KNOB_PREFIX)}
 
 
 def active(knob: Knob, point: dict[str, Any]) -> bool:
@@ -476,7 +519,45 @@ def _check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                     line=_line_of(root, ("knobs", key)),
                     field=f"knobs.{key}",
                 ) from None
+    if space.program == "maxtext":
+        _check_maxtext(space, root, file)
     check_warm_start(space, file, root)
+
+
+# What a MaxText trial handles itself though MaxText has no setting for it: its data is
+# MaxText's synthetic data, its devices the slice's, its warm-up steps skipped by the driver.
+_MAXTEXT_HANDLED = frozenset({"data.source", "num_devices", "measure.skip_steps"})
+
+
+def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:
+    """A MaxText space: every setting of its trials, and every value of every knob, is one
+    MaxText can take; what it cannot is refused by name before any trial runs."""
+    platform = target_backend(space)
+    for u in to_maxtext(load_config(space.base_trial()), platform).unmapped:
+        if u.field not in _MAXTEXT_HANDLED:
+            raise SpaceError(
+                f"{u.field} = {u.value!r}: MaxText has no setting for it ({u.why}); remove "
+                "it, or run the space with program: sweeper-trainer",
+                file=file,
+                line=_line_of(root, ("trial", *u.field.split("."))),
+                field=f"trial.{u.field}",
+            )
+    for key, knob in space.knobs.items():
+        if key.startswith(KNOB_PREFIX):
+            continue
+        for value in knob.extremes():
+            point = {**knob.when, key: int(value) if knob.kind == "int" else value}
+            config = load_config(assemble(space, point))
+            for u in to_maxtext(config, platform).unmapped:
+                if u.field == key or u.field.startswith(key + ".") or key.startswith(u.field + "."):
+                    raise SpaceError(
+                        f"value {value!r}: MaxText has no setting for {u.field} = {u.value!r} "
+                        f"({u.why}); remove the value, or run the space with program: "
+                        "sweeper-trainer",
+                        file=file,
+                        line=_line_of(root, ("knobs", key)),
+                        field=f"knobs.{key}",
+                    )
 
 
 def _admits(knob: Knob, value: Any) -> bool:

@@ -48,6 +48,7 @@ from sweeper.manifest import (
     now,
 )
 from sweeper.placement import Placement
+from sweeper.programs import program_of
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler, stored_result
 from sweeper.space import Space, SpaceError, load_space, space_overrides
@@ -578,6 +579,7 @@ class Sweep:
 def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:
     """The space as its sweep runs it, where its trials run, the values pinned as inert
     (a note each), and notes on the placement."""
+    program_of(space).check(space)
     space, placement = place(space)
     backend = placement.backend if space.effective_fidelity == "run" else None
     space, inert_notes = check_space(space, backend, placement.num_devices)

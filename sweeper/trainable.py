@@ -34,6 +34,7 @@ from sweeper.launch import (
     trainer_argv,
 )
 from sweeper.placement import Placement
+from sweeper.programs import program_of
 from sweeper.search import REUSE_KEY, knob_point
 from sweeper.space import Space, static_check
 from sweeper.tracking import LOG_TAIL_LINES, TRAINER_LOG
@@ -243,7 +244,8 @@ class TrialRun:
         return result.model_copy(update=ending.model_dump(exclude_unset=True))
 
     def extra_args(self) -> list[str]:
-        return ["--estimate-only"] if self.space.effective_fidelity == "estimate" else []
+        """The trainer's arguments for the space's program (ours, or MaxText) and fidelity."""
+        return program_of(self.space).args(self.space, self.point)
 
     @contextlib.contextmanager
     def processes(self, config_json: str) -> Iterator[list[Handle]]:

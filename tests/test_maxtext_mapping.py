@@ -4,14 +4,12 @@ is listed, never dropped."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from sweeper.space import assemble, load_space
 from tests.helpers import trial
 from trainer.spec.config import SPLASH_BLOCKS, TrialConfig, load_config
-from trainer.spec.maxtext import RENAMED, from_maxtext, to_maxtext
+from trainer.spec.maxtext import BASE_KEYS, RENAMED, from_maxtext, to_maxtext
 
 
 def _round_trip(config: TrialConfig) -> TrialConfig:
@@ -140,11 +138,6 @@ def test_the_published_recipes_export_to_their_maxtext_names_and_flags():
     )
 
 
-def _maxtext_keys() -> set[str]:
-    path = Path(__file__).parent / "data" / "maxtext_0.2.5_base_keys.txt"
-    return {line.strip() for line in path.read_text().splitlines() if line and line[0] != "#"}
-
-
 @pytest.mark.parametrize("name", [*VARIANTS, *MOE_VARIANTS])
 def test_every_setting_is_a_key_maxtext_knows(name):
     """MaxText's config refuses unknown keys: every key the mapping writes is one of its
@@ -153,4 +146,4 @@ def test_every_setting_is_a_key_maxtext_knows(name):
     rest = {k: v for k, v in variant.items() if k != "model"}
     config = trial("tiny-moe" if name in MOE_VARIANTS else "tiny-dense", **rest)
     args = to_maxtext(load_config(config)).args
-    assert set(args) - _maxtext_keys() == set()
+    assert set(args) - BASE_KEYS == set()

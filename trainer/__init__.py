@@ -14,6 +14,9 @@ it (tests/test_layering.py holds the code to that, and to having no import cycle
 - run/       training it: data, the timed loop, metrics, the convergence check.
 - compile/   compile fidelity: AOT for a TPU topology, compile records, the program's counted
              cost and schedule, and the step-time model read from them.
+- maxtext/    MaxText as the trial program: MaxText's train_compile or train run in its own
+             Python, what it prints read back as this trainer's events; its compiled HLO
+             read by compile/'s step model.
 - cli.py     `python -m trainer` on top of them all.
 
 The engine (sweeper/) imports `JAX_FREE` folders only.
@@ -28,6 +31,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "program": frozenset({"spec", "parallel", "model"}),
     "run": frozenset({"spec", "parallel", "program"}),
     "compile": frozenset({"spec", "program", "estimate"}),
+    "maxtext": frozenset({"spec", "program", "compile"}),
 }
 # Folders that import no JAX: all the engine may import of the trainer.
 JAX_FREE = ("spec", "estimate")

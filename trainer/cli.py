@@ -109,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
         "--num-processes", type=int, default=1, help="trainer processes in the trial"
     )
     parser.add_argument("--process-id", type=int, default=0, help="this process' index (0 speaks)")
+    parser.add_argument(
+        "--maxtext",
+        help="run the trial through MaxText: JSON {program: the space's maxtext section, "
+        "knobs: the point's maxtext.* values, target}",
+    )
     return parser
 
 
@@ -154,6 +159,12 @@ def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None
         raise ConfigError(
             "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
         )
+    if args.maxtext:  # MaxText runs in its own Python, with an environment of its own
+        from trainer.maxtext.driver import maxtext_trial
+
+        phase[0] = "compile"
+        emitter.emit(Summary(**maxtext_trial(config, args.maxtext, args.estimate_only, emitter)))
+        return
     prepare_environment(config)
     if args.estimate_only:
         emitter.emit(Summary(**_estimate(config)))

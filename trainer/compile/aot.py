@@ -152,7 +152,9 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
         "collectives": record["collectives"],
         "program_cost": record["cost"],
     }
-    estimated = _estimated(config, program, topology, record)
+    estimated = estimate_from_compile(
+        config, program.global_batch, program.degrees, topology, record
+    )
     summary = {
         **estimated,
         **compiled,
@@ -193,22 +195,27 @@ def _judged_effects(
     return effects
 
 
-def _estimated(
-    config: TrialConfig, program: Any, topology: Topology, record: dict[str, Any]
+def estimate_from_compile(
+    config: TrialConfig,
+    global_batch: int,
+    degrees: dict[str, int],
+    topology: Topology,
+    record: dict[str, Any],
 ) -> dict[str, Any]:
     """The analytic estimate with the compiler's memory, and the step time read from the
-    compiled program (its cost and schedule) in place of the formula roofline's."""
+    compiled program (its cost and schedule) in place of the formula roofline's. `record`:
+    the compile's memory per device and its program's cost (ours, or MaxText's program)."""
     accel, devices = topology.accelerator, topology.devices
     memory = record["memory_per_device"]["total_bytes"]
     est = estimate(config, accel, devices, memory_bytes=memory)
     cost = record["cost"]
     kernels = kernel_flops(
         config,
-        program.global_batch,
+        global_batch,
         devices,
-        program.degrees["context"],
+        degrees["context"],
         cost["kernel_calls"],
-        program.degrees["expert"],
+        degrees["expert"],
         accel.mxu_width,
     )
     model = step_time(cost, accel, kernels)
@@ -218,6 +225,6 @@ def _estimated(
         **est,
         **model,
         "est_model": "hlo",
-        "est_tokens_per_sec_per_chip": program.global_batch * config.seq_len / step_s / chips,
+        "est_tokens_per_sec_per_chip": global_batch * config.seq_len / step_s / chips,
         "est_mfu": est["model_flops_per_step"] / chips / step_s / peak,
     }

@@ -204,7 +204,9 @@ def collective(instr: Instr, in_async_call: bool) -> tuple[int, str]:
     -start/-done pair, or inside a computation called asynchronously) or `sync` (the
     TensorCore waits; XLA turns an async pair with nothing to overlap back into this)."""
     active = re.search(r"active_dims:([01]+)", instr.attrs)
-    rings = set(re.findall(r'"ring_dim":"ICI_RING_DIM_(\w+?)_MESH"', instr.attrs))
+    # libtpu 0.0.42 names a ring's dimension "ring_dim":"ICI_RING_DIM_X_MESH"; 0.0.52 (MaxText
+    # 0.2.5's) "explicit_strategy_ring_dim":"ICI_RING_DIM_X_TORUS".
+    rings = set(re.findall(r'ring_dim":"ICI_RING_DIM_([XYZ])_(?:MESH|TORUS)"', instr.attrs))
     dims = active.group(1).count("1") if active else len(rings)
     if _SPARSECORE in instr.attrs:
         engine = "sparsecore"

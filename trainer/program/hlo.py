@@ -34,6 +34,7 @@ _HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(ROOT )?%([\w.-]+) = (.+?) ([\w-]+)\((.*?)\)(.*)$")
 _PARAM = re.compile(r"([\w.-]+): ((?:\([^)]*\))|[^,]+(?:\[[^\]]*\])?)")
 _CALLEES = re.compile(r"\b(calls|body|to_apply)=%([\w.-]+)")
+_CALLED_COMPUTATIONS = re.compile(r"\bcalled_computations=\{([^}]*)\}")
 
 
 @dataclass
@@ -143,9 +144,14 @@ def callee(instr: Instr) -> str | None:
 
 
 def called(instr: Instr) -> list[str]:
-    """What an op calls and runs (not a reducer's `to_apply`, except on calls)."""
-    return [name for how, name in _CALLEES.findall(instr.attrs)
-            if how != "to_apply" or instr.opcode in ("call", *ASYNC_CALLS)]  # fmt: skip
+    """What an op calls and runs (not a reducer's `to_apply`, except on calls), and the
+    computations a custom call runs (newer libtpu wraps a SparseCore collective's body so)."""
+    names = [name for how, name in _CALLEES.findall(instr.attrs)
+             if how != "to_apply" or instr.opcode in ("call", *ASYNC_CALLS)]  # fmt: skip
+    listed = _CALLED_COMPUTATIONS.search(instr.attrs) if instr.opcode == "custom-call" else None
+    if listed:
+        names += re.findall(r"%([\w.-]+)", listed.group(1))
+    return names
 
 
 def collective_kind(instr: Instr) -> str | None:

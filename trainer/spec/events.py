@@ -101,6 +101,9 @@ class Accepted(_Event):
     effects: dict[str, KnobEffect] = Field(description="knob -> what it does on this backend")
     target: str | None = Field(default=None, description="TPU topology of a compile trial")
     libtpu_init_args: list[str] = Field(default_factory=list)
+    program: str = Field(
+        default="sweeper-trainer", description="the trial program: ours, or maxtext"
+    )
 
 
 # Opt-in: a directory for JAX's persistent compilation cache, used by run trials (cli.py).
@@ -348,7 +351,11 @@ _OOM = re.compile(r"RESOURCE_EXHAUSTED|Ran out of memory|out of memory", re.IGNO
 
 def classify_exception(exc: BaseException, phase: str) -> FailureClass:
     """Failure class of an unexpected exception raised while `phase` ("compile"/"run") ran."""
-    text = f"{type(exc).__name__}: {exc}"
+    return classify_text(f"{type(exc).__name__}: {exc}", phase)
+
+
+def classify_text(text: str, phase: str) -> FailureClass:
+    """Failure class of an error's text (an exception, or what a child process printed)."""
     if _OOM.search(text):
         return FailureClass.OOM_VMEM if _VMEM.search(text) else FailureClass.OOM_HBM
     if phase == "compile":

@@ -9,14 +9,72 @@ Keys and values as MaxText 0.2.5 reads them (its pydantic config refuses unknown
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pydantic import Field, field_validator
 
 from trainer.spec.config import SPLASH_BLOCKS, PrecisionConfig, TrialConfig
 from trainer.spec.hardware import Topology
 from trainer.spec.presets import MODEL_PRESETS
 from trainer.spec.remat import EXPERT_TENSORS, Tensor
+from trainer.spec.schema import Frozen
+
+# The settings MaxText 0.2.5 accepts: the top-level keys of its configs/base.yml (its pydantic
+# config refuses any other). The file says how to regenerate it.
+BASE_KEYS = frozenset(
+    line.strip()
+    for line in Path(__file__).with_name("maxtext_0.2.5_base_keys.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+# MaxText 0.2.5's entry points (the pip package's modules).
+TRAIN = "maxtext.trainers.pre_train.train"
+TRAIN_COMPILE = "maxtext.trainers.pre_train.train_compile"
+# A knob `maxtext.<key>` sets MaxText's `<key>` in a MaxText trial.
+KNOB_PREFIX = "maxtext."
+PYTHON_ENV = "SWEEPER_MAXTEXT_PYTHON"
+# Where `make maxtext` builds MaxText's environment (its own Python 3.12).
+MAXTEXT_VENV = Path(__file__).resolve().parents[2] / ".maxtext"
+Scalar = str | int | float | bool
+
+
+class MaxTextProgram(Frozen):
+    """A space's `maxtext:` section: which MaxText runs its trials, and settings every trial
+    of it gets beside those its knobs map to."""
+
+    python: str = ""
+    """MaxText's Python (default: $SWEEPER_MAXTEXT_PYTHON, else the one `make maxtext` built)."""
+    model_name: str | None = None
+    """MaxText's model_name, where the space's model has none of its own."""
+    base_config: str | None = None
+    """MaxText's base config file (default: the package's configs/base.yml)."""
+    extra: dict[str, Scalar] = Field(default_factory=dict)
+    """more MaxText settings (keys of its base.yml), e.g. {dcn_data_parallelism: 2}."""
+
+    @field_validator("extra")
+    @classmethod
+    def _known(cls, extra: dict[str, Scalar]) -> dict[str, Scalar]:
+        unknown = sorted(set(extra) - BASE_KEYS)
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a MaxText 0.2.5 setting (its base.yml keys)")
+        return extra
+
+    def interpreter(self) -> str:
+        """The Python that runs MaxText, as a path."""
+        chosen = self.python or os.environ.get(PYTHON_ENV) or str(MAXTEXT_VENV / "bin" / "python")
+        return os.path.expanduser(chosen)
+
+
+def check_knob_key(path: str) -> str | None:
+    """Why a knob path `maxtext.<key>` is not a MaxText setting; None when it is."""
+    key = path.removeprefix(KNOB_PREFIX)
+    if key not in BASE_KEYS:
+        return f"{key!r} is not a MaxText 0.2.5 setting (its configs/base.yml keys)"
+    return None
+
 
 # Our presets that are MaxText models of the same shape (its `model_name`).
 MODEL_NAMES = {
@@ -117,6 +175,22 @@ class MaxTextSettings:
 
     def argv(self) -> list[str]:
         return [f"{key}={value}" for key, value in self.args.items()]
+
+
+def program_settings(
+    config: TrialConfig,
+    program: MaxTextProgram,
+    knobs: dict[str, Any] | None = None,
+    platform: str = "tpu",
+) -> MaxTextSettings:
+    """The settings of a MaxText trial: the trial's knobs mapped (`to_maxtext`), then the
+    space's `maxtext:` section, then the point's `maxtext.*` knobs (each named as MaxText's)."""
+    settings = to_maxtext(config, platform)
+    if program.model_name:
+        settings.args["model_name"] = program.model_name
+    for key, value in {**program.extra, **(knobs or {})}.items():
+        settings.args[key.removeprefix(KNOB_PREFIX)] = _text(value)
+    return settings
 
 
 def _text(value: Any) -> str:

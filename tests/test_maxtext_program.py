@@ -1,0 +1,178 @@
+"""MaxText as a trial program: what it prints read back (on real MaxText 0.2.5 output kept in
+tests/data/maxtext_0.2.5, each file with the command that made it), and the spaces that run
+it refused by name before any trial where MaxText cannot take a setting. The slow tests run
+MaxText itself (`make maxtext`): a local run-fidelity sweep and a compile for TPU7x."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweeper.cli import app
+from sweeper.programs import program_of
+from sweeper.space import SpaceError, load_space, static_check
+from trainer.maxtext import logs
+from trainer.spec.events import FailureClass
+from trainer.spec.maxtext import MaxTextProgram, program_settings
+
+DATA = Path(__file__).parent / "data" / "maxtext_0.2.5"
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+MAXTEXT = MaxTextProgram().interpreter()
+
+
+def test_each_step_is_read_from_maxtexts_own_log_line():
+    lines = (DATA / "train_cpu.log").read_text().splitlines()
+    steps = [s for s in map(logs.step_line, lines) if s is not None]
+    assert [s.step for s in steps] == list(range(8))
+    third = steps[
+        2
+    ]  # "completed step: 2, seconds: 0.025, TFLOP/s/device: 0.001, Tokens/s/device: 2539.582, ... loss: 5.648"
+    assert (third.seconds, third.tflops_per_device, third.tokens_per_device, third.loss) == (
+        0.025, 0.001, 2539.582, 5.648,
+    )  # fmt: skip
+    assert logs.step_line("Total TFLOPs: 0.00") is None
+
+
+def test_compile_memory_is_read_from_train_compiles_memory_analysis():
+    text = (DATA / "train_compile_70b.log").read_text()
+    memory = logs.memory_analysis(text)
+    assert memory is not None
+    # The published 70B recipe on tpu7x:4x4x4 as MaxText compiles it: about 5.15 GiB of
+    # arguments and 80.8 GiB of temporaries per device (docs/TPU7X.md).
+    assert 5.0 < memory["argument_size_in_bytes"] / 2**30 < 5.3
+    assert 78 < memory["temp_size_in_bytes"] / 2**30 < 84
+    assert memory["total_bytes"] == (
+        memory["argument_size_in_bytes"] + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"] + memory["temp_size_in_bytes"]
+    )  # fmt: skip
+    assert logs.memory_analysis("Finished train_compile.py successfully!") is None
+
+
+@pytest.mark.parametrize(
+    ("log", "expected", "field"),
+    [
+        ("unknown_setting.log", FailureClass.INVALID_CONFIG, "maxtext.not_a_key"),
+        ("bad_value.log", FailureClass.INVALID_CONFIG, None),
+        ("impossible_mesh.log", FailureClass.INVALID_CONFIG, None),
+    ],
+)
+def test_maxtexts_refusals_are_classified_with_the_setting_they_name(log, expected, field):
+    text = (DATA / log).read_text()
+    failure_class, message, named = logs.failure(text, "config")
+    assert (failure_class, named) == (expected, field)
+    assert message and "Traceback" not in message
+    # The same output once the step had compiled is no configuration refusal.
+    assert logs.failure(text, "run")[0] != FailureClass.INVALID_CONFIG
+
+
+def test_an_out_of_memory_compile_is_oom_hbm():
+    text = (DATA / "train_compile_oom.log").read_text()
+    failure_class, message, _ = logs.failure(text, "compile")
+    assert failure_class == FailureClass.OOM_HBM and "memory" in message.lower()
+
+
+def _space(tmp_path: Path, **changes) -> Path:
+    data = yaml.safe_load((SPACES / "smoke_maxtext.yaml").read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_point_becomes_maxtexts_settings_with_its_maxtext_knobs(tmp_path):
+    space = load_space(SPACES / "smoke_maxtext.yaml")
+    point = {"mesh.tensor": 2, "remat.policy": "minimal", "maxtext.scan_layers": False}
+    args = program_of(space).args(space, point)
+    request = json.loads(args[args.index("--maxtext") + 1])
+    assert request["knobs"] == {"maxtext.scan_layers": False}
+    config = static_check(space, point)  # the maxtext.* knob is MaxText's, not the trial's
+    settings = program_settings(
+        config, MaxTextProgram.model_validate(request["program"]), request["knobs"], "cpu"
+    )
+    assert settings.args["ici_tensor_parallelism"] == "2"
+    assert settings.args["remat_policy"] == "minimal"
+    assert settings.args["scan_layers"] == "false"
+    assert settings.args["attention"] == "dot_product"  # no Splash on CPU
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"knobs": {"maxtext.not_a_setting": {"values": [1, 2]}}}, None, "knobs: maxtext.not_a"),
+        (
+            {
+                "knobs": {
+                    "precision.mode": {"values": ["fp8"]},
+                    "precision.granularity": {
+                        "values": ["per_axis", "per_tensor"],
+                        "when": {"precision.mode": "fp8"},
+                    },
+                }
+            },
+            "knobs.precision.granularity",
+            "MaxText has no setting",
+        ),
+        ({"program": None}, None, "knobs: maxtext.scan_layers is a MaxText setting"),
+        (
+            {"fidelity": "estimate", "target": "tpu7x:2x2x1", "objective": None},
+            None,
+            "fidelity: MaxText trials are compiled or run",
+        ),
+        ({"maxtext": {"extra": {"no_such_key": 1}}}, "maxtext.extra", "not a MaxText"),
+    ],
+)
+def test_what_maxtext_cannot_take_is_refused_by_name_before_any_trial(
+    tmp_path, changes, field, words
+):
+    with pytest.raises(SpaceError) as info:
+        load_space(_space(tmp_path, **changes))
+    assert words in info.value.message, info.value
+    if field:
+        assert info.value.field == field, info.value
+
+
+def test_a_maxtext_sweep_without_maxtext_exits_2_naming_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEPER_MAXTEXT_PYTHON", str(tmp_path / "no-python"))
+    result = CliRunner().invoke(
+        app, ["run", str(SPACES / "smoke_maxtext.yaml"), "--results-dir", str(tmp_path / "r")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "maxtext.python" in result.output and "make maxtext" in result.output
+
+
+def test_a_collective_newer_libtpu_offloads_to_the_sparsecores_is_counted():
+    """MaxText's libtpu (0.0.52) wraps a SparseCore all-gather's body in a custom call's
+    called_computations and names its rings ICI_RING_DIM_X_TORUS: the step model reads it as
+    it reads ours (without this, MaxText's 70B program showed 0 s of ICI time)."""
+    from trainer.compile.cost import program_cost
+
+    text = (DATA / "sparsecore_all_gather.hlo").read_text()
+    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    (op,) = program_cost(hlo)["collective_ops"]
+    assert (op["kind"], op["group"], op["torus_dims"], op["engine"]) == (
+        "all-gather", 128, 3, "sparsecore",
+    )  # fmt: skip
+    assert op["bytes"] == 8192 * 128256 * 2  # the gathered bf16 embedding
+
+
+needs_maxtext = pytest.mark.skipif(
+    not os.access(MAXTEXT, os.X_OK), reason="no MaxText environment (make maxtext)"
+)
+
+
+if __name__ == "__main__":  # the settings the kept logs were made with
+    space = load_space(SPACES / "smoke_maxtext.yaml")
+    print(
+        " ".join(
+            program_settings(static_check(space, {}), space.maxtext_program(), {}, "cpu").argv()
+        )
+    )

@@ -1,0 +1,1 @@
+"""MaxText as a trial program: its settings run in its own Python, its output read back as our events."""

@@ -1,0 +1,415 @@
+"""A trial run by MaxText: its settings (trainer/spec/maxtext.py), MaxText's `train_compile`
+(compile fidelity: the step compiled for the target with libtpu, no TPU) or `train` (run
+fidelity) in MaxText's own Python, and what MaxText prints turned into this trainer's events,
+so the engine records a MaxText trial as it records ours.
+
+At compile fidelity the memory is MaxText's compile's, and the step time is read from
+MaxText's optimized HLO (XLA's dump of `jit_train_step`) by the same step model as ours
+(fidelity estimate, from a compile). At run fidelity the step times, tokens/s and TFLOP/s
+are MaxText's own log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.maxtext import logs
+from trainer.spec.checks import global_batch_size
+from trainer.spec.config import ConfigError, TrialConfig
+from trainer.spec.events import (
+    Accepted,
+    Compiled,
+    Emitter,
+    FailureClass,
+    Fidelity,
+    KnobEffect,
+    Step,
+    TrialFailure,
+    hbm_overflow,
+)
+from trainer.spec.hardware import GIB, Topology
+from trainer.spec.maxtext import (
+    TRAIN,
+    TRAIN_COMPILE,
+    MaxTextProgram,
+    MaxTextSettings,
+    program_settings,
+)
+
+# Environment of ours that must not leak into MaxText's interpreter (another Python, another
+# site-packages).
+_OURS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+
+
+@dataclass
+class Output:
+    """What one MaxText process printed, and when it passed its phases."""
+
+    returncode: int
+    text: str
+    marks: dict[str, float] = field(default_factory=dict)  # phase line -> time seen
+
+    def phase(self) -> str:
+        if logs.COMPILED in self.marks or any(m.startswith("step") for m in self.marks):
+            return "run"
+        return "compile" if logs.COMPILING in self.marks else "config"
+
+
+def package_dir(python: str) -> Path:
+    """Where MaxText's package is installed for `python` (its configs/ are there)."""
+    if not Path(python).exists():
+        raise ConfigError(
+            "maxtext.python",
+            f"{python} does not exist: build MaxText's environment with `make maxtext`, or name "
+            "a Python that has maxtext==0.2.5 (maxtext.python, or $SWEEPER_MAXTEXT_PYTHON)",
+        )
+    find = "import importlib.util as u; s = u.find_spec('maxtext'); print(s.submodule_search_locations[0] if s else '')"
+    found = subprocess.run([python, "-c", find], capture_output=True, text=True, env=_env({}))
+    where = found.stdout.strip()
+    if found.returncode or not where:
+        raise ConfigError(
+            "maxtext.python", f"{python} has no maxtext package (pip install 'maxtext[tpu]==0.2.5')"
+        )
+    return Path(where)
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _OURS}
+    return {**env, **extra}
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_maxtext(
+    python: str, module: str, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]
+) -> Output:
+    """One MaxText process; each line it prints is passed on (the trial's log) as it comes."""
+    proc = subprocess.Popen(
+        [python, "-m", module, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(env),
+        preexec_fn=_die_with_parent,
+    )
+    assert proc.stdout is not None, "started with stdout=PIPE"
+    lines: list[str] = []
+    marks: dict[str, float] = {}
+    for line in proc.stdout:
+        lines.append(line)
+        print(line, end="", flush=True)
+        stripped = line.strip()
+        if stripped in (logs.COMPILING, logs.COMPILED):
+            marks.setdefault(stripped, time.time())
+        on_line(line)
+    return Output(proc.wait(), "".join(lines), marks)
+
+
+def _effects(settings: MaxTextSettings, knobs: dict[str, Any]) -> dict[str, KnobEffect]:
+    """A MaxText trial's `maxtext.*` knobs act by being MaxText's settings."""
+    return {
+        key: KnobEffect(status="active", reason=f"MaxText's {key.removeprefix('maxtext.')} setting")
+        for key in knobs
+    }
+
+
+def _accepted(
+    config: TrialConfig,
+    settings: MaxTextSettings,
+    knobs: dict[str, Any],
+    *,
+    fidelity: Fidelity,
+    backend: str,
+    hardware: str,
+    device_kind: str,
+    num_devices: int,
+    chips: float,
+    target: str | None = None,
+) -> Accepted:
+    global_batch = global_batch_size(config, num_devices)
+    return Accepted(
+        config=config.model_dump(mode="json"),
+        fidelity=fidelity,
+        backend=backend,
+        device_kind=device_kind,
+        hardware=hardware,
+        num_devices=num_devices,
+        chips=chips,
+        tokens_per_step=global_batch * config.seq_len,
+        mesh=config.mesh.resolve(num_devices),
+        global_batch=global_batch,
+        effects=_effects(settings, knobs),
+        target=target,
+        libtpu_init_args=settings.libtpu_init_args,
+        program="maxtext",
+    )
+
+
+# libtpu's words for a program over HBM: "HLO temporaries (414.46G) exceeds available HBM (94.74G)"
+_HBM = re.compile(r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+
+
+def _failed(output: Output, what: str) -> TrialFailure:
+    failure_class, message, key = logs.failure(output.text, output.phase())
+    details: dict[str, Any] = {"field": key} if key else {}
+    hbm = _HBM.search(message)
+    if failure_class == FailureClass.OOM_HBM and hbm:
+        # libtpu's G are GiB (its 94.74G is TPU7x's usable 94.75 GiB per device).
+        details.update(needed_gib=float(hbm.group(1)), budget_gib=float(hbm.group(2)))
+    return TrialFailure(
+        failure_class, f"MaxText {what} exited with code {output.returncode}: {message}", **details
+    )
+
+
+def compile_trial(
+    config: TrialConfig, program: MaxTextProgram, knobs: dict[str, Any], emitter: Emitter
+) -> dict[str, Any]:
+    """MaxText's train_compile of the trial for its target: the compiler's memory, and the step
+    time our step model reads from MaxText's optimized HLO."""
+    topology = Topology.parse(config.compile_target or "")
+    accel = topology.accelerator
+    settings = program_settings(config, program, knobs, "tpu")
+    python = program.interpreter()
+    base = program.base_config or str(package_dir(python) / "configs" / "base.yml")
+    emitter.emit(
+        _accepted(
+            config, settings, knobs, fidelity=Fidelity.COMPILE,
+            backend="tpu (AOT, no device) via MaxText", hardware=accel.name,
+            device_kind=accel.device_kind, num_devices=topology.devices, chips=topology.chips,
+            target=topology.target,
+        )
+    )  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))
+    try:
+        env = {
+            "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
+            "JAX_PLATFORMS": "cpu",
+            "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
+            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # concurrent compile trials share libtpu
+            "XLA_FLAGS": f"--xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re=jit_train_step",
+        }
+        argv = [base, "run_name=sweeper", f"base_output_directory={work / 'out'}", *settings.argv()]
+        started = time.time()
+        output = run_maxtext(python, TRAIN_COMPILE, argv, env, lambda _: None)
+        if output.returncode:
+            raise _failed(output, "train_compile")
+        memory = logs.memory_analysis(output.text)
+        if memory is None:
+            raise TrialFailure(
+                FailureClass.COMPILE_ERROR, "MaxText train_compile printed no memory analysis"
+            )
+        hlo = _optimized_hlo(work / "hlo")
+        compile_s = output.marks.get(logs.COMPILED, time.time()) - output.marks.get(
+            logs.COMPILING, started
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _compiled_summary(config, topology, memory, hlo, compile_s, emitter)
+
+
+def _optimized_hlo(dump: Path) -> str:
+    found = sorted(
+        dump.glob("*jit_train_step*after_optimizations.txt"), key=lambda p: p.stat().st_size
+    )
+    if not found:
+        raise TrialFailure(
+            FailureClass.COMPILE_ERROR,
+            f"MaxText's compile left no optimized HLO of jit_train_step in {dump}",
+        )
+    return found[-1].read_text()
+
+
+def _compiled_summary(
+    config: TrialConfig,
+    topology: Topology,
+    memory: dict[str, int],
+    hlo: str,
+    compile_s: float,
+    emitter: Emitter,
+) -> dict[str, Any]:
+    """The compile's event and the trial's summary at compile fidelity (its memory the
+    compiler's, its step time the step model's reading of the program)."""
+    from trainer.compile.aot import estimate_from_compile
+    from trainer.compile.cost import program_cost
+    from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, parse
+
+    accel = topology.accelerator
+    module = parse(hlo)
+    record = {
+        "fingerprint": fingerprint(hlo),
+        "compile_s": compile_s,
+        "memory_per_device": memory,
+        "collectives": count_collectives(module),
+        "cost": program_cost(module),
+    }
+    fits = memory["total_bytes"] <= accel.usable_hbm_per_device
+    emitter.emit(
+        Compiled(
+            compile_s=compile_s,
+            memory_per_device=memory,
+            collectives=record["collectives"],
+            matmuls=count_matmuls(module),
+            program_fingerprint=record["fingerprint"],
+            program_cost=record["cost"],
+        )
+    )
+    if not fits:
+        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
+    degrees = config.mesh.resolve(topology.devices)
+    global_batch = global_batch_size(config, topology.devices)
+    estimated = estimate_from_compile(config, global_batch, degrees, topology, record)
+    compiled = {
+        "compile_s": compile_s,
+        "program_fingerprint": record["fingerprint"],
+        "memory_per_device": memory,
+        "hbm_per_device_gib": memory["total_bytes"] / GIB,
+        "fits": fits,
+        "collectives": record["collectives"],
+        "program_cost": record["cost"],
+    }
+    return {
+        **estimated,
+        **compiled,
+        "fidelity": Fidelity.COMPILE,
+        "target": topology.target,
+        "figure_fidelity": {
+            "compile": list(compiled),
+            "estimate": [k for k in estimated if k.startswith("est_") or k == "bound"],
+        },
+    }
+
+
+def run_trial(
+    config: TrialConfig,
+    program: MaxTextProgram,
+    knobs: dict[str, Any],
+    target: str,
+    emitter: Emitter,
+) -> dict[str, Any]:
+    """MaxText's train on this host's devices: each step as MaxText logs it, and the trial's
+    figures from those lines (MaxText's own step times, tokens/s and TFLOP/s)."""
+    platform = os.environ.get("JAX_PLATFORMS", "") or "tpu"
+    cpu = platform == "cpu" or config.backend == "cpu"
+    on = config.model_copy(update={"backend": "cpu"}) if cpu else config
+    settings = program_settings(on, program, knobs, "cpu" if cpu else "tpu")
+    python = program.interpreter()
+    base = program.base_config or str(package_dir(python) / "configs" / "base.yml")
+    if cpu:
+        devices = _simulated_devices() or config.num_devices or 1
+        hardware, device_kind, chips, per_chip = (
+            f"cpu via MaxText ({devices} devices)",
+            "cpu",
+            1.0,
+            devices,
+        )
+    else:  # a TPU slice: MaxText finds its devices and peers itself (one process per host)
+        topology = Topology.parse(target)
+        accel = topology.accelerator
+        devices, chips = topology.devices, topology.chips
+        hardware, device_kind, per_chip = accel.name, accel.device_kind, accel.devices_per_chip
+    emitter.emit(
+        _accepted(
+            config, settings, knobs, fidelity=Fidelity.RUN, backend=("cpu" if cpu else "tpu"),
+            hardware=hardware, device_kind=device_kind, num_devices=devices, chips=chips,
+        )
+    )  # fmt: skip
+    steps: list[logs.StepLine] = []
+
+    def on_line(line: str) -> None:
+        step = logs.step_line(line)
+        if step is None:
+            return
+        steps.append(step)
+        emitter.emit(
+            Step(
+                step=step.step,
+                step_time_s=step.seconds,
+                loss=step.loss,
+                aux_loss=step.moe_lb_loss,
+                grad_norm=math.nan,  # MaxText's step line carries none
+            )
+        )
+
+    work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))
+    try:
+        argv = [base, "run_name=sweeper", f"base_output_directory={work}", *settings.argv()]
+        output = run_maxtext(
+            python, TRAIN, argv, {"LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args)}, on_line
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if output.returncode or not steps:
+        if not steps and not output.returncode:
+            raise TrialFailure(FailureClass.CRASHED, "MaxText train logged no completed step")
+        raise _failed(output, "train")
+    timed = steps[config.measure.skip_steps :] or steps
+    per_device = statistics.median(s.tokens_per_device for s in timed)
+    tflops = statistics.median(s.tflops_per_device for s in timed)
+    seconds = sorted(s.seconds for s in timed)
+    summary: dict[str, Any] = {
+        "fidelity": Fidelity.RUN,
+        "hardware": hardware,
+        "chips": chips or 1.0,
+        "backend": "cpu" if cpu else "tpu",
+        "num_devices": devices,
+        "tokens_per_sec_per_device": per_device,
+        "tokens_per_sec_per_chip": per_device * per_chip,
+        "tokens_per_sec": per_device * devices,
+        "tflops_per_sec_per_chip": tflops * per_chip,
+        "step_time_median_s": statistics.median(seconds),
+        "step_time_p90_s": seconds[min(len(seconds) - 1, math.ceil(0.9 * len(seconds)) - 1)],
+        "step_time_min_s": seconds[0],
+        "step_time_max_s": seconds[-1],
+        "timed_steps": len(timed),
+        "final_loss": steps[-1].loss,
+        "tokens_per_step": global_batch_size(config, devices) * config.seq_len,
+    }
+    if not cpu:
+        peak = accel.peak_tflops.get(config.precision.peak)
+        if peak:
+            summary["mfu"] = tflops * per_chip / peak
+    return summary
+
+
+def maxtext_trial(
+    config: TrialConfig, request: str, estimate_only: bool, emitter: Emitter
+) -> dict[str, Any]:
+    """The trial through MaxText at its fidelity (`request`: the engine's --maxtext JSON)."""
+    spec = json.loads(request)
+    program = MaxTextProgram.model_validate(spec.get("program", {}))
+    knobs = spec.get("knobs", {})
+    if estimate_only:
+        raise ConfigError(
+            "fidelity",
+            "MaxText trials are compiled or run: the analytic estimate is our trainer's model "
+            "(use fidelity compile, or program: sweeper-trainer to screen)",
+        )
+    if config.compile_target:
+        return compile_trial(config, program, knobs, emitter)
+    return run_trial(config, program, knobs, spec.get("target") or "local", emitter)
+
+
+def _simulated_devices() -> int | None:
+    flag = "--xla_force_host_platform_device_count="
+    for part in os.environ.get("XLA_FLAGS", "").split():
+        if part.startswith(flag):
+            return int(part.removeprefix(flag))
+    return None

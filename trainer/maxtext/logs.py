@@ -1,0 +1,120 @@
+"""What MaxText 0.2.5 prints, read back: a training step's line, a compile's memory analysis,
+and why a run failed. JAX-free; checked against real MaxText output kept in tests/data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trainer.spec.events import FailureClass, classify_text
+
+# metric_logger.py: "completed step: 3, seconds: 0.093, TFLOP/s/device: 0.000,
+# Tokens/s/device: 689.611, total_weights: 512, loss: 4.955, lm_loss: 4.955, ..."
+_STEP = re.compile(r"completed step: (?P<step>\d+), (?P<rest>.*)$")
+_PAIR = re.compile(r"(?P<key>[A-Za-z_/]+): (?P<value>-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)")
+# train_compile.py: "Memory analysis: CompiledMemoryStats(generated_code_size_in_bytes=..., ...)"
+# (or, from other JAX versions, the same fields as "name: value" lines).
+_MEMORY_FIELD = re.compile(
+    r"(?<![a-z_])(?P<key>(?:host_)?[a-z_]+_size_in_bytes)[=:]\s*(?P<value>\d+)"
+)
+# Phases train_compile announces; what fails before the first is the configuration.
+COMPILING = "Jitting and compiling train step..."
+COMPILED = "Jitting and compilation complete!"
+# MaxText's config refusals: pydantic's, and its own validation's ValueErrors.
+_CONFIG_ERROR = re.compile(
+    r"ValidationError|Extra inputs are not permitted|Input should be|ValueError: ", re.IGNORECASE
+)
+_NAMED_KEY = re.compile(r"^(?P<key>[a-z][a-z0-9_]*)\n  ", re.MULTILINE)
+# pyconfig.py's refusal of a key it does not know.
+_UNKNOWN_KEY = re.compile(r"ValueError: '(?P<key>\w+)' not in ")
+
+
+@dataclass(frozen=True)
+class StepLine:
+    step: int
+    seconds: float
+    tflops_per_device: float
+    tokens_per_device: float
+    loss: float
+    moe_lb_loss: float
+
+
+def step_line(line: str) -> StepLine | None:
+    """A step's figures from MaxText's `completed step` line; None for any other line."""
+    match = _STEP.search(line)
+    if not match:
+        return None
+    pairs = {m["key"]: float(m["value"]) for m in _PAIR.finditer(match["rest"])}
+    if "seconds" not in pairs or "loss" not in pairs:
+        return None
+    return StepLine(
+        step=int(match["step"]),
+        seconds=pairs["seconds"],
+        tflops_per_device=pairs.get("TFLOP/s/device", 0.0),
+        tokens_per_device=pairs.get("Tokens/s/device", 0.0),
+        loss=pairs["loss"],
+        moe_lb_loss=pairs.get("moe_lb_loss", 0.0),
+    )
+
+
+def memory_analysis(text: str) -> dict[str, int] | None:
+    """Per-device memory of a compiled step from train_compile's `Memory analysis` line, with
+    `total_bytes` counted as the trainer counts it (aliased outputs once); None without one."""
+    start = text.rfind("Memory analysis:")
+    if start < 0:
+        return None
+    fields = {m["key"]: int(m["value"]) for m in _MEMORY_FIELD.finditer(text[start:])}
+    if "argument_size_in_bytes" not in fields or "temp_size_in_bytes" not in fields:
+        return None
+    memory = {
+        key: fields.get(key, 0)
+        for key in (
+            "argument_size_in_bytes",
+            "output_size_in_bytes",
+            "alias_size_in_bytes",
+            "temp_size_in_bytes",
+            "generated_code_size_in_bytes",
+            "host_temp_size_in_bytes",
+        )
+    }
+    memory["total_bytes"] = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+    )
+    return memory
+
+
+def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
+    """How a MaxText process that exited badly failed: its class, the message (the last error
+    it printed) and, for a setting MaxText refused, the setting's key where it names one.
+    `phase`: "config" (nothing compiled yet), "compile" or "run"."""
+    message = _last_error(text)
+    failure_class = classify_text(message or text[-4000:], "compile" if phase != "run" else "run")
+    if failure_class in (FailureClass.OOM_HBM, FailureClass.OOM_VMEM):
+        return failure_class, message, None
+    if phase != "config":
+        return failure_class, message, None
+    unknown = _UNKNOWN_KEY.search(text)
+    if unknown:
+        key = unknown["key"]
+        return FailureClass.INVALID_CONFIG, f"MaxText has no setting {key!r}", f"maxtext.{key}"
+    if "validation error" in text:
+        named = _NAMED_KEY.search(text[text.find("validation error") :])
+        return FailureClass.INVALID_CONFIG, message, (f"maxtext.{named['key']}" if named else None)
+    if _CONFIG_ERROR.search(message) or message.startswith("AssertionError"):
+        # Refused while MaxText set the trial up (its config, its mesh, its model), before
+        # anything compiled: a setting it cannot take.
+        return FailureClass.INVALID_CONFIG, message, None
+    return failure_class, message, None
+
+
+def _last_error(text: str) -> str:
+    """The last exception line of a traceback (with pydantic's detail lines after it)."""
+    lines = text.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception|Exhausted)\b.*:", lines[i]):
+            return "\n".join(lines[i : i + 6])[:3000]
+    return "\n".join(lines[-6:])[:3000]
