@@ -74,7 +74,8 @@ class ProgressCallback(tune.Callback):
 
     @property
     def _checks(self) -> bool:
-        return self.space.constraints.convergence and self.space.effective_fidelity == "run"
+        # The trials' own setting: off for compile trials and for MaxText's (no reference).
+        return bool(self.space.base_trial()["convergence"]["enabled"])
 
     def on_trial_complete(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

@@ -111,6 +111,7 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         **final_metrics(final),
         "convergence_passed": final.convergence.passed if final.convergence else None,
         "hardware": final.hardware,
+        "program": final.program,
         "fidelity": final.fidelity.value if final.fidelity else "",
         **{k: getattr(layout, k) for k in (*LAYOUT_TAGS, "cores", "pids")},
         "started_at": readable(layout.started_at),

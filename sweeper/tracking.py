@@ -263,6 +263,7 @@ class Tracker:
             "bound": final.bound,
             "backend": final.backend,
             "hardware": final.hardware,
+            "program": final.program or self.space.program,
             "target": self.space.target,
             "convergence": "not checked"
             if verdict is None

@@ -174,6 +174,7 @@ class TrialRun:
             fidelity=summary.fidelity if summary else self.space.effective_fidelity,
             hardware=accepted.hardware if accepted else "",
             backend=accepted.backend if accepted else "",
+            program=accepted.program if accepted else self.space.program,
             bound=(summary.bound or "") if summary else "",
             figures=numbers,
             convergence=Convergence(

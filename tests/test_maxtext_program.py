@@ -169,6 +169,63 @@ needs_maxtext = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
+@needs_maxtext
+def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(tmp_path):
+    from sweeper.sweep import run_sweep
+
+    result = run_sweep(str(SPACES / "smoke_maxtext.yaml"), results_dir=tmp_path, trials=2)
+    assert result.counts == {"total": 2, "ok": 2}
+    frame = result.trials
+    assert set(frame["program"]) == {"maxtext"} and set(frame["fidelity"]) == {"run"}
+    assert frame["hardware"].str.contains("via MaxText").all()
+    # Each trial's tokens/s per device is the median of MaxText's own step lines in its log,
+    # its warm-up step skipped (measure.skip_steps).
+    medians = set()
+    for log in tmp_path.rglob("trainer.log"):
+        steps = [s for s in map(logs.step_line, log.read_text().splitlines()) if s]
+        timed = sorted(s.tokens_per_device for s in steps[1:])
+        medians.add(round((timed[(len(timed) - 1) // 2] + timed[len(timed) // 2]) / 2, 3))
+    assert {round(v, 3) for v in frame["tokens_per_sec_per_device"]} == medians
+
+
+@pytest.mark.slow
+@needs_maxtext
+def test_maxtext_compiles_a_trial_for_tpu7x_and_its_program_is_read(tmp_path):
+    import subprocess
+    import sys
+
+    from trainer.spec.events import parse_event, parse_line
+
+    space = load_space(
+        {"name": "t", "target": "tpu7x:2x2x1", "fidelity": "compile", "program": "maxtext",
+         "model": {"preset": "tiny-dense"}, "trial": {"seq_len": 512, "per_device_batch": 1}}
+    )  # fmt: skip
+    path = tmp_path / "trial.json"
+    path.write_text(static_check(space, {}).to_json())
+    [flag, request] = program_of(space).args(space, {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", str(path), flag, request],
+        capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = {e.event: e for e in map(parse_event, proc.stdout.splitlines()) if e}
+    assert events["accepted"].program == "maxtext" and events["accepted"].target == "tpu7x:2x2x1"
+    summary = events["summary"]
+    # The memory is MaxText's own compile's, as its memory analysis printed it.
+    assert summary.memory_per_device == logs.memory_analysis(proc.stdout)
+    assert summary.fits and summary.fidelity == "compile"
+    # Its optimized HLO was read: FSDP over 8 devices gathers weights, and the step model
+    # priced the program's work.
+    assert summary.collectives["all-gather"] > 0
+    assert summary.est_step_time_s > 0 and summary.est_model == "hlo"
+    assert not [
+        line
+        for line in proc.stdout.splitlines()
+        if parse_line(line) is None and line.startswith("{")
+    ]
+
+
 if __name__ == "__main__":  # the settings the kept logs were made with
     space = load_space(SPACES / "smoke_maxtext.yaml")
     print(

@@ -67,6 +67,7 @@ class TrialResult(BaseModel):
     fidelity: Fidelity | None = None
     hardware: str = ""
     backend: str = ""
+    program: str = ""  # what ran the trial: sweeper-trainer, or maxtext
     bound: str = ""
     figures: dict[str, float] = Field(
         default_factory=dict, description="every number of the summary, and the engine's timings"
