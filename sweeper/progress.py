@@ -27,6 +27,7 @@ class ProgressCallback(tune.Callback):
         self.since: dict[str, float] = {}  # trial id -> when it started
         self.phase: dict[str, str] = {}  # trial id -> the phase last shown
         self.shown_at: dict[str, float] = {}  # trial id -> when a line last spoke of it
+        self.where: dict[str, str] = {}  # trial id -> where it was, as last shown
 
     @property
     def console(self) -> Console:
@@ -67,10 +68,24 @@ class ProgressCallback(tune.Callback):
         if phase == "finishing":
             where = "checking convergence" if self._checks else "finishing"
         changed = self.phase.get(trial_id) != phase
+        self.where[trial_id] = where
         if changed or now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
             self.phase[trial_id], self.shown_at[trial_id] = phase, now
             elapsed = now - self.since.get(trial_id, now)
             self._line(f"{trial_id} {where} ({elapsed:.0f} s)")
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        """A trial that reports nothing for long (a compile of minutes) is still said to be
+        alive every HEARTBEAT_S, in the phase it last reported."""
+        now = time.monotonic()
+        for trial in trials:
+            trial_id = trial.trial_id
+            if trial.status != Trial.RUNNING or trial_id not in self.since:
+                continue
+            if now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
+                self.shown_at[trial_id] = now
+                where = self.where.get(trial_id, "starting")
+                self._line(f"{trial_id} {where} ({now - self.since[trial_id]:.0f} s)")
 
     @property
     def _checks(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -259,15 +260,35 @@ def test_unreachable_tracking_server_is_a_clear_exit_2(tmp_path):
     assert "cannot reach the MLflow tracking store" in proc.stderr.replace("\n", " ")
 
 
-def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path):
+def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path, capsys, monkeypatch):
     import psutil
+
+    import sweeper.progress
+
+    monkeypatch.setattr(sweeper.progress, "HEARTBEAT_S", 2.0)
+    # A trainer that hangs after its first step: nothing more reaches Tune until the timeout.
+    from collections import Counter
 
     result = run_sweep(
         "smoke",
         results_dir=tmp_path,
         trials=1,
-        set={"trial.steps": 100000, "search.trial_timeout_s": 12},
+        progress=True,
+        set={
+            "trial.fault": {"crash_at_step": 1, "crash_mode": "hang"},
+            "search.trial_timeout_s": 15,
+        },
     )
+    # Meanwhile the terminal still hears of it, in the phase it last reported, every heartbeat.
+    trial_id = result.trials.iloc[0]["trial_id"]
+    # (Starting, compiling or hung after step 1, whichever the load of the host made it.)
+    err = capsys.readouterr().err
+    wheres = Counter(
+        re.sub(r" \(\d+ s\)$", "", line.split(f"] {trial_id} ", 1)[1])
+        for line in err.splitlines()
+        if f"] {trial_id} " in line
+    )
+    assert max(wheres.values()) >= 3, err[-3000:]
     row = result.trials.iloc[0]
     assert (row["status"], row["failure_class"]) == ("failed", "timeout")
     (trial,) = result.study().trials
