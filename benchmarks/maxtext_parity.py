@@ -1,6 +1,13 @@
 """Our trainer against MaxText on the published llama3.1-70b 8k recipe, compiled for tpu7x:4x4x4.
 
     python -m benchmarks.maxtext_parity [--maxtext-python PATH] [--only NAME]
+    python -m benchmarks.maxtext_parity --sweeps OURS_ID MAXTEXT_ID [--results-dir DIR]
+
+With --sweeps: the two programs side by side over the points both sweeps compiled (a sweep
+of llama31_70b_8k_tpu7x.yaml, our trainer, and one of llama31_70b_8k_maxtext.yaml, MaxText;
+`sweeper run ... --set search.warm_start=...` makes both compile the same points): memory
+per device (each program's compile) and estimated step time (our step model reading each
+program's optimized HLO), point by point.
 
 The recipe is trial 0 of search_spaces/llama31_70b_8k_tpu7x.yaml (AI-Hypercomputer/
 tpu-recipes, training/ironwood: in production 12.20 s/step on 64 chips). Each row is
@@ -137,13 +144,64 @@ def _row(events: dict, wall: float) -> dict:
     }
 
 
+def side_by_side(ours: str, theirs: str, results_dir: Path | None) -> Table:
+    """Both programs' compile records over the points both sweeps compiled."""
+    import pandas as pd
+
+    from sweeper.manifest import find_sweep
+    from sweeper.report import frame_of
+    from sweeper.results import knob_columns
+
+    frames = [frame_of(find_sweep(sweep, results_dir).path) for sweep in (ours, theirs)]
+    shared = sorted(set(knob_columns(frames[0].columns)) & set(knob_columns(frames[1].columns)))
+    only_maxtext = [c for c in knob_columns(frames[1].columns) if c.startswith("knob:maxtext.")]
+    key = [c for c in shared if not c.startswith("knob:maxtext.")]
+    pairs = pd.merge(
+        frames[0].astype({c: str for c in key}),
+        frames[1].astype({c: str for c in key}),
+        on=key,
+        suffixes=(" ours", " maxtext"),
+    )
+    table = Table(title=f"ours ({ours}) against MaxText ({theirs}): per device, per point")
+    for col in ("point", "status ours", "status MaxText", "GiB ours", "GiB MaxText", "memory",
+                "est s/step ours", "est s/step MaxText", "step"):  # fmt: skip
+        table.add_column(col, justify="right")
+
+    def ratio(a: float, b: float) -> str:
+        return "-" if pd.isna(a) or pd.isna(b) else f"{a / b - 1:+.1%}"
+
+    def number(value: float, fmt: str) -> str:
+        return "-" if pd.isna(value) else format(value, fmt)
+
+    for _, row in pairs.iterrows():
+        point = ", ".join(f"{c.removeprefix('knob:')}={row[c]}" for c in key)
+        point += "".join(f", {c.removeprefix('knob:')}={row[c]}" for c in only_maxtext if c in row)
+        gib = [row.get(f"hbm_per_device_gib {w}") for w in ("ours", "maxtext")]
+        step = [row.get(f"est_step_time_s {w}") for w in ("ours", "maxtext")]
+        table.add_row(
+            point,
+            str(row["status ours"]) + (f" ({row['failure_class ours']})" if row["status ours"] != "ok" else ""),
+            str(row["status maxtext"]) + (f" ({row['failure_class maxtext']})" if row["status maxtext"] != "ok" else ""),
+            number(gib[0], ".2f"), number(gib[1], ".2f"), ratio(gib[0], gib[1]),
+            number(step[0], ".2f"), number(step[1], ".2f"), ratio(step[0], step[1]),
+        )  # fmt: skip
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--maxtext-python", help="the Python of a MaxText 0.2.5 environment")
     parser.add_argument("--only", help="one row (a variant name), skipping MaxText")
+    parser.add_argument(
+        "--sweeps", nargs=2, metavar=("OURS", "MAXTEXT"), help="two sweeps' compile records"
+    )
+    parser.add_argument("--results-dir", type=Path, help="where the sweeps are (default results/)")
     args = parser.parse_args()
+    if args.sweeps:
+        Console(width=220).print(side_by_side(*args.sweeps, args.results_dir))
+        return
     trial, target = recipe()
     rows: list[tuple[str, str, dict]] = []
     for name, change in VARIANTS.items():

@@ -13,9 +13,9 @@ import pandas as pd
 
 from sweeper.manifest import Found
 from sweeper.results import knob_columns, missing
-from sweeper.space import Knob, Space, SpaceError, static_check
+from sweeper.space import Knob, Space, SpaceError, maxtext_knobs, static_check
 from trainer.spec.config import TrialConfig
-from trainer.spec.maxtext import to_maxtext
+from trainer.spec.maxtext import MaxTextProgram, program_settings, to_maxtext
 
 FORMATS = ("maxtext", "env", "trial")
 # MaxText 0.2.5's pip package: its training entry point, and where its base config is.
@@ -42,8 +42,14 @@ def xla_flags(config: TrialConfig) -> str:
     return ""
 
 
-def export(config: TrialConfig, fmt: str, header: list[str]) -> str:
-    """The text of one export format for `config`; `header` lines say which trial it is."""
+def export(
+    config: TrialConfig,
+    fmt: str,
+    header: list[str],
+    maxtext: tuple[MaxTextProgram, dict[str, Any]] | None = None,
+) -> str:
+    """The text of one export format for `config`; `header` lines say which trial it is;
+    `maxtext`: a MaxText sweep's program and the trial's `maxtext.*` knobs (its settings)."""
     if fmt == "trial":
         return config.to_json() + "\n"
     comments = "".join(f"# {line}\n" for line in header)
@@ -56,7 +62,9 @@ def export(config: TrialConfig, fmt: str, header: list[str]) -> str:
     if fmt != "maxtext":
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     platform = config.backend if config.backend != "auto" else "tpu"
-    settings = to_maxtext(config, platform)
+    settings = (
+        program_settings(config, *maxtext, platform) if maxtext else to_maxtext(config, platform)
+    )
     lines = [
         f"{comments}# MaxText 0.2.5 (pip install 'maxtext[tpu]==0.2.5'), one process per host."
     ]
@@ -117,4 +125,7 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
         f"{row.get('hardware') or '-'}",
         f"knobs: {json.dumps(point)}",
     ]
-    return export(config, fmt, header)
+    program = (
+        (space.maxtext_program(), maxtext_knobs(point)) if space.program == "maxtext" else None
+    )
+    return export(config, fmt, header, program)

@@ -111,7 +111,9 @@ class TrialRun:
             report(running_report(self.objectives, "compiling"))
         elif isinstance(event, Compiled):
             self.compiled = event
-            report(running_report(self.objectives, "training"))
+            # A compile trial then reads its program (and judges its flags); a run trains.
+            trains = self.space.effective_fidelity == "run"
+            report(running_report(self.objectives, "training" if trains else "finishing"))
         elif isinstance(event, Step):
             self.step_times.append(event.step_time_s)
             running = self.running_throughput()

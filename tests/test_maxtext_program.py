@@ -187,6 +187,13 @@ def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(t
         timed = sorted(s.tokens_per_device for s in steps[1:])
         medians.add(round((timed[(len(timed) - 1) // 2] + timed[len(timed) // 2]) / 2, 3))
     assert {round(v, 3) for v in frame["tokens_per_sec_per_device"]} == medians
+    # The export of its best trial is the command that reruns it, maxtext.* knobs included.
+    best = frame.loc[frame["trial_id"] == result.best["trial_id"]].iloc[0]
+    exported = CliRunner().invoke(
+        app, ["export", result.sweep_id, "--results-dir", str(tmp_path), "--format", "maxtext"]
+    )
+    assert exported.exit_code == 0, exported.output
+    assert f"scan_layers={str(best['knob:maxtext.scan_layers']).lower()}" in exported.output
 
 
 @pytest.mark.slow
