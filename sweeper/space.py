@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from sweeper.spacefile import SpaceFileError, read_space_file
+from sweeper.spacefile import MAX_CANDIDATES, SpaceFileError, read_space_file
 from trainer.spec.checks import check_static
 from trainer.spec.config import RECIPE_HYPERPARAMETERS, ConfigError, TrialConfig, load_config
 from trainer.spec.events import MEASURED_METRICS
@@ -21,8 +21,6 @@ from trainer.spec.schema import Frozen, first_error
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 KEY_SEPARATOR = "."
 MAX_TRIALS = 100_000
-# Discrete knobs are enumerated (counting, grid search, checks); beyond this they are ranges.
-MAX_CANDIDATES = 10_000
 
 
 class SpaceError(ValueError):
@@ -421,9 +419,19 @@ def resolve_path(spec: str | Path) -> Path:
     path = Path(spec)
     if path.is_file():
         return path
+    known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    if path.exists():  # a directory, a FIFO, a device: there, but no space file
+        what = (
+            "is a directory"
+            if path.is_dir()
+            else "is not a regular file (a FIFO, device or socket)"
+        )
+        raise SpaceError(
+            f"{what}, not a space file; give a YAML file, or a built-in space by name ({known})",
+            file=str(spec),
+        )
     builtin_form = path.parent == Path("spaces") and path.suffix == ".yaml"
     bare = len(path.parts) == 1 and not path.suffix
-    known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
     if bare or builtin_form:
         builtin = SPACES_DIR / f"{path.stem}.yaml"
         if builtin.is_file():
@@ -431,9 +439,8 @@ def resolve_path(spec: str | Path) -> Path:
         raise SpaceError(
             f"no built-in space named {path.stem!r} (built-in: {known})", file=str(spec)
         )
-    what = "is a directory, not a space file" if path.is_dir() else "no such file"
     raise SpaceError(
-        f"{what}; give a YAML file, or a built-in space by name ({known})", file=str(spec)
+        f"no such file; give a YAML file, or a built-in space by name ({known})", file=str(spec)
     )
 
 
@@ -475,9 +482,17 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
         space = Space.model_validate(data)
     except ValidationError as exc:
         loc, message = first_error(exc)
-        raise SpaceError(
-            message, file=file, line=_line_of(root, loc), field=".".join(map(str, loc))
-        ) from None
+        dotted = ".".join(map(str, loc))
+        given = next(
+            (k for k in overrides or {} if dotted == k or dotted.startswith(k + ".")), None
+        )
+        if given is not None:  # the value came from the command line (or the API), not the file
+            raise SpaceError(
+                f"{message} (as given: --set {given}={overrides[given]!r}, or its flag)",  # type: ignore[index]
+                file=file,
+                field=dotted,
+            ) from None
+        raise SpaceError(message, file=file, line=_line_of(root, loc), field=dotted) from None
     _check_knobs(space, root, file)
     return space
 

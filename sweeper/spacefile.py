@@ -14,6 +14,9 @@ import yaml
 MAX_BYTES = 1 << 20
 # Nodes after expanding aliases: a real space has hundreds; a bomb has billions.
 MAX_EXPANDED_NODES = 100_000
+# Values one knob may list: discrete knobs are enumerated (counting, grid search, checks);
+# beyond this they are ranges.
+MAX_CANDIDATES = 10_000
 
 
 class SpaceFileError(ValueError):
@@ -48,15 +51,22 @@ class _StrictLoader(yaml.SafeLoader):
 
 def _check_expansion(root: yaml.Node) -> None:
     """Count nodes as a loader's consumers would see them, aliases expanded; stop early."""
-    count, stack = 0, [root]
+    count, stack, seen, aliased = 0, [root], set(), False
     while stack:
         node = stack.pop()
         count += 1
+        aliased = aliased or id(node) in seen  # a node met twice: an alias expanded
+        seen.add(id(node))
         if count > MAX_EXPANDED_NODES:
+            why = (
+                "once YAML aliases are expanded (an alias bomb?); write the space out without "
+                "nested aliases"
+                if aliased
+                else "in the file: far more than a space needs (a knob takes at most "
+                f"{MAX_CANDIDATES:,} values); give a range (low, high, step) instead of a list"
+            )
             raise SpaceFileError(
-                f"more than {MAX_EXPANDED_NODES:,} values once YAML aliases are expanded "
-                "(an alias bomb?); write the space out without nested aliases",
-                node.start_mark.line + 1,
+                f"more than {MAX_EXPANDED_NODES:,} values {why}", node.start_mark.line + 1
             )
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:

@@ -3,6 +3,7 @@ and field, exit code 2, never a traceback; a property-based test throws 1000+ at
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -88,7 +89,9 @@ def test_yaml_alias_bombs_duplicates_and_bytes_are_refused_fast(tmp_path):
     ],
 )
 def test_numbers_have_sane_bounds(tmp_path, override, field):
-    assert _error(tmp_path, GOOD, **override).field == field
+    err = _error(tmp_path, GOOD, **override)
+    # A value from the command line is named as given there, not as a line of the file.
+    assert err.field == field and err.line is None and "as given: --set" in err.message
 
 
 def test_a_space_with_no_valid_point_is_refused(tmp_path):
@@ -109,6 +112,24 @@ def test_paths_never_fall_back_to_a_builtin_space(tmp_path, monkeypatch):
         load_space("mine/smoke.yaml")
     with pytest.raises(SpaceError, match="no built-in space named 'smok'"):
         load_space("smok")
+    # Something there that is no space file is named for what it is.
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(SpaceError, match="is a directory, not a space file"):
+        load_space("./adir")
+    os.mkfifo(tmp_path / "pipe.yaml")
+    with pytest.raises(SpaceError, match="not a regular file"):
+        load_space(tmp_path / "pipe.yaml")
+
+
+def test_a_huge_list_is_not_called_an_alias_bomb(tmp_path):
+    huge = (
+        "name: x\nmodel: {preset: tiny-dense}\nknobs:\n  seed: {values: ["
+        + ", ".join(map(str, range(120_000)))
+        + "]}\n"
+    )
+    err = _error(tmp_path, huge)
+    assert "alias" not in err.message and "give a range" in err.message
+    assert "alias bomb" in _error(tmp_path, ALIAS_BOMB).message
 
 
 def test_set_overrides_knob_definitions(tmp_path):
