@@ -143,19 +143,35 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             program_cost=record["cost"],
         )
     )
+    return compile_summary(config, program.global_batch, program.degrees, topology, record, shared)
+
+
+def compile_summary(
+    config: TrialConfig,
+    global_batch: int,
+    degrees: dict[str, int],
+    topology: Topology,
+    record: dict[str, Any],
+    shared: bool = False,
+) -> dict[str, Any]:
+    """A trial's summary at compile fidelity from its compile record (ours, or MaxText's
+    program): the compiler's figures, and the step time read from the program (estimates);
+    `oom_hbm` when the program does not fit the target's devices."""
+    accel = topology.accelerator
+    memory = record["memory_per_device"]
+    if memory["total_bytes"] > accel.usable_hbm_per_device:
+        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
     compiled = {
         "compile_s": record["compile_s"],
         "program_fingerprint": record["fingerprint"],
         "memory_per_device": memory,
         "hbm_per_device_gib": memory["total_bytes"] / GIB,
-        "fits": fits,
+        "fits": True,
         "collectives": record["collectives"],
         "program_cost": record["cost"],
     }
-    estimated = estimate_from_compile(
-        config, program.global_batch, program.degrees, topology, record
-    )
-    summary = {
+    estimated = estimate_from_compile(config, global_batch, degrees, topology, record)
+    return {
         **estimated,
         **compiled,
         "fidelity": Fidelity.COMPILE,
@@ -166,9 +182,6 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             "estimate": [k for k in estimated if k.startswith("est_") or k in _ESTIMATED],
         },
     }
-    if not fits:
-        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
-    return summary
 
 
 # Estimated figures of a compile trial beside the est_* ones.

@@ -40,9 +40,8 @@ from trainer.spec.events import (
     KnobEffect,
     Step,
     TrialFailure,
-    hbm_overflow,
 )
-from trainer.spec.hardware import GIB, Topology
+from trainer.spec.hardware import Topology
 from trainer.spec.maxtext import (
     TRAIN,
     TRAIN_COMPILE,
@@ -247,11 +246,10 @@ def _compiled_summary(
 ) -> dict[str, Any]:
     """The compile's event and the trial's summary at compile fidelity (its memory the
     compiler's, its step time the step model's reading of the program)."""
-    from trainer.compile.aot import estimate_from_compile
+    from trainer.compile.aot import compile_summary
     from trainer.compile.cost import program_cost
     from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, parse
 
-    accel = topology.accelerator
     module = parse(hlo)
     record = {
         "fingerprint": fingerprint(hlo),
@@ -260,7 +258,6 @@ def _compiled_summary(
         "collectives": count_collectives(module),
         "cost": program_cost(module),
     }
-    fits = memory["total_bytes"] <= accel.usable_hbm_per_device
     emitter.emit(
         Compiled(
             compile_s=compile_s,
@@ -271,30 +268,9 @@ def _compiled_summary(
             program_cost=record["cost"],
         )
     )
-    if not fits:
-        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
     degrees = config.mesh.resolve(topology.devices)
     global_batch = global_batch_size(config, topology.devices)
-    estimated = estimate_from_compile(config, global_batch, degrees, topology, record)
-    compiled = {
-        "compile_s": compile_s,
-        "program_fingerprint": record["fingerprint"],
-        "memory_per_device": memory,
-        "hbm_per_device_gib": memory["total_bytes"] / GIB,
-        "fits": fits,
-        "collectives": record["collectives"],
-        "program_cost": record["cost"],
-    }
-    return {
-        **estimated,
-        **compiled,
-        "fidelity": Fidelity.COMPILE,
-        "target": topology.target,
-        "figure_fidelity": {
-            "compile": list(compiled),
-            "estimate": [k for k in estimated if k.startswith("est_") or k == "bound"],
-        },
-    }
+    return compile_summary(config, global_batch, degrees, topology, record)
 
 
 def run_trial(

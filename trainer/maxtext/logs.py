@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from trainer.spec.events import FailureClass, classify_text
+from trainer.spec.events import FailureClass, classify_text, memory_record
 
 # metric_logger.py: "completed step: 3, seconds: 0.093, TFLOP/s/device: 0.000,
 # Tokens/s/device: 689.611, total_weights: 512, loss: 4.955, lm_loss: 4.955, ..."
@@ -67,24 +67,7 @@ def memory_analysis(text: str) -> dict[str, int] | None:
     fields = {m["key"]: int(m["value"]) for m in _MEMORY_FIELD.finditer(text[start:])}
     if "argument_size_in_bytes" not in fields or "temp_size_in_bytes" not in fields:
         return None
-    memory = {
-        key: fields.get(key, 0)
-        for key in (
-            "argument_size_in_bytes",
-            "output_size_in_bytes",
-            "alias_size_in_bytes",
-            "temp_size_in_bytes",
-            "generated_code_size_in_bytes",
-            "host_temp_size_in_bytes",
-        )
-    }
-    memory["total_bytes"] = (
-        memory["argument_size_in_bytes"]
-        + memory["output_size_in_bytes"]
-        - memory["alias_size_in_bytes"]
-        + memory["temp_size_in_bytes"]
-    )
-    return memory
+    return memory_record(fields)
 
 
 def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:

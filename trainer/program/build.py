@@ -32,9 +32,7 @@ from trainer.program.step import make_init_fn, make_optimizer, make_train_step
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import BATCH_AXES, ConfigError, TrialConfig
 from trainer.spec.effects import knob_effects
-from trainer.spec.events import (
-    Accepted,
-)
+from trainer.spec.events import MEMORY_FIELDS, Accepted, memory_record
 
 
 def select_devices(config: TrialConfig) -> list[jax.Device]:
@@ -215,20 +213,4 @@ def memory_per_device(compiled: Any) -> dict[str, int]:
     analysis = compiled.memory_analysis()
     if analysis is None:
         return {}
-    fields = (
-        "argument_size_in_bytes",
-        "output_size_in_bytes",
-        "alias_size_in_bytes",
-        "temp_size_in_bytes",
-        "generated_code_size_in_bytes",
-        "host_temp_size_in_bytes",
-    )
-    memory = {f: int(getattr(analysis, f, 0) or 0) for f in fields}
-    # Donated (aliased) outputs reuse argument buffers, so count them once.
-    memory["total_bytes"] = (
-        memory["argument_size_in_bytes"]
-        + memory["output_size_in_bytes"]
-        - memory["alias_size_in_bytes"]
-        + memory["temp_size_in_bytes"]
-    )
-    return memory
+    return memory_record({f: getattr(analysis, f, 0) for f in MEMORY_FIELDS})

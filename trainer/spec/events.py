@@ -110,6 +110,30 @@ class Accepted(_Event):
 JAX_CACHE_ENV = "SWEEPER_JAX_CACHE_DIR"
 
 
+# A compiled step's memory per device, as XLA's memory analysis names it.
+MEMORY_FIELDS = (
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "alias_size_in_bytes",
+    "temp_size_in_bytes",
+    "generated_code_size_in_bytes",
+    "host_temp_size_in_bytes",
+)
+
+
+def memory_record(sizes: dict[str, int]) -> dict[str, int]:
+    """The memory fields of a compiled step (0 where absent), and their `total_bytes`:
+    donated (aliased) outputs reuse argument buffers, so they count once."""
+    memory = {f: int(sizes.get(f) or 0) for f in MEMORY_FIELDS}
+    memory["total_bytes"] = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+    )
+    return memory
+
+
 class Compiled(_Event):
     event: Literal["compiled"] = "compiled"
     compile_s: float
