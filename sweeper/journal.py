@@ -32,12 +32,35 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, requests.RequestException | ConnectionError | TimeoutError)
 
 
+def read_state(path: Path, keys: tuple[str, ...], fix: str) -> dict[str, Any]:
+    """A sweep's JSON state file (empty when absent); SpaceError naming it, what is wrong and
+    `fix` when it is damaged (not JSON, not a mapping, or without `keys`)."""
+    from sweeper.space import SpaceError
+
+    if not path.exists():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or any(k not in state for k in keys):
+            raise ValueError(f"not a mapping with {', '.join(keys)}")
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise SpaceError(
+            f"damaged ({str(exc).splitlines()[0][:200]}); {fix}", file=str(path)
+        ) from None
+    return state
+
+
 class TrackingJournal:
     """Pending MLflow operations (JSON) and the local -> real run ids resolved so far."""
 
     def __init__(self, path: Path):
         self.path = path
-        state = json.loads(path.read_text()) if path.exists() else {}
+        state = read_state(
+            path,
+            ("pending", "resolved", "count"),
+            "its tracking writes not yet made cannot be replayed: move it aside to go on "
+            "without them (MLflow then lacks them; summary.csv, Optuna and Tune keep every result)",
+        )
         self.pending: list[dict[str, Any]] = state.get("pending", [])
         self.resolved: dict[str, str] = state.get("resolved", {})
         self.count = state.get("count", 0)

@@ -19,7 +19,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 
 from sweeper import mlflow_view
-from sweeper.journal import TrackingJournal, is_outage
+from sweeper.journal import TrackingJournal, is_outage, read_state
 from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of, readable
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import KEY_SEPARATOR, Space, assemble
@@ -413,8 +413,13 @@ class TrackingCallback(tune.Callback):
         return set(self.finals)
 
     def load(self) -> None:
-        if self.id_map_path.exists():
-            state = json.loads(self.id_map_path.read_text())
+        state = read_state(
+            self.id_map_path,
+            ("runs", "attempts"),
+            "it maps trials to their MLflow runs: move it aside to go on (trials rerun then get "
+            "new MLflow runs; summary.csv, Optuna and Tune keep every result)",
+        )
+        if state:
             self.run_ids, self.attempts = state["runs"], state["attempts"]
 
     def save(self) -> None:

@@ -253,3 +253,23 @@ def test_malformed_spaces_exit_2_naming_file_and_field(tmp_path, case):
         return  # e.g. --set trial.steps=abc is caught, but --set devices= may be legal-ish
     assert result.exit_code == 2, result.output
     assert str(path) in result.output.replace("\n", "") or "--set" in result.output
+
+
+@pytest.mark.parametrize("content", ["{", "", "[]", '{"pending": []}', "\xff\xfe"])
+def test_a_damaged_journal_or_run_map_is_named_with_what_to_do(tmp_path, content):
+    """A sweep's tracking journal or trial -> MLflow run map that is truncated, emptied or
+    not its shape: an error naming the file and the way on (exit 2 from the CLI), never a
+    traceback."""
+    from sweeper.journal import TrackingJournal
+    from sweeper.tracking import TrackingCallback
+
+    for name, load, fix in (
+        ("tracking_journal.json", TrackingJournal, "move it aside"),
+        ("mlflow_runs.json", lambda path: TrackingCallback(None, path), "move it aside"),
+    ):
+        path = tmp_path / name
+        path.write_text(content, errors="surrogateescape")
+        with pytest.raises(SpaceError) as info:
+            load(path)
+        assert str(path) in str(info.value) and "damaged" in info.value.message
+        assert fix in info.value.message
