@@ -71,6 +71,14 @@ def test_maxtexts_refusals_are_classified_with_the_setting_they_name(log, expect
     assert logs.failure(text, "run")[0] != FailureClass.INVALID_CONFIG
 
 
+def test_an_assertion_of_maxtexts_while_tracing_is_a_setting_it_cannot_take():
+    """A batch the pipeline's microbatches cannot shard fails in MaxText's own assertion once
+    compiling has started: invalid_config, not a compiler error."""
+    text = (DATA / "unshardable_microbatch.log").read_text()
+    failure_class, message, _ = logs.failure(text, "compile")
+    assert failure_class == FailureClass.INVALID_CONFIG and "shardable" in message
+
+
 def test_an_out_of_memory_compile_is_oom_hbm():
     text = (DATA / "train_compile_oom.log").read_text()
     failure_class, message, _ = logs.failure(text, "compile")

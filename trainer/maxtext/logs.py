@@ -78,6 +78,13 @@ def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
     failure_class = classify_text(message or text[-4000:], "compile" if phase != "run" else "run")
     if failure_class in (FailureClass.OOM_HBM, FailureClass.OOM_VMEM):
         return failure_class, message, None
+    if phase == "run":
+        return failure_class, message, None
+    # MaxText's own checks assert while it sets the trial up or traces its step (a batch its
+    # mesh cannot shard, a remat policy it does not know): a setting it cannot take. What
+    # the compiler itself raises (XlaRuntimeError, JaxRuntimeError) is a compile error.
+    if message.startswith("AssertionError"):
+        return FailureClass.INVALID_CONFIG, message, None
     if phase != "config":
         return failure_class, message, None
     unknown = _UNKNOWN_KEY.search(text)
@@ -87,9 +94,7 @@ def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
     if "validation error" in text:
         named = _NAMED_KEY.search(text[text.find("validation error") :])
         return FailureClass.INVALID_CONFIG, message, (f"maxtext.{named['key']}" if named else None)
-    if _CONFIG_ERROR.search(message) or message.startswith("AssertionError"):
-        # Refused while MaxText set the trial up (its config, its mesh, its model), before
-        # anything compiled: a setting it cannot take.
+    if _CONFIG_ERROR.search(message):  # refused while MaxText read its configuration
         return FailureClass.INVALID_CONFIG, message, None
     return failure_class, message, None
 
