@@ -123,9 +123,13 @@ def run_maxtext(
 
 
 def _effects(settings: MaxTextSettings, knobs: dict[str, Any]) -> dict[str, KnobEffect]:
-    """A MaxText trial's `maxtext.*` knobs act by being MaxText's settings."""
+    """A MaxText trial's `maxtext.*` knobs: MaxText's settings, passed as set."""
     return {
-        key: KnobEffect(status="active", reason=f"MaxText's {key.removeprefix('maxtext.')} setting")
+        key: KnobEffect(
+            status="active",
+            reason=f"passed to MaxText as its {key.removeprefix('maxtext.')} setting; whether "
+            "it changes this program is not judged (compare program_fingerprint across trials)",
+        )
         for key in knobs
     }
 
