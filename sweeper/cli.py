@@ -252,6 +252,65 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
 
 
 @app.command()
+def screen(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (a TPU target's)")
+    ],
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, help="screen this many random points")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 15,
+    out: Annotated[Path | None, typer.Option("--out", help="write every row as CSV")] = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Judge every point of a space by the analytic estimate, in this process (fidelity
+    estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
+    import time
+
+    from sweeper.screen import FITS, unseen_knobs
+    from sweeper.screen import screen as screen_space
+
+    try:
+        loaded = load_space(space, _overrides(None, None, None, target, set_))
+        started = time.perf_counter()
+        frame = screen_space(loaded, sample)
+    except (SpaceError, ValueError) as exc:
+        _fail(str(exc))
+    took = time.perf_counter() - started
+    counts = frame["verdict"].value_counts().to_dict()
+    knobs = [c for c in frame.columns if c.startswith("knob:")]
+    table = Table(title=f"{loaded.name}: {len(frame)} points screened in {took:.2f} s "
+                  f"({counts}); fidelity estimate on {loaded.target}")  # fmt: skip
+    for col in (
+        "rank",
+        *[k.removeprefix("knob:") for k in knobs],
+        "GiB/device",
+        "est tokens/s/chip",
+    ):
+        table.add_column(col, justify="right")
+    for _, row in frame.head(top).iterrows():
+        fits = row["verdict"] == FITS
+        gib = row.get("est_hbm_per_device_gib")
+        table.add_row(
+            f"{row['rank']:.0f}" if fits else row["verdict"],
+            *[str(row[k]) for k in knobs],
+            "-" if gib is None or gib != gib else f"{gib:.1f}",
+            f"{row['est_tokens_per_sec_per_chip']:,.0f}" if fits else "-",
+        )
+    console.print(table)
+    unseen = unseen_knobs(frame)
+    if unseen:
+        console.print(
+            f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
+            "(a compile does: fidelity compile)"
+        )
+    if out is not None:
+        frame.to_csv(out, index=False)
+        console.print(f"wrote {out}")
+
+
+@app.command()
 def plan(
     model: Annotated[
         str, typer.Option("--model", help="a model preset, e.g. llama3-8b, mixtral-8x7b")
