@@ -442,3 +442,19 @@ def test_valid_taps_count_every_tap_that_lands_on_an_input_element():
         window = [rng.randint(1, 12) for _ in range(3)] + [rng.randint(1, 4) for _ in range(3)]
         window.append(rng.randint(0, 10))
         assert valid_taps(*window) == by_definition(*window), window
+
+
+def test_a_programs_fingerprint_ignores_where_it_was_traced_from():
+    """The same program traced from another checkout, entry point or line (a rerun of an
+    exported trial, a compile loaded from another process's cache) has the same fingerprint:
+    XLA's source tables (FileNames ... StackFrames) are no part of what the program does."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer.program.hlo import fingerprint
+
+    text = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(4)).compile().as_text()
+    assert "FileNames" in text and __file__ in text
+    moved = text.replace(__file__, "/elsewhere/test.py")
+    assert fingerprint(moved) == fingerprint(text)
+    assert fingerprint(text.replace("sine(", "cosine(")) != fingerprint(text)

@@ -208,9 +208,17 @@ def count_matmuls(hlo: str | Module) -> dict[str, int]:
 
 
 _METADATA = re.compile(r",? metadata=\{[^}]*\}")
+# Newer XLA prints the source tables ops' metadata points into (files, functions, locations,
+# stack frames) between the module line and the computations: where the program was traced
+# from (the checkout's path, the caller's lines), not what it does.
+_SOURCE_TABLES = re.compile(
+    r"^(?:FileNames|FunctionNames|FileLocations|StackFrames)\n(?:[^\n]+\n)*", re.MULTILINE
+)
 
 
 def fingerprint(hlo_text: str) -> str:
     """Identity of a compiled program: its optimized HLO without source metadata (which
-    names the Python file and line each op came from, not what the program does)."""
-    return hashlib.sha256(_METADATA.sub("", hlo_text).encode()).hexdigest()[:16]
+    names the Python file and line each op came from, and the tables it points into, not
+    what the program does)."""
+    text = _SOURCE_TABLES.sub("", _METADATA.sub("", hlo_text))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
