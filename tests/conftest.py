@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
 
@@ -23,16 +22,6 @@ os.environ.setdefault(
 )
 
 import pytest
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _garbage_of_a_module_dies_with_it():
-    """After each module (and its Ray session's shutdown): collect what its tests left, so a
-    Ray actor handle or object ref of that session is freed while no Ray is connected, not
-    inside the next module's `ray.init` (a worker of CI raised 5 unraisable exceptions in
-    the setup of test_sweeper_e2e's first test, which runs after another module's session)."""
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="session")
