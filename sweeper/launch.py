@@ -9,7 +9,6 @@ its own session, dies with its parent (PR_SET_PDEATHSIG), and is killed on any e
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import shutil
@@ -26,6 +25,7 @@ from typing import Any, Protocol
 import ray
 
 from sweeper.placement import LABEL_SLICE, LABEL_WORKER, Placement
+from trainer.spec.files import die_with_parent
 
 CORE_LOCKS = Path(tempfile.gettempdir()) / "sweeper-cores"
 
@@ -38,13 +38,6 @@ class Handle(Protocol):
     def kill(self) -> None: ...
 
 
-def _die_with_parent() -> None:
-    # If the Ray worker dies (Tune stop, crash, lost owner), the kernel kills the trainer too.
-    # Linux only: where there is no libc.so.6 the trainer is killed by its handle alone.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class TrainerProcess:
     """One `python -m trainer` child in its own process group; a thread reads its output."""
 
@@ -52,7 +45,7 @@ class TrainerProcess:
         self, argv: list[str], env: dict[str, str], log_path: Path, cores: set[int] | None = None
     ):
         def setup() -> None:
-            _die_with_parent()
+            die_with_parent()  # the Ray worker's death (Tune stop, crash) kills it too
             if cores:
                 os.sched_setaffinity(0, cores)
 

@@ -11,14 +11,11 @@ are MaxText's own log lines.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -41,6 +38,7 @@ from trainer.spec.events import (
     Step,
     TrialFailure,
 )
+from trainer.spec.files import die_with_parent
 from trainer.spec.hardware import Topology
 from trainer.spec.maxtext import (
     TRAIN,
@@ -64,9 +62,14 @@ class Output:
     marks: dict[str, float] = field(default_factory=dict)  # phase line -> time seen
 
     def phase(self) -> str:
-        if logs.COMPILED in self.marks or any(m.startswith("step") for m in self.marks):
+        if logs.COMPILED in self.marks:
             return "run"
         return "compile" if logs.COMPILING in self.marks else "config"
+
+
+def base_config(program: MaxTextProgram) -> str:
+    """The base config a MaxText trial starts from: the space's, else the package's."""
+    return program.base_config or str(package_dir(program.interpreter()) / "configs" / "base.yml")
 
 
 def package_dir(python: str) -> Path:
@@ -92,11 +95,6 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def run_maxtext(
     python: str, module: str, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]
 ) -> Output:
@@ -107,7 +105,7 @@ def run_maxtext(
         stderr=subprocess.STDOUT,
         text=True,
         env=_env(env),
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     assert proc.stdout is not None, "started with stdout=PIPE"
     lines: list[str] = []
@@ -122,7 +120,7 @@ def run_maxtext(
     return Output(proc.wait(), "".join(lines), marks)
 
 
-def _effects(settings: MaxTextSettings, knobs: dict[str, Any]) -> dict[str, KnobEffect]:
+def _effects(knobs: dict[str, Any]) -> dict[str, KnobEffect]:
     """A MaxText trial's `maxtext.*` knobs: MaxText's settings, passed as set."""
     return {
         key: KnobEffect(
@@ -159,7 +157,7 @@ def _accepted(
         tokens_per_step=global_batch * config.seq_len,
         mesh=config.mesh.resolve(num_devices),
         global_batch=global_batch,
-        effects=_effects(settings, knobs),
+        effects=_effects(knobs),
         target=target,
         libtpu_init_args=settings.libtpu_init_args,
         program="maxtext",
@@ -191,7 +189,7 @@ def compile_trial(
     accel = topology.accelerator
     settings = program_settings(config, program, knobs, "tpu")
     python = program.interpreter()
-    base = program.base_config or str(package_dir(python) / "configs" / "base.yml")
+    base = base_config(program)
     emitter.emit(
         _accepted(
             config, settings, knobs, fidelity=Fidelity.COMPILE,
@@ -291,7 +289,7 @@ def run_trial(
     on = config.model_copy(update={"backend": "cpu"}) if cpu else config
     settings = program_settings(on, program, knobs, "cpu" if cpu else "tpu")
     python = program.interpreter()
-    base = program.base_config or str(package_dir(python) / "configs" / "base.yml")
+    base = base_config(program)
     if cpu:
         devices = _simulated_devices() or config.num_devices or 1
         hardware, device_kind, chips, per_chip = (
