@@ -129,9 +129,17 @@ def validate(
             f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
             "cluster has such a slice is checked when the sweep starts (auto compiles if it has none)"
         )
+    ladder = pinned.search.ladder
+    trials = (
+        f"ladder: screen {ladder.screen or 'every point'} by the estimate, compile the best "
+        f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
+        f"write the best {ladder.run} as a run rung"
+        if ladder
+        else f"{pinned.search.trials} trials with {pinned.search.sampler}"
+    )
     console.print(
         f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
-        f"{pinned.search.trials} trials with {pinned.search.sampler}; target {pinned.target}, fidelity {pinned.fidelity}"
+        f"{trials}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
     )
 
 

@@ -120,6 +120,32 @@ def memory_tradeoff(frame: pd.DataFrame, metric: str, label: str) -> str | None:
     return _png(figure)
 
 
+def ladder_plot(frame: pd.DataFrame, metric: str, label: str) -> str | None:
+    """A ladder's two rungs side by side: each compiled point's est. tokens/s by the screen
+    (analytic estimate) against the compile's, coloured by whether it compiled to fit."""
+    screen = "screen_est_tokens_per_sec_per_chip"
+    if screen not in frame or metric not in frame:
+        return None
+    judged = frame[frame[screen].notna()]
+    if judged.empty:
+        return None
+    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    ok = judged[(judged["status"] == "ok") & judged[metric].notna()]
+    axis.scatter(ok[screen], ok[metric], color="tab:blue", label="compiled, fits")
+    failed = judged[judged["status"] != "ok"]
+    for _, row in failed.iterrows():
+        axis.axvline(row[screen], color="tab:red", alpha=0.4, linewidth=1)
+    if not failed.empty:
+        axis.plot([], [], color="tab:red", label="compile failed (oom, invalid): its screen figure")
+    for _, row in ok.iterrows():
+        axis.annotate(f"s{row.get('screen_rank', '')}", (row[screen], row[metric]), fontsize=6)
+    axis.set_xlabel("screen: est. tokens/s per chip (analytic estimate)")
+    axis.set_ylabel(f"verify: {metric}")
+    axis.legend(fontsize=8)
+    axis.set_title(f"The ladder: screen against compile ({label})", fontsize=10)
+    return _png(figure)
+
+
 def history_plot(frame: pd.DataFrame, metric: str, maximize: bool, label: str) -> str | None:
     """The search's progress: each trial's objective in the order the trials started, and
     the best so far."""
@@ -216,7 +242,7 @@ def convergence_plot(frame: pd.DataFrame, label: str) -> str | None:
 def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 20) -> str:
     knobs = knob_columns(frame.columns)
     columns = ["trial_id", "status", "failure_class", metric, MEMORY, "convergence_passed",
-               *knobs]  # fmt: skip
+               "screen_rank", "verify_rank", *knobs]  # fmt: skip
     shown = frame.sort_values(metric, ascending=not maximize, na_position="last").head(rows)
     head = "".join(
         f"<th>{html.escape(knobs.get(c, c))}</th>" for c in columns if c in frame.columns
@@ -264,6 +290,8 @@ def render(
         "Failure map": failure_map(frame, label),
         "Convergence": convergence_plot(frame, label),
     }
+    if "screen_rank" in frame:  # a ladder's sweep
+        figures["The ladder: screen against compile"] = ladder_plot(frame, metric, label)
     for name, png in figures.items():
         body = (
             f'<img alt="{html.escape(name)}" src="data:image/png;base64,{png}">'

@@ -33,7 +33,8 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     chosen = points(space, ENUMERATE_AT_MOST)
     if sample is not None and sample < len(chosen):
         chosen = random.Random(seed).sample(chosen, sample)
-    rows = [_judge(space, point, topology) for point in chosen]
+    limit = memory_limit_gib(space)
+    rows = [_judge(space, point, topology, limit) for point in chosen]
     frame = pd.DataFrame(rows)
     metric = space.objective.primary.metric
     metric = (
@@ -45,7 +46,17 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     return frame.sort_values(["rank", "verdict"], na_position="last").reset_index(drop=True)
 
 
-def _judge(space: Space, point: dict[str, Any], topology: Topology) -> dict[str, Any]:
+def memory_limit_gib(space: Space) -> float:
+    """What one device of the target offers a program, or the space's tighter budget
+    (constraints.max_memory_per_device_gib)."""
+    limit = Topology.parse(space.target).accelerator.usable_hbm_per_device / GIB
+    budget = space.constraints.max_memory_per_device_gib
+    return min(limit, budget) if budget else limit
+
+
+def _judge(
+    space: Space, point: dict[str, Any], topology: Topology, limit_gib: float
+) -> dict[str, Any]:
     row: dict[str, Any] = {f"knob:{k}": v for k, v in point.items()}
     if maxtext_knobs(point):
         row.update(verdict=INVALID, why="maxtext.* knobs are MaxText's: the estimate is ours")
@@ -57,9 +68,12 @@ def _judge(space: Space, point: dict[str, Any], topology: Topology) -> dict[str,
         row.update(verdict=INVALID, why=f"{exc.field}: {exc.message}")
         return row
     memory = est["est_memory_per_device"]
+    fits = est["fits"] and memory["total"] / GIB <= limit_gib
     row.update(
-        verdict=FITS if est["fits"] else OVER_HBM,
-        why="" if est["fits"] else "over the target's HBM (or host memory) by the estimate",
+        verdict=FITS if fits else OVER_HBM,
+        why=""
+        if fits
+        else "over the target's HBM, the space's budget or host memory by the estimate",
         est_hbm_per_device_gib=memory["total"] / GIB,
         est_host_per_device_gib=memory["host_activations"] / GIB,
         est_tokens_per_sec_per_chip=est["est_tokens_per_sec_per_chip"],

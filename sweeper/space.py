@@ -151,6 +151,22 @@ class Constraints(Frozen):
     """memory budget per device; more is oom_hbm."""
 
 
+class Ladder(Frozen):
+    """Three prices of an answer, spent in order: every point screened by the analytic
+    estimate in this process, the best compiled for the target, the best of those run."""
+
+    screen: int | None = Field(default=None, gt=0, le=1_000_000)
+    """points screened (drawn at random with search.seed; default every point of the space)."""
+    verify: int = Field(default=8, gt=0, le=MAX_TRIALS)
+    """the best screened points that fit, compiled for the target (the verify rung's trials)."""
+    edge: float = Field(default=0.1, ge=0, le=1)
+    """also compile a point the screen judged within this fraction of the HBM limit (either
+    side) when its est. tokens/s would place it among the `verify` best: the estimate's memory
+    error could flip its verdict."""
+    run: int = Field(default=0, ge=0, le=MAX_TRIALS)
+    """the best compiled points run on the target's slices (a run-fidelity sweep of them)."""
+
+
 class Search(Frozen):
     sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "nsga2"] = "tpe"
     """Optuna sampler."""
@@ -170,6 +186,9 @@ class Search(Frozen):
     """ASHA: stop trials whose running throughput trails (single objective only)."""
     warm_start: list[dict[str, Any]] = Field(default_factory=list)
     """points (knob -> value) evaluated first."""
+    ladder: Ladder | None = None
+    """screen every point by the estimate, compile the best (`verify`), run the best of those
+    (`run`): trials and sampler are then the ladder's (sweeper/ladder.py)."""
 
 
 def gpus_in(target: str) -> int | None:
@@ -267,6 +286,27 @@ class Space(Frozen):
                     f"objective: {measured} are measurements, which {self.effective_fidelity} trials do not make; "
                     "use est_tokens_per_sec_per_chip (an estimate, labelled as such)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_ladder(self) -> Space:
+        if self.search.ladder is None:
+            return self
+        if not self.is_tpu_target:
+            raise ValueError(
+                f"search.ladder: the ladder screens and compiles for a TPU target; target is "
+                f"{self.target}: give a target such as tpu7x:4x4x4, or drop search.ladder"
+            )
+        if self.program != "sweeper-trainer":
+            raise ValueError(
+                "search.ladder: the screen is our trainer's estimate, which cannot judge MaxText "
+                "settings: use the ladder with program sweeper-trainer"
+            )
+        if self.fidelity not in ("auto", "compile"):
+            raise ValueError(
+                f"search.ladder: the ladder sets each rung's fidelity (its verify rung compiles); "
+                f"fidelity {self.fidelity} contradicts it: use fidelity auto"
+            )
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 
-from sweeper import results
+from sweeper import ladder, results
 from sweeper.engine import (
     cap_grid,
     check_space,
@@ -189,6 +189,9 @@ class Sweep:
             raise TypeError(
                 "overrides apply when the space is loaded: pass a path or name, or edit the Space"
             )
+        written, screened = space, None
+        if space.search.ladder is not None:  # the screen, in this process: the trials compile
+            space, screened = ladder.verify_rung(space)
         start_ray()
         space, placement, inert_notes, placement_notes = checked(space)
         results_dir = Path(results_dir or default_results_dir()).resolve()
@@ -205,6 +208,8 @@ class Sweep:
             raise SpaceError(str(exc), field="--study") from None
         sweep_dir = results_dir / space.name / sweep_id
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if screened is not None:
+            ladder.write_screen(sweep_dir, screened, written)
         tracker = Tracker(
             tracking_uri, space, sweep_id, results_dir / "mlartifacts", sweep_dir / JOURNAL
         )
@@ -439,6 +444,7 @@ class Sweep:
             tracking.attempts,
         )
         frame = pd.DataFrame(rows)
+        frame, ladder_notes = self._ladder(frame)
         counts = {"total": len(frame)}
         if not frame.empty:
             counts.update({str(k): int(v) for k, v in frame["status"].value_counts().items()})
@@ -450,6 +456,7 @@ class Sweep:
             *self.placement_notes,
             *(f"pinned: {n}" for n in self.inert_notes),
             *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
+            *ladder_notes,
         ]
         if "reused_from" in frame and frame["reused_from"].notna().any():
             reused = int(frame["reused_from"].notna().sum())
@@ -505,6 +512,18 @@ class Sweep:
             space_used=space,
             best_config=best_config,
         )
+
+    def _ladder(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+        """A ladder's verify rung joined to its screen (ranks, correlation: summary.csv, MLflow,
+        ladder.csv) and its run rung written; a sweep without a ladder is left as it is."""
+        if self.space.search.ladder is None or frame.empty:
+            return frame, []
+        if not (self.sweep_dir / ladder.SCREEN_CSV).exists():
+            return frame, [f"ladder: {ladder.SCREEN_CSV} is missing: the rungs cannot be joined"]
+        frame, _, notes, figures = ladder.verified(frame, self.sweep_dir, self.space)
+        notes += ladder.run_rung(self.sweep_dir, frame, self.space)[1]
+        self.tracker.log_ladder(frame, self.sweep_dir / ladder.LADDER_CSV, figures)
+        return frame, notes
 
     def write_report(self, frame: pd.DataFrame, notes: list[str]) -> Path:
         """The sweep's HTML report (sweeper/report.py), beside summary.csv."""

@@ -13,20 +13,23 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 from ray.tune.experiment import Trial
 
 from sweeper import mlflow_view
 from sweeper.journal import TrackingJournal, is_outage, read_state
-from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of, readable
+from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of, missing, readable
 from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
 from sweeper.space import KEY_SEPARATOR, Space, assemble
 from sweeper.stores import PARENT, store_for
 from trainer.spec.events import TrialStatus
 from trainer.spec.files import write_json
 from trainer.spec.result import STATUS_KEY, TrialResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("sweeper")
 TRAINER_LOG = "trainer.log"  # in a local trial's Tune working directory
@@ -343,6 +346,21 @@ class Tracker:
             head = "No trial ended well."
         tally = ", ".join(f"{v} {k}" for k, v in counts.items())
         return "\n\n".join([head, f"Trials: {tally}.", *(f"- {n}" for n in notes)])
+
+    def log_ladder(self, frame: pd.DataFrame, table: Path, figures: dict[str, float]) -> None:
+        """The ladder's rungs: each trial's screen verdict and ranks as tags of its run, the
+        rank correlation and counts on the sweep's run, ladder.csv as its artifact."""
+        for _, row in frame.iterrows():
+            run_id = row.get("mlflow_run_id")
+            if not isinstance(run_id, str) or not run_id:
+                continue
+            tags = {
+                f"ladder.{name}": "" if missing(row.get(name)) else str(row.get(name))
+                for name in ("screen_verdict", "screen_rank", "screen_compiled_for", "verify_rank")
+            }
+            self.tag(run_id, tags)
+        self._batch(self.parent, metrics=figures, tags={})
+        self._write("log_text", run_id=self.parent, text=table.read_text(), path=table.name)
 
     def log_report(self, path: Path) -> None:
         """The sweep's HTML report, as an artifact of its run."""
