@@ -11,7 +11,7 @@ from typing import Any
 from trainer.spec.capacity import receive_buffer_groups
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import TrialConfig
-from trainer.spec.flops import training_flops_per_step
+from trainer.spec.flops import training_flops_by_kind
 from trainer.spec.hardware import Accelerator
 from trainer.spec.remat import POLICIES, Tensor, placements
 
@@ -230,36 +230,54 @@ def recompute_share(config: TrialConfig) -> float:
 def estimate(
     config: TrialConfig, accel: Accelerator, num_devices: int, memory_bytes: float | None = None
 ) -> dict[str, Any]:
-    """Roofline step estimate on `num_devices` devices of `accel`; compute, HBM and ICI overlap perfectly."""
+    """Roofline step estimate on `num_devices` devices of `accel`.
+
+    Compute, HBM and ICI overlap, except what a step cannot overlap by its structure: the
+    optimizer's update (it reads and writes every parameter, moment and gradient once the
+    last gradient is reduced) and, with the weights gathered layer by layer, the first
+    layer's gather and the last layer's reduce-scatter (nothing to compute under them). In
+    FP8 the layers' projections and FFN run at the FP8 peak; the attention core (Splash, bf16)
+    and the logits at the bf16 peak.
+    """
     degrees = check_static(config, num_devices)
     global_batch = global_batch_size(config, num_devices)
     chips = num_devices / accel.devices_per_chip
-    model_flops = training_flops_per_step(config.model, global_batch, config.seq_len)
-    layer_share = (
-        1
-        - (2 * global_batch * config.seq_len * config.model.d_model * config.model.vocab_size * 3)
-        / model_flops
-    )
-    recompute = model_flops / 3 * layer_share * recompute_share(config)
+    kinds = training_flops_by_kind(config.model, global_batch, config.seq_len)
+    model_flops = sum(kinds.values())
+    # The backward recomputes this share of each layer's forward (matmuls and attention alike).
+    share = recompute_share(config)
+    recompute = (kinds["layer_matmul"] + kinds["attention"]) / 3 * share
     precision = config.precision.peak
     peak = accel.peak_tflops[precision] * 1e12
+    fast = kinds["layer_matmul"] * (1 + share / 3) if precision == "fp8" else 0.0
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
     flops_per_chip = (model_flops + recompute) / chips
-    hbm_bytes_per_chip = accel.devices_per_chip * (
-        mem["params_f32"] / F32 * BF16 * 3
-        + 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"])
-        + 2 * mem["activations"]
+    update_bytes_per_chip = (
+        accel.devices_per_chip
+        * 2
+        * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"])
+    )
+    hbm_bytes_per_chip = update_bytes_per_chip + accel.devices_per_chip * (
+        mem["params_f32"] / F32 * BF16 * 3 + 2 * mem["activations"]
     )
     ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
+    ici_s = ici_bytes_per_chip / accel.ici_axis_bytes_per_s  # a ring over one torus axis
+    edge = (
+        2 / config.model.num_layers if degrees["fsdp"] > 1 and config.model.num_layers > 2 else 0.0
+    )
     times = {
-        "compute": flops_per_chip / peak,
+        "compute": (fast / (accel.peak_tflops.get("fp8", accel.peak_tflops["bf16"]) * 1e12)
+                    + (model_flops + recompute - fast) / (accel.peak_tflops["bf16"] * 1e12)) / chips,
         "hbm": hbm_bytes_per_chip / accel.hbm_bytes_per_s,
-        "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
+        "ici": ici_s,
         # offloaded activations go to the host in the forward and come back in the backward
         "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
-    }
-    step_time = max(times.values())
+    }  # fmt: skip
+    serial = update_bytes_per_chip / accel.hbm_bytes_per_s + ici_s * edge
+    overlapped = {**times, "hbm": times["hbm"] - update_bytes_per_chip / accel.hbm_bytes_per_s,
+                  "ici": ici_s * (1 - edge)}  # fmt: skip
+    step_time = max(overlapped.values()) + serial
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]
     return {
@@ -267,6 +285,7 @@ def estimate(
         "hardware": accel.name,
         "chips": chips,
         "model_flops_per_step": model_flops,
+        "est_serial_s": serial,
         "recompute_flops_per_step": recompute,
         "est_step_time_s": step_time,
         "est_compute_s": times["compute"],

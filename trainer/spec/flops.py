@@ -8,11 +8,13 @@ if TYPE_CHECKING:
     from trainer.spec.config import ModelConfig
 
 
-def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int) -> float:
-    """MaxText's calculate_tflops_training_per_device, for the whole step (not per device).
+def training_flops_by_kind(model: ModelConfig, global_batch: int, seq_len: int) -> dict[str, float]:
+    """MaxText's calculate_tflops_training_per_device, for the whole step (not per device),
+    by what runs them: `layer_matmul` (the layers' projections and FFN, what FP8 quantizes),
+    `attention` (the causal attention core: Splash, in bf16) and `logits` (the output
+    embedding). Forward and backward: 3 x each forward matmul; remat recompute not counted.
 
-    3 x (FFN + QKV + output projection) per layer + embedding, plus 3 x causal attention;
-    MoE counts the router and the top-k experts. Remat recompute is not counted.
+    MoE counts the router and the top-k experts.
     """
     tokens = global_batch * seq_len
     ffn_one = 2 * tokens * model.mlp_dim * model.d_model * 3  # wi_0, wi_1, wo
@@ -24,6 +26,14 @@ def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int)
     projection = 2 * tokens * model.d_model * model.num_heads * model.head_dim
     embedding = 2 * tokens * model.d_model * model.vocab_size
     causal_attention = 4 * global_batch * seq_len**2 * model.num_heads * model.head_dim / 2
-    learnable = ((ffn + qkv + projection) * model.num_layers + embedding) * 3
-    attention = causal_attention * model.num_layers * 3
-    return float(learnable + attention)
+    return {
+        "layer_matmul": float((ffn + qkv + projection) * model.num_layers * 3),
+        "attention": float(causal_attention * model.num_layers * 3),
+        "logits": float(embedding * 3),
+    }
+
+
+def training_flops_per_step(model: ModelConfig, global_batch: int, seq_len: int) -> float:
+    """MaxText's calculate_tflops_training_per_device, for the whole step (not per device):
+    the sum of training_flops_by_kind."""
+    return float(sum(training_flops_by_kind(model, global_batch, seq_len).values()))
