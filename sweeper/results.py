@@ -123,3 +123,44 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         "effects": json.dumps(final.effects) if final.effects else "",
         **{f"{KNOB_PREFIX}{k}": v for k, v in knob_point(trial.config).items()},
     }
+
+
+# A trial whose cores other processes used more than this share of the time measured them too.
+CONTENDED = 0.10
+# The measured figure whose 95% interval a run reports (trainer.run.metrics.step_time_stats).
+INTERVAL = {
+    "tokens_per_sec_per_chip": ("tokens_per_sec_per_chip_low", "tokens_per_sec_per_chip_high")
+}
+
+
+def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
+    """What the run's noise says about the table: whether the best trial is within the noise of
+    the next (their 95% intervals overlap), and which trials shared their cores."""
+    notes = []
+    if frame.empty or "status" not in frame:
+        return notes
+    ok = frame[(frame["status"] == "ok") & frame.get(metric, frame["status"]).notna()]
+    if metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns) and len(ok) >= 2:
+        low, high = INTERVAL[metric]
+        ranked = ok.sort_values(metric, ascending=not maximize)
+        best, second = ranked.iloc[0], ranked.iloc[1]
+        if not any(missing(v) for v in (best[low], best[high], second[low], second[high])):
+            overlap = best[low] <= second[high] and second[low] <= best[high]
+            verdict = "within the noise of" if overlap else "ahead of, beyond the noise of,"
+            notes.append(
+                f"noise: the best trial {best['trial_id']} ({best[metric]:,.0f} {metric}, 95% "
+                f"interval {best[low]:,.0f}-{best[high]:,.0f}) is {verdict} the next, "
+                f"{second['trial_id']} ({second[metric]:,.0f}, {second[low]:,.0f}-{second[high]:,.0f})"
+                + ("; measure both again (more steps) before choosing" if overlap else "")
+            )
+    if "cpu_contention" in frame:
+        busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
+        if len(busy):
+            shares = ", ".join(
+                f"{r['trial_id']} {r['cpu_contention']:.0%}" for _, r in busy.iterrows()
+            )
+            notes.append(
+                f"contention: other processes used the cores of {len(busy)} trial(s) while they "
+                f"were measured ({shares}): their figures measure those processes too"
+            )
+    return notes

@@ -52,6 +52,7 @@ from sweeper.programs import program_of
 from sweeper.progress import ProgressCallback
 from sweeper.search import SweepSearch, check_study, close_open_trials, make_sampler, stored_result
 from sweeper.space import Space, SpaceError, load_space, space_overrides
+from sweeper.stores import open_stores
 from sweeper.tracking import (
     Tracker,
     TrackingCallback,
@@ -198,9 +199,9 @@ class Sweep:
         results_dir.mkdir(parents=True, exist_ok=True)
         storage = storage or str(results_dir)
         tracking_uri = tracking_uri or default_tracking_uri(results_dir)
-        check_tracking_server(tracking_uri)
         sweep_id = sweep_id or new_sweep_id()
         optuna_storage = f"sqlite:///{results_dir / 'optuna.db'}"
+        open_stores(results_dir, tracking_uri, optuna_storage)  # schemas made by one at a time
         study_name = study or f"{space.name}-{sweep_id}"
         try:
             check_study(space, study_name, optuna_storage)
@@ -457,6 +458,9 @@ class Sweep:
             *(f"pinned: {n}" for n in self.inert_notes),
             *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
             *ladder_notes,
+            *results.noise_notes(
+                frame, space.objective.primary.metric, space.objective.primary.mode == "max"
+            ),
         ]
         if "reused_from" in frame and frame["reused_from"].notna().any():
             reused = int(frame["reused_from"].notna().sum())

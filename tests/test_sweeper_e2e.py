@@ -79,6 +79,13 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert (result.sweep_dir / "summary.csv").exists()
     best = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
     assert best["tokens_per_sec_per_chip"] == pytest.approx(frame["tokens_per_sec_per_chip"].max())
+    # Each measurement carries its noise: the median step's 95% interval, the drift across
+    # timing windows, and how much of its cores other processes used; the table says whether
+    # the winner is within the noise of the next.
+    assert (frame["tokens_per_sec_per_chip_low"] <= frame["tokens_per_sec_per_chip"]).all()
+    assert (frame["tokens_per_sec_per_chip"] <= frame["tokens_per_sec_per_chip_high"]).all()
+    assert set(frame["timing_windows"]) == {3} and frame["cpu_contention"].between(0, 1).all()
+    assert any(n.startswith("noise: the best trial ") for n in result.notes)
     # Each CPU trial reserved one of this 2-CPU Ray's CPUs and its trainer was pinned to one
     # core; trials that ran at the same time held different cores.
     assert frame["reused_from"].isna().all()

@@ -89,12 +89,72 @@ def measured_cpu_peak_tflops(cache_dir: Path | None) -> float:
     return tflops
 
 
-def step_time_stats(step_times_s: list[float]) -> dict[str, float]:
+# Resamples of the bootstrap interval of the median step (fixed seed: the same steps give
+# the same interval).
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def step_time_stats(step_times_s: list[float], windows: int = 3) -> dict[str, float]:
+    """Step-time statistics, and the noise of the median: a 95% bootstrap interval of the
+    median step (resampling the timed steps), and the spread of the median step across
+    `windows` consecutive windows of the timed steps ((slowest - fastest) / overall): drift
+    within a trial, which a single interval hides."""
     times = np.asarray(step_times_s)
+    median = float(np.median(times))
+    resampled = np.random.default_rng(0).choice(times, size=(BOOTSTRAP_RESAMPLES, len(times)))
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    parts = [w for w in np.array_split(times, min(windows, len(times))) if len(w)]
+    per_window = [float(np.median(w)) for w in parts]
     return {
-        "step_time_median_s": float(np.median(times)),
+        "step_time_median_s": median,
         "step_time_p90_s": float(np.percentile(times, 90)),
         "step_time_min_s": float(times.min()),
         "step_time_max_s": float(times.max()),
         "timed_steps": len(times),
+        "step_time_median_low_s": float(low),
+        "step_time_median_high_s": float(high),
+        "timing_windows": len(parts),
+        "window_spread": (max(per_window) - min(per_window)) / median if median else 0.0,
     }
+
+
+def cpu_jiffies(cores: set[int]) -> tuple[float, float] | None:
+    """(busy, total) clock ticks of these cores since boot (Linux /proc/stat); None elsewhere."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = total = 0.0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        values = [float(v) for v in fields]
+        idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
+        busy, total = busy + sum(values) - idle, total + sum(values)
+    return busy, total
+
+
+class Contention:
+    """How much of this process's cores other processes used while it ran: the cores' busy
+    ticks less this process's own CPU time, over the cores' total ticks. A CPU trial pinned
+    to cores another program also uses measures that program too."""
+
+    def __init__(self) -> None:
+        self.cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.start = cpu_jiffies(self.cores)
+        self.own = _own_cpu_s()
+
+    def share(self) -> float | None:
+        end = cpu_jiffies(self.cores)
+        if self.start is None or end is None or not self.cores:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        busy, total = (end[0] - self.start[0]) / tick, (end[1] - self.start[1]) / tick
+        others = busy - (_own_cpu_s() - self.own)
+        return max(0.0, others / total) if total > 0 else None
+
+
+def _own_cpu_s() -> float:
+    usage = os.times()
+    return usage.user + usage.system

@@ -57,6 +57,7 @@ class Timed:
     step_times: list[float] = field(default_factory=list)  # timed steps (warm-up skipped)
     every_step: list[float] = field(default_factory=list)
     train_s: float = 0.0
+    contention: float | None = None  # share of the trial's cores other processes used
     profile_dir: str | None = None  # where a profiler trace of some steps was written
 
 
@@ -160,6 +161,7 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
     # Hosts finish compiling at different times: the first step's collectives start together.
     barrier("first-step")
     loop_start = last_done = time.perf_counter()
+    contention = metrics.Contention()
 
     def finish(step: int, step_metrics: dict[str, jax.Array]) -> None:
         """Read one step's metrics back (the only block: the next step is already queued)."""
@@ -207,6 +209,7 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
         finish(*pending)
         trace.after(pending[0])
     jax.block_until_ready(state)
+    timed.contention = contention.share()
     timed.profile_dir = trace.dir
     timed.train_s = time.perf_counter() - loop_start
     if not timed.step_times:  # too few steps to skip warm-up: time what there is, and say so
@@ -219,10 +222,11 @@ def _measured(
 ) -> dict[str, Any]:
     """The run's figures: throughput, model TFLOP/s and MFU against the chip's peak of the
     step's precision, step-time statistics."""
-    stats = metrics.step_time_stats(timed.step_times)
+    stats = metrics.step_time_stats(timed.step_times, config.measure.windows)
     tokens_per_step = program.global_batch * config.seq_len
     tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
     chips = len(devices) / chip.devices_per_chip
+    per_chip = tokens_per_step / chips
     flops = training_flops_per_step(config.model, program.global_batch, config.seq_len)
     tflops_per_chip = flops / stats["step_time_median_s"] / chips / 1e12
     precision = config.precision.peak
@@ -239,6 +243,10 @@ def _measured(
         "tokens_per_sec": tokens_per_sec,
         "tokens_per_sec_per_device": tokens_per_sec / len(devices),
         "tokens_per_sec_per_chip": tokens_per_sec / chips,
+        # The median step's 95% interval, as throughput (a slower step is fewer tokens/s).
+        "tokens_per_sec_per_chip_low": per_chip / stats["step_time_median_high_s"],
+        "tokens_per_sec_per_chip_high": per_chip / stats["step_time_median_low_s"],
+        "cpu_contention": timed.contention if devices[0].platform == "cpu" else None,
         "flops_per_step": flops,
         "tflops_per_sec_per_chip": tflops_per_chip,
         "peak_tflops_per_chip": peak,

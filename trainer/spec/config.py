@@ -469,6 +469,13 @@ class ConvergenceConfig(Frozen):
 
 class MeasureConfig(Frozen):
     skip_steps: int = Field(default=2, ge=0, description="warm-up steps excluded from timing")
+    windows: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="consecutive windows the timed steps are split into: the spread of their "
+        "median steps is the trial's drift (window_spread)",
+    )
 
 
 class ProfileConfig(Frozen):

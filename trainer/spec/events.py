@@ -197,6 +197,27 @@ class Summary(_Event):
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None
     timed_steps: int | None = None
+    step_time_median_low_s: float | None = Field(
+        default=None, description="95% bootstrap interval of the median step: its low end"
+    )
+    step_time_median_high_s: float | None = Field(
+        default=None, description="95% bootstrap interval of the median step: its high end"
+    )
+    tokens_per_sec_per_chip_low: float | None = Field(
+        default=None, description="tokens/s per chip at the median step's 95% interval's slow end"
+    )
+    tokens_per_sec_per_chip_high: float | None = Field(
+        default=None, description="tokens/s per chip at the median step's 95% interval's fast end"
+    )
+    timing_windows: int | None = None
+    window_spread: float | None = Field(
+        default=None,
+        description="(slowest - fastest) median step of the timing windows, over the median",
+    )
+    cpu_contention: float | None = Field(
+        default=None,
+        description="CPU runs: share of the trial's cores other processes used while it trained",
+    )
     train_s: float | None = None
     final_loss: float | None = None
     backend: str | None = None
@@ -229,6 +250,11 @@ class Summary(_Event):
     est_hbm_s: float | None = None
     est_ici_s: float | None = None
     est_host_s: float | None = None
+    est_serial_s: float | None = Field(
+        default=None,
+        description="formula roofline: what a step cannot overlap (optimizer update, first "
+        "gather and last reduce-scatter of the layer loop)",
+    )
     est_busy_s: float | None = Field(
         default=None,
         description="TensorCore time: the program's ops one at a time, in its schedule",

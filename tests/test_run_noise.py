@@ -1,0 +1,82 @@
+"""Run fidelity's noise figures: the median step's 95% interval, drift across timing windows,
+CPU contention on the trial's cores, and what the sweep's table says with them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweeper.results import noise_notes
+from trainer.run.metrics import Contention, step_time_stats
+
+
+def test_the_interval_holds_the_median_and_narrows_with_more_steps():
+    rng = np.random.default_rng(1)
+    few = step_time_stats(list(1.0 + 0.2 * rng.random(8)))
+    many = step_time_stats(list(1.0 + 0.2 * rng.random(200)))
+    for stats in (few, many):
+        assert stats["step_time_median_low_s"] <= stats["step_time_median_s"]
+        assert stats["step_time_median_s"] <= stats["step_time_median_high_s"]
+    width = {k: s["step_time_median_high_s"] - s["step_time_median_low_s"]
+             for k, s in (("few", few), ("many", many))}  # fmt: skip
+    assert width["many"] < width["few"] / 2
+
+
+def test_windows_show_drift_that_a_steady_trial_does_not_have():
+    steady = step_time_stats([1.0, 1.01, 0.99] * 4, windows=3)
+    drifting = step_time_stats([1.0] * 4 + [2.0] * 4 + [1.5] * 4, windows=3)
+    assert steady["timing_windows"] == drifting["timing_windows"] == 3
+    assert steady["window_spread"] < 0.05 < 0.5 < drifting["window_spread"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_another_process_on_the_trials_core_is_measured_as_contention():
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        busy = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import os, time\nos.sched_setaffinity(0, {%d})\n"
+                "end = time.time() + 1.5\nwhile time.time() < end: pass" % core,
+            ]  # fmt: skip
+        )
+        time.sleep(0.2)
+        watch = Contention()
+        time.sleep(1.0)  # this process idles: the core's busy time is the other one's
+        share = watch.share()
+        busy.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert share is not None and share > 0.5
+
+
+def _frame(best: tuple[float, float, float], second: tuple[float, float, float]) -> pd.DataFrame:
+    rows = [
+        {
+            "trial_id": t,
+            "status": "ok",
+            "tokens_per_sec_per_chip": v,
+            "tokens_per_sec_per_chip_low": lo,
+            "tokens_per_sec_per_chip_high": hi,
+            "cpu_contention": c,
+        }  # fmt: skip
+        for t, (v, lo, hi), c in (("a", best, 0.3), ("b", second, 0.0))
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_table_says_when_the_winner_is_within_the_noise_of_the_next():
+    close = noise_notes(_frame((100, 90, 110), (95, 85, 104)), "tokens_per_sec_per_chip", True)
+    assert "is within the noise of the next, b" in close[0] and "measure both again" in close[0]
+    apart = noise_notes(_frame((100, 98, 102), (80, 78, 82)), "tokens_per_sec_per_chip", True)
+    assert "beyond the noise of" in apart[0]
+    assert any(n.startswith("contention: ") and "a 30%" in n for n in close)
