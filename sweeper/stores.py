@@ -320,3 +320,33 @@ def store_for(uri: str) -> TrackingStore:
     if uri.startswith(MEMORY_SCHEME):
         return _MEMORY.setdefault(uri, MemoryStore(uri))
     return MlflowStore(uri)
+
+
+# Beside the SQLite files of a results folder: held while a sweep first opens its stores.
+SCHEMA_LOCK = ".stores.lock"
+
+
+@contextlib.contextmanager
+def schema_lock(results_dir: Path) -> Iterator[None]:
+    """One sweep at a time opens (and so, on first use, creates) the stores of a results
+    folder: MLflow and Optuna create their SQLite tables without a lock of their own, and two
+    sweeps started together on a new folder raced ("table ... already exists")."""
+    import fcntl
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with open(results_dir / SCHEMA_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_stores(results_dir: Path, tracking_uri: str, optuna_storage: str) -> None:
+    """Reach the tracking store and the Optuna storage, creating their schemas under the
+    results folder's lock (raises as check() does when the tracking store cannot be reached)."""
+    import optuna
+
+    with schema_lock(results_dir):
+        store_for(tracking_uri).check()
+        optuna.storages.RDBStorage(optuna_storage)
