@@ -41,14 +41,11 @@ def test_another_process_on_the_trials_core_is_measured_as_contention():
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
     try:
-        busy = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import os, time\nos.sched_setaffinity(0, {%d})\n"
-                "end = time.time() + 1.5\nwhile time.time() < end: pass" % core,
-            ]  # fmt: skip
+        spin = (
+            f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n"
+            "end = time.time() + 1.5\nwhile time.time() < end: pass"
         )
+        busy = subprocess.Popen([sys.executable, "-c", spin])
         time.sleep(0.2)
         watch = Contention()
         time.sleep(1.0)  # this process idles: the core's busy time is the other one's
@@ -68,7 +65,7 @@ def _frame(best: tuple[float, float, float], second: tuple[float, float, float])
             "tokens_per_sec_per_chip_low": lo,
             "tokens_per_sec_per_chip_high": hi,
             "cpu_contention": c,
-        }  # fmt: skip
+        }
         for t, (v, lo, hi), c in (("a", best, 0.3), ("b", second, 0.0))
     ]
     return pd.DataFrame(rows)

@@ -32,7 +32,7 @@ def test_two_sweeps_opening_a_new_results_folder_at_once_both_succeed(tmp_path, 
             stderr=subprocess.PIPE,
             text=True,
             cwd=Path(__file__).resolve().parents[1],
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     errors = [child.communicate(timeout=300)[1] for child in children]
