@@ -130,7 +130,7 @@ def validate(
             "cluster has such a slice is checked when the sweep starts (auto compiles if it has none)"
         )
     ladder = pinned.search.ladder
-    trials = (
+    what = (
         f"ladder: screen {ladder.screen or 'every point'} by the estimate, compile the best "
         f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
         f"write the best {ladder.run} as a run rung"
@@ -139,7 +139,7 @@ def validate(
     )
     console.print(
         f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
-        f"{trials}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
+        f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
     )
 
 

@@ -147,14 +147,16 @@ def verified(
         ascending = space.objective.primary.mode == "min"
         frame.loc[ok, "verify_rank"] = frame.loc[ok, metric].rank(ascending=ascending, method="min")
     knobs = sorted({c for c in [*screened.columns, *frame.columns] if c.startswith(KNOB_PREFIX)})
-    by_key = {_key(row, knobs): i for i, row in screened.iterrows()}
-    matched = [by_key.get(_key(row, knobs)) for _, row in frame.iterrows()]
+    by_key = {_key(row, knobs): int(str(i)) for i, row in screened.iterrows()}
+    matched: list[int | None] = [by_key.get(_key(row, knobs)) for _, row in frame.iterrows()]
     for source, column in SCREEN_COLUMNS.items():
-        frame[column] = [screened.at[i, source] if i is not None else None for i in matched]
+        cells: list[Any] = [screened.at[i, source] if i is not None else None for i in matched]
+        frame[column] = cells
     names = {c: c if c.startswith("verify_") else f"verify_{c}"
              for c in ("trial_id", "mlflow_run_id", "status", "failure_class", metric, "verify_rank")
              if c in frame}  # fmt: skip
-    compiled = frame.assign(screen_row=matched).dropna(subset=["screen_row"])
+    compiled = frame.assign(screen_row=pd.Series(matched, index=frame.index, dtype=object))
+    compiled = compiled.dropna(subset=["screen_row"])
     compiled = compiled.astype({"screen_row": int}).set_index("screen_row")[list(names)]
     table = screened.rename(columns=SCREEN_COLUMNS).join(compiled.rename(columns=names))
     table.to_csv(sweep_dir / LADDER_CSV, index=False)

@@ -136,7 +136,7 @@ INTERVAL = {
 def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     """What the run's noise says about the table: whether the best trial is within the noise of
     the next (their 95% intervals overlap), and which trials shared their cores."""
-    notes = []
+    notes: list[str] = []
     if frame.empty or "status" not in frame:
         return notes
     ok = frame[(frame["status"] == "ok") & frame.get(metric, frame["status"]).notna()]
