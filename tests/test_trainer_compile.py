@@ -218,6 +218,17 @@ def test_attention_too_big_for_hbm_is_oom_hbm(tmp_path):
     assert "compiled" not in events
 
 
+def test_a_program_over_the_spaces_memory_budget_is_oom_hbm(compile_once):
+    """constraints.max_memory_per_device_gib (limits.device_memory_gib) holds at compile
+    fidelity as at run fidelity: a compile that fits the chip but not the budget is oom_hbm."""
+    code, events, _ = compile_once({"model": SMALL})
+    assert code == 0
+    used = events["compiled"]["memory_per_device"]["total_bytes"] / 2**30
+    code, events, _ = compile_once({"model": SMALL, "limits": {"device_memory_gib": used / 2}})
+    assert code == EXIT_CODES["oom_hbm"], events
+    assert "limits.device_memory_gib" in events["failure"]["message"]
+
+
 SPLASH_2048 = {
     "model": {
         "preset": "tiny-dense",

@@ -161,6 +161,9 @@ def compile_summary(
     memory = record["memory_per_device"]
     if memory["total_bytes"] > accel.usable_hbm_per_device:
         raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
+    budget = config.limits.device_memory_gib  # the space's constraints.max_memory_per_device_gib
+    if budget is not None and memory["total_bytes"] > budget * GIB:
+        raise hbm_overflow(memory["total_bytes"], budget * GIB, "limits.device_memory_gib")
     compiled = {
         "compile_s": record["compile_s"],
         "program_fingerprint": record["fingerprint"],
