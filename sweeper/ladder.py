@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sweeper.engine import MEASURED_TWIN
 from sweeper.results import KNOB_PREFIX, missing
 from sweeper.screen import FITS, OVER_HBM, memory_limit_gib, screen
 from sweeper.space import Space, SpaceError
@@ -224,10 +225,8 @@ def run_rung(sweep_dir: Path, frame: pd.DataFrame, space: Space) -> tuple[Path |
         return None, ["ladder: no compiled point fits: the run rung has nothing to run"]
     written = Space.model_validate(yaml.safe_load((sweep_dir / LADDER_SPACE).read_text()))
     data = written.model_dump(mode="json", exclude_defaults=True)
-    measured = {"est_tokens_per_sec_per_chip": "tokens_per_sec_per_chip",
-                "est_step_time_s": "step_time_median_s", "est_mfu": "mfu"}  # fmt: skip
     primary = written.objective.primary
-    metric = measured.get(primary.metric, primary.metric)
+    metric = MEASURED_TWIN.get(primary.metric, primary.metric)
     data["objective"] = {"primary": {"metric": metric, "mode": primary.mode}}
     data["name"] = f"{written.name}-run"
     data["fidelity"] = "run"
