@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sweeper.engine import MEASURED_TWIN
+from sweeper.engine import with_fidelity
 from sweeper.results import KNOB_PREFIX, missing
 from sweeper.screen import FITS, OVER_HBM, memory_limit_gib, screen
 from sweeper.space import Space, SpaceError
@@ -136,10 +136,10 @@ def _text(cell: Any) -> str:
 
 def verified(
     frame: pd.DataFrame, sweep_dir: Path, space: Space
-) -> tuple[pd.DataFrame, pd.DataFrame, list[str], dict[str, float]]:
+) -> tuple[pd.DataFrame, list[str], dict[str, float]]:
     """The verify rung's results joined to its screen: the summary frame with `screen_*` and
-    `verify_rank` columns, the ladder table (every screened point, its compile where it had
-    one), notes, and figures for the sweep's MLflow run."""
+    `verify_rank` columns, notes, and figures for the sweep's MLflow run; the ladder table
+    (every screened point, its compile where it had one) is written to ladder.csv."""
     screened = pd.read_csv(sweep_dir / SCREEN_CSV)
     metric = space.objective.primary.metric
     frame = frame.copy()
@@ -161,7 +161,7 @@ def verified(
     compiled = compiled.astype({"screen_row": int}).set_index("screen_row")[list(names)]
     table = screened.rename(columns=SCREEN_COLUMNS).join(compiled.rename(columns=names))
     table.to_csv(sweep_dir / LADDER_CSV, index=False)
-    return frame, table, *_summary(frame, screened, space, metric)
+    return frame, *_summary(frame, screened, space, metric)
 
 
 def _summary(
@@ -224,16 +224,15 @@ def run_rung(sweep_dir: Path, frame: pd.DataFrame, space: Space) -> tuple[Path |
     if best.empty:
         return None, ["ladder: no compiled point fits: the run rung has nothing to run"]
     written = Space.model_validate(yaml.safe_load((sweep_dir / LADDER_SPACE).read_text()))
-    data = written.model_dump(mode="json", exclude_defaults=True)
-    primary = written.objective.primary
-    metric = MEASURED_TWIN.get(primary.metric, primary.metric)
-    data["objective"] = {"primary": {"metric": metric, "mode": primary.mode}}
+    search = written.search.model_copy(update={"ladder": None})
+    try:  # the engine's own turn to run fidelity: an estimated objective becomes its measured twin
+        rung = with_fidelity(written.model_copy(update={"search": search}), "run")
+    except SpaceError as exc:
+        return None, [f"ladder: the run rung is not written: {exc}"]
+    data = rung.model_dump(mode="json", exclude_defaults=True)
     data["name"] = f"{written.name}-run"
-    data["fidelity"] = "run"
-    search = {
-        k: v for k, v in data.get("search", {}).items() if k not in ("ladder", "startup_trials")
-    }
-    data["search"] = {**search, "sampler": "random", "trials": len(best),
+    kept = {k: v for k, v in data.get("search", {}).items() if k != "startup_trials"}
+    data["search"] = {**kept, "sampler": "random", "trials": len(best),
                       "warm_start": [typed_point(written, row) for _, row in best.iterrows()]}  # fmt: skip
     Space.model_validate(data)  # what is written loads
     path = sweep_dir / RUN_RUNG

@@ -524,7 +524,7 @@ class Sweep:
             return frame, []
         if not (self.sweep_dir / ladder.SCREEN_CSV).exists():
             return frame, [f"ladder: {ladder.SCREEN_CSV} is missing: the rungs cannot be joined"]
-        frame, _, notes, figures = ladder.verified(frame, self.sweep_dir, self.space)
+        frame, notes, figures = ladder.verified(frame, self.sweep_dir, self.space)
         notes += ladder.run_rung(self.sweep_dir, frame, self.space)[1]
         self.tracker.log_ladder(frame, self.sweep_dir / ladder.LADDER_CSV, figures)
         return frame, notes

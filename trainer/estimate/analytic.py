@@ -274,9 +274,9 @@ def estimate(
         # offloaded activations go to the host in the forward and come back in the backward
         "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
     }  # fmt: skip
-    serial = update_bytes_per_chip / accel.hbm_bytes_per_s + ici_s * edge
-    overlapped = {**times, "hbm": times["hbm"] - update_bytes_per_chip / accel.hbm_bytes_per_s,
-                  "ici": ici_s * (1 - edge)}  # fmt: skip
+    update_s = update_bytes_per_chip / accel.hbm_bytes_per_s
+    serial = update_s + ici_s * edge
+    overlapped = {**times, "hbm": times["hbm"] - update_s, "ici": ici_s * (1 - edge)}
     step_time = max(overlapped.values()) + serial
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]
