@@ -138,7 +138,9 @@ def ladder_plot(frame: pd.DataFrame, metric: str, label: str) -> str | None:
     if not failed.empty:
         axis.plot([], [], color="tab:red", label="compile failed (oom, invalid): its screen figure")
     for _, row in ok.iterrows():
-        axis.annotate(f"s{row.get('screen_rank', '')}", (row[screen], row[metric]), fontsize=6)
+        rank = row.get("screen_rank")
+        label = "" if missing(rank) else f"s{rank:.0f}"  # the screen's rank
+        axis.annotate(label, (row[screen], row[metric]), fontsize=6)
     axis.set_xlabel("screen: est. tokens/s per chip (analytic estimate)")
     axis.set_ylabel(f"verify: {metric}")
     axis.legend(fontsize=8)
@@ -254,7 +256,15 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
             if column not in frame.columns:
                 continue
             value = row[column]
-            text = "" if missing(value) else f"{value:,.2f}" if isinstance(value, float) else value
+            text = (
+                ""
+                if missing(value)
+                else f"{value:.0f}"  # a rank (a float where some trials have none)
+                if column.endswith("_rank")
+                else f"{value:,.2f}"
+                if isinstance(value, float)
+                else value
+            )
             cells.append(f"<td>{html.escape(str(text))}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
