@@ -1,6 +1,6 @@
 """The step-time model (trainer/compile/step_model.py) against the published Ironwood results.
 
-    python -m benchmarks.calibration [--recompile]
+    python -m benchmarks.calibration [--recompile | --recorded | --freeze ROW]
 
 Rows: the public table of AI-Hypercomputer/tpu-recipes, training/ironwood/README.md,
 for the models our presets cover, each compiled by libtpu on this host with the recipe's
@@ -12,14 +12,25 @@ kept in results/calibration/ (`--recompile` redoes them; `--recorded` tables the
 compiled so far).
 
 `MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only (what
-collectives and transfers hide is not fitted: the model runs the program's schedule); the
-table reports the error on those and, separately, on the HELD_OUT rows.
+collectives and transfers hide is not fitted: the model runs the program's schedule). The
+table reports the error apart on three splits: the fit rows; held-out rows whose per-device
+program is a fit row's (the same recipe on more chips: they test little); held-out rows
+with a distinct program.
+
+The frozen-prediction rule: a row not yet compared is listed in PENDING, without its
+published figure; `--freeze ROW` compiles it, predicts it with the committed model and
+writes the prediction with that commit to benchmarks/data/frozen_predictions.json; that file
+is committed before the row moves to PUBLISHED with its figure. The table then shows the
+frozen prediction's error beside the current model's. The rows compared before the rule
+(2026-12-03) are marked "seen before the rule": the model's structural rules were added
+while their errors were on screen.
 Fidelity: estimate (from compiles), against a published run.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import itertools
 import json
@@ -35,7 +46,7 @@ from rich.table import Table
 from sweeper.space import assemble, load_space
 from trainer.compile.cost import program_cost
 from trainer.compile.schedule import Schedule
-from trainer.compile.step_model import kernel_flops, step_time
+from trainer.compile.step_model import KernelFlops, kernel_flops, step_time
 from trainer.spec.config import load_config
 from trainer.spec.hardware import ACCELERATORS, Topology
 
@@ -57,6 +68,13 @@ PUBLISHED = {
     # fp8 experts inside tokamax's grouped matmuls (trainer/model/fp8_gmm.py), as the recipe runs them.
     "qwen3-235b-a22b 4k fp8 256 chips": ("qwen3_235b_4k_tpu7x", "fp8", "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
+# Rows whose published figure is not entered until the model's prediction for them is frozen
+# (`--freeze`, committed with the commit that made it): name: (space, precision, target).
+# A row moves to PUBLISHED once its frozen prediction is committed.
+PENDING: dict[str, tuple[str, str, str]] = {
+    # 8k-fp8-tpu7x-4x8x8 (@0797d9c): the re-tuned fp8 recipe on 256 chips, the space's flags.
+    "llama3.1-70b 8k fp8 re-tuned 256 chips": ("llama31_70b_8k_tpu7x", "fp8", "tpu7x:4x8x8"),
+}
 # Where a row's recipe differs from trial 0 of its space (beyond precision): its own knobs.
 # Splash layouts, the fused backward kernel and the splash scheduler have no knob here.
 _BLOCKS = ("block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")  # fmt: skip
@@ -66,6 +84,10 @@ OVERRIDES = {
         "precision": {"scaling": "fixed", "fixed_bound": 224.0},
         "xla": {"extra": ["--xla_tpu_enable_offloading_copy_to_sparsecore=false",
                           "--xla_tpu_enable_sparse_core_collective_offload_nd_reduce_scatter=false"]},
+    },
+    "llama3.1-70b 8k fp8 re-tuned 256 chips": {
+        "kernels": dict(zip(_BLOCKS, (1024, 1024, 512, 2048, 2048, 256), strict=True)),
+        "precision": {"scaling": "fixed", "fixed_bound": 224.0},
     },
     # 4k-fp8-tpu7x-4x8x8: fixed scales (fp8_full through qwix: scales per axis); no DVFS
     # flag. Its grouped-matmul tiles reach no kernel in MaxText's tokamax path (they pad rows).
@@ -83,7 +105,7 @@ HELD_OUT = tuple(name for name in PUBLISHED if name not in FIT)
 
 
 def recipe(name: str) -> tuple[dict, str]:
-    space_name, precision, target, *_ = PUBLISHED[name]
+    space_name, precision, target = (PUBLISHED.get(name) or PENDING[name])[:3]
     space = load_space(f"spaces/{space_name}.yaml")
     config = assemble(space, space.search.warm_start[0])
     config["precision"] = {**config.get("precision", {}), "mode": precision}
@@ -142,10 +164,15 @@ def record_path(name: str) -> Path:
 
 
 def estimate_rows(
-    recompile: bool, only: str | None = None, recorded: bool = False
+    recompile: bool, only: str | None = None, recorded: bool = False, pending: bool = False
 ) -> dict[str, dict]:
+    """The rows' counted programs (fit rows always). `pending`: PENDING rows too, with no
+    published figure (for `freeze`); a table never shows them."""
+    listed: dict[str, tuple] = {n: (*row[:3], row[3], row[4]) for n, row in PUBLISHED.items()}
+    if pending:
+        listed |= {n: (*row, None, None) for n, row in PENDING.items()}
     rows = {}
-    for name, (_, _, target, step, tokens) in PUBLISHED.items():
+    for name, (_, _, target, step, tokens) in listed.items():
         if only and only not in name and name not in FIT:
             continue
         if recorded and not hlo_path(name).exists():
@@ -193,35 +220,131 @@ def fit(rows: dict[str, dict]) -> tuple[float, float]:
     )
 
 
+FROZEN = Path(__file__).resolve().parent / "data" / "frozen_predictions.json"
+# What the model was shaped on, and which rows' errors were on screen while it was: every
+# row compared before the frozen-prediction rule (2026-12-03). Structural rules were added
+# while these rows' errors were visible, so their held-out error is an optimistic figure.
+SEEN_BEFORE_RULE = tuple(PUBLISHED)
+
+
+def frozen() -> dict[str, dict]:
+    return json.loads(FROZEN.read_text()) if FROZEN.exists() else {}
+
+
+REPO = Path(__file__).resolve().parents[1]  # whose commit a frozen prediction names
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def freeze(name: str) -> None:
+    """Commit to a prediction for a row before its published figure is compared: the row's
+    program (compiled if it has no record), the constants fitted on FIT, the estimate, and
+    the commit of the code that made it. Refused for a row already frozen, and while the
+    model's code has uncommitted changes (the commit would not be what predicted)."""
+    if name not in PUBLISHED and name not in PENDING:
+        raise SystemExit(f"no row named {name!r} (PUBLISHED or PENDING in {__file__})")
+    predictions = frozen()
+    if name in predictions:
+        raise SystemExit(f"{name} was frozen at {predictions[name]['commit']}; a frozen "
+                         "prediction is never replaced")  # fmt: skip
+    dirty = _git("status", "--porcelain", "trainer", "benchmarks/calibration.py")
+    if dirty:
+        raise SystemExit(f"commit the model first; uncommitted:\n{dirty}")
+    rows = estimate_rows(recompile=False, only=name, recorded=False, pending=True)
+    constants = fit(rows)
+    row = rows[name]
+    predicted = predict(row, constants)
+    predictions[name] = {
+        "tokens_per_sec_per_chip": round(predicted, 2),
+        "step_s": round(row["tokens_per_step"] / row["chips"] / predicted, 3),
+        "constants": list(constants),
+        "commit": _git("rev-parse", "HEAD"),
+        "frozen_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "fidelity": "estimate (from a libtpu compile for the row's target)",
+    }
+    FROZEN.parent.mkdir(parents=True, exist_ok=True)
+    FROZEN.write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
+    print(f"{name}: {predicted:,.0f} tokens/s/chip predicted (frozen in {FROZEN.name}; "
+          "commit it before entering the published figure)")  # fmt: skip
+
+
+def _signature(cost: dict, kernels: KernelFlops) -> tuple[float, ...]:
+    """What makes two rows' per-device programs the same for the model: FLOPs by precision,
+    collective bytes and kernel FLOPs. HBM bytes are left out: the same recipe on 4x the
+    chips holds a quarter of the parameter and optimizer shards, so its update reads fewer
+    bytes (0.6% of the 70B step's HBM bytes), with every matmul and collective unchanged."""
+    flops = cost["flops"]
+    collectives = sum(op["bytes"] for op in cost["collective_ops"])
+    return (*(flops.get(p, 0.0) for p in ("bf16", "fp8", "f32")), collectives, kernels.total)
+
+
+def split(name: str, rows: dict[str, dict]) -> str:
+    """fit; held out with the per-device program of a fit row (within 0.5% on every term of
+    `_signature`: more chips at the same per-device batch); held out, a distinct program."""
+    if name in FIT:
+        return "fit"
+    mine = _signature(rows[name]["cost"], rows[name]["kernels"])
+    for fitted in FIT:
+        theirs = _signature(rows[fitted]["cost"], rows[fitted]["kernels"])
+        if all(
+            abs(a - b) <= 0.005 * max(abs(a), abs(b), 1.0)
+            for a, b in zip(mine, theirs, strict=True)
+        ):
+            return "held out, same program"
+    return "held out, distinct"
+
+
+SPLITS = ("fit", "held out, same program", "held out, distinct")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--recompile", action="store_true")
     parser.add_argument("--only", help="held-out rows whose name contains this (fit rows always)")
     parser.add_argument("--recorded", action="store_true", help="only rows compiled before")
+    parser.add_argument("--freeze", metavar="ROW", help="commit to a prediction for ROW first")
     parser.add_argument("--compile-row", help=argparse.SUPPRESS)  # the child that compiles
     args = parser.parse_args()
     if args.compile_row:
         return compile_row(args.compile_row)
+    if args.freeze:
+        return freeze(args.freeze)
     rows = estimate_rows(args.recompile, args.only, args.recorded)
     if not all(name in rows for name in FIT):
         raise SystemExit(f"the fit rows {FIT} need compile records first")
     fitted = fit(rows)
+    predictions = frozen()
     table = Table(title=f"tokens/s/chip, estimated vs published (fit on {len(FIT)} rows: MXU "
                   f"efficiency bf16 {fitted[0]:.2f}, fp8 {fitted[1]:.2f})")  # fmt: skip
-    for column in ("row", "split", "published", "uncalibrated", "calibrated", "error"):
+    for column in ("row", "split", "published", "uncalibrated", "calibrated", "error",
+                   "frozen prediction (commit): error"):  # fmt: skip
         table.add_column(column)
     for name, row in rows.items():
-        table.add_row(name, "fit" if name in FIT else "held out", f"{row['published_tokens']:,.0f}",
+        pinned = predictions.get(name)
+        before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
+                  f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
+                  if pinned else "seen before the rule")  # fmt: skip
+        table.add_row(name, split(name, rows), f"{row['published_tokens']:,.0f}",
                       f"{predict(row, UNCALIBRATED):,.0f}", f"{predict(row, fitted):,.0f}",
-                      f"{error(row, fitted):+.1%}")  # fmt: skip
-    console = Console()
+                      f"{error(row, fitted):+.1%}", before)  # fmt: skip
+    console = Console(width=170)
     console.print(table)
-    for split, names in (("fit", FIT), ("held out", HELD_OUT)):
-        errors = [abs(error(rows[n], fitted)) for n in names if n in rows]
+    for name in SPLITS:
+        errors = [abs(error(rows[n], fitted)) for n in rows if split(n, rows) == name]
         if not errors:
-            console.print(f"median absolute error, {split}: no rows compiled")
+            console.print(f"median absolute error, {name}: no rows")
             continue
-        console.print(f"median absolute error, {split}: {statistics.median(errors):.1%}")
+        console.print(f"median absolute error, {name}: {statistics.median(errors):.1%} "
+                      f"over {len(errors)} rows")  # fmt: skip
+    pinned_errors = [abs(predictions[n]["tokens_per_sec_per_chip"] / rows[n]["published_tokens"] - 1)
+                     for n in rows if n in predictions]  # fmt: skip
+    console.print(
+        f"frozen predictions (committed before their comparison): {len(pinned_errors)} rows"
+        + (f", median absolute error {statistics.median(pinned_errors):.1%}" if pinned_errors else "")
+        + f"; {sum(n in SEEN_BEFORE_RULE for n in rows)} rows were compared before the rule"
+    )  # fmt: skip
     for bf16, fp8 in ((n, n.replace("bf16", "fp8")) for n in rows if "bf16" in n):
         if fp8 not in rows:
             continue

@@ -1,0 +1,61 @@
+"""The calibration's honesty rules (benchmarks/calibration.py): held-out rows are split by
+whether their per-device program differs from a fit row's, and a prediction is frozen with
+the commit that made it before its row is compared, never replaced, never from uncommitted
+model code. On the compile records kept in results/calibration/."""
+
+import json
+import subprocess
+
+import pytest
+
+import benchmarks.calibration as calibration
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return calibration.estimate_rows(recompile=False, recorded=True)
+
+
+def test_held_out_rows_are_split_by_whether_their_program_is_a_fit_rows(rows):
+    """The 70B recipes on 256 chips run the 64-chip fit rows' per-device program (same
+    FLOPs, collective bytes and kernel FLOPs): they are not evidence about other programs."""
+    splits = {name: calibration.split(name, rows) for name in rows}
+    assert {splits[n] for n in calibration.FIT} == {"fit"}
+    assert splits["llama3.1-70b 8k bf16 256 chips"] == "held out, same program"
+    assert splits["llama3.1-70b 8k fp8 256 chips"] == "held out, same program"
+    for name in ("llama3.1-70b 8k fp8 re-tuned 64 chips", "llama3.1-405b 8k bf16 256 chips",
+                 "qwen3-235b-a22b 4k bf16 256 chips"):  # fmt: skip
+        assert splits[name] == "held out, distinct", name
+
+
+def _repo(tmp_path, monkeypatch):
+    """A git repository standing in for ours: `trainer/` committed clean."""
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "model.py").write_text("MXU = 0.72\n")
+    for command in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                    "commit", "-q", "-m", "model"]):  # fmt: skip
+        subprocess.run(["git", *command], cwd=tmp_path, check=True)
+    monkeypatch.setattr(calibration, "REPO", tmp_path)
+    monkeypatch.setattr(calibration, "FROZEN", tmp_path / "frozen.json")
+    return tmp_path
+
+
+def test_a_frozen_prediction_names_its_commit_and_is_never_replaced(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    name = "llama3.1-70b 8k bf16 256 chips"
+    calibration.freeze(name)
+    pinned = json.loads((repo / "frozen.json").read_text())[name]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert pinned["commit"] == head
+    assert pinned["tokens_per_sec_per_chip"] == pytest.approx(2680, rel=0.02)  # the table's
+    with pytest.raises(SystemExit, match="never replaced"):
+        calibration.freeze(name)
+
+
+def test_no_prediction_is_frozen_from_uncommitted_model_code(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    (repo / "trainer" / "model.py").write_text("MXU = 0.80\n")
+    with pytest.raises(SystemExit, match="commit the model first"):
+        calibration.freeze("llama3.1-70b 8k bf16 256 chips")
+    assert not (repo / "frozen.json").exists()
