@@ -137,6 +137,9 @@ def validate(
         if ladder
         else f"{pinned.search.trials} trials with {pinned.search.sampler}"
     )
+    again = pinned.search.remeasure_count(pinned.effective_fidelity)
+    if again and not ladder:
+        what += f", then the best {again} points measured again"
     console.print(
         f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
         f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"

@@ -25,7 +25,7 @@ matplotlib.use("Agg")  # files only: no display, whatever the host has
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sweeper.results import knob_columns, missing
+from sweeper.results import INTERVAL, REMEASURED, knob_columns, missing, searched
 from trainer.spec.events import FailureClass
 
 REPORT = "report.html"
@@ -148,6 +148,38 @@ def ladder_plot(frame: pd.DataFrame, metric: str, label: str) -> str | None:
     return _png(figure)
 
 
+def remeasure_plot(frame: pd.DataFrame, metric: str, label: str) -> str | None:
+    """The points measured again: each one's first and second figure, with their 95%
+    intervals where the run has them, so a lead that does not survive shows."""
+    again = f"{REMEASURED}{metric}"
+    if again not in frame or metric not in frame:
+        return None
+    both = frame[frame[again].notna() & frame[metric].notna()]
+    if both.empty:
+        return None
+    figure, axis = plt.subplots(figsize=(6.4, 0.9 + 0.6 * len(both)))
+    low, high = INTERVAL.get(metric, (None, None))
+    for i, (_, row) in enumerate(both.iterrows()):
+        for shift, prefix, colour, name in ((-0.12, "", "tab:blue", "first"),
+                                            (0.12, REMEASURED, "tab:orange", "again")):  # fmt: skip
+            value = row[f"{prefix}{metric}"]
+            span = None
+            if (
+                low
+                and not missing(row.get(f"{prefix}{low}"))
+                and not missing(row.get(f"{prefix}{high}"))
+            ):
+                span = [[value - row[f"{prefix}{low}"]], [row[f"{prefix}{high}"] - value]]
+            axis.errorbar(value, i + shift, xerr=span, fmt="o", color=colour, capsize=3,
+                          label=name if i == 0 else None)  # fmt: skip
+    axis.set_yticks(range(len(both)), [str(t) for t in both["trial_id"]], fontsize=7)
+    axis.set_ylim(-0.5, len(both) - 0.5)
+    axis.set_xlabel(f"{metric} (95% interval of the median step where measured)")
+    axis.legend(fontsize=8)
+    axis.set_title(f"The best points, measured again ({label})", fontsize=10)
+    return _png(figure)
+
+
 def history_plot(frame: pd.DataFrame, metric: str, maximize: bool, label: str) -> str | None:
     """The search's progress: each trial's objective in the order the trials started, and
     the best so far."""
@@ -243,8 +275,9 @@ def convergence_plot(frame: pd.DataFrame, label: str) -> str | None:
 
 def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 20) -> str:
     knobs = knob_columns(frame.columns)
-    columns = ["trial_id", "status", "failure_class", metric, MEMORY, "convergence_passed",
-               "screen_rank", "verify_rank", *knobs]  # fmt: skip
+    columns = ["trial_id", "status", "failure_class", metric, f"{REMEASURED}{metric}", MEMORY,
+               "convergence_passed", "screen_rank", "verify_rank", *knobs]  # fmt: skip
+    frame = searched(frame)  # a re-measurement shows as its point's second figure
     shown = frame.sort_values(metric, ascending=not maximize, na_position="last").head(rows)
     head = "".join(
         f"<th>{html.escape(knobs.get(c, c))}</th>" for c in columns if c in frame.columns
@@ -292,14 +325,17 @@ def render(
             ranked_table(frame, metric, maximize) if not frame.empty else "<p>no trials</p>",
         ),
     ]
+    search = searched(frame)  # the search's own trials; re-measurements have their figure
     figures = {
-        "The objective against each knob": objective_by_knob(frame, metric, label),
-        "Throughput against memory": memory_tradeoff(frame, metric, label),
-        "Search progress": history_plot(frame, metric, maximize, label),
+        "The objective against each knob": objective_by_knob(search, metric, label),
+        "Throughput against memory": memory_tradeoff(search, metric, label),
+        "Search progress": history_plot(search, metric, maximize, label),
         "Knob importances": importances_plot(importances, label),
         "Failure map": failure_map(frame, label),
         "Convergence": convergence_plot(frame, label),
     }
+    if f"{REMEASURED}{metric}" in frame:
+        figures["The best points, measured again"] = remeasure_plot(frame, metric, label)
     if "screen_rank" in frame:  # a ladder's sweep
         figures["The ladder: screen against compile"] = ladder_plot(frame, metric, label)
     for name, png in figures.items():

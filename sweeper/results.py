@@ -14,7 +14,7 @@ from typing import Any
 
 from ray.tune.experiment import Trial
 
-from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
+from sweeper.search import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from trainer.spec.events import STEP_METRICS as TRAINER_STEP_METRICS
 from trainer.spec.events import SUMMARY_NUMBERS, FailureClass, TrialStatus
 from trainer.spec.result import TrialResult
@@ -118,6 +118,7 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         "ended_at": readable(layout.ended_at),
         "attempts": attempts,
         "reused_from": final.reused_from,
+        "remeasure_of": trial.config.get(REMEASURE_KEY, ""),
         "program_fingerprint": final.program_fingerprint,
         "profile_dir": final.profile_dir,
         "effects": json.dumps(final.effects) if final.effects else "",
@@ -133,26 +134,72 @@ INTERVAL = {
 }
 
 
+def searched(frame: Any) -> Any:
+    """The rows of the search's own trials: without the re-measurements of its best points
+    (they repeat a point; their figure sits beside the first as `remeasured_*`)."""
+    if frame.empty or "remeasure_of" not in frame:
+        return frame
+    return frame[frame["remeasure_of"].fillna("").astype(str) == ""]
+
+
+REMEASURED = "remeasured_"
+
+
+def remeasured(frame: Any, metric: str) -> Any:
+    """Each point measured again beside its first measurement: `remeasured_<metric>` (and its
+    interval) on the first trial's row, read from the re-measuring trial's row."""
+    if frame.empty or "remeasure_of" not in frame:
+        return frame
+    again = frame[frame["remeasure_of"].fillna("").astype(str) != ""]
+    if again.empty:
+        return frame
+    columns = [c for c in (metric, *INTERVAL.get(metric, ())) if c in again]
+    second = again.drop_duplicates("remeasure_of", keep="last").set_index("remeasure_of")
+    frame = frame.copy()
+    for column in columns:
+        frame[f"{REMEASURED}{column}"] = frame["trial_id"].map(second[column])
+    frame[f"{REMEASURED}by"] = frame["trial_id"].map(second["trial_id"])
+    return frame
+
+
+def _interval(row: Any, metric: str, prefix: str = "") -> str:
+    low, high = (f"{prefix}{c}" for c in INTERVAL.get(metric, ("", "")))
+    if low not in row or missing(row[low]) or missing(row[high]):
+        return ""
+    return f" (95% interval {row[low]:,.0f}-{row[high]:,.0f})"
+
+
+def _overlap(a: Any, b: Any, metric: str, prefix: str = "") -> bool | None:
+    low, high = (f"{prefix}{c}" for c in INTERVAL.get(metric, ("", "")))
+    cells = [r.get(c) for r in (a, b) for c in (low, high)] if low else []
+    if not cells or any(missing(v) for v in cells):
+        return None
+    return bool(a[low] <= b[high] and b[low] <= a[high])
+
+
 def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     """What the run's noise says about the table: whether the best trial is within the noise of
-    the next (their 95% intervals overlap), and which trials shared their cores."""
+    the next (their 95% intervals overlap), what measuring both again said, and which trials
+    shared their cores."""
     notes: list[str] = []
     if frame.empty or "status" not in frame:
         return notes
-    ok = frame[(frame["status"] == "ok") & frame.get(metric, frame["status"]).notna()]
+    mine = searched(frame)
+    ok = mine[(mine["status"] == "ok") & mine.get(metric, mine["status"]).notna()]
     if metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns) and len(ok) >= 2:
-        low, high = INTERVAL[metric]
         ranked = ok.sort_values(metric, ascending=not maximize)
         best, second = ranked.iloc[0], ranked.iloc[1]
-        if not any(missing(v) for v in (best[low], best[high], second[low], second[high])):
-            overlap = best[low] <= second[high] and second[low] <= best[high]
+        overlap = _overlap(best, second, metric)
+        if overlap is not None:
             verdict = "within the noise of" if overlap else "ahead of, beyond the noise of,"
             notes.append(
-                f"noise: the best trial {best['trial_id']} ({best[metric]:,.0f} {metric}, 95% "
-                f"interval {best[low]:,.0f}-{best[high]:,.0f}) is {verdict} the next, "
-                f"{second['trial_id']} ({second[metric]:,.0f}, {second[low]:,.0f}-{second[high]:,.0f})"
+                f"noise: the best trial {best['trial_id']} ({best[metric]:,.0f} {metric}"
+                f"{_interval(best, metric)}) is {verdict} the next, {second['trial_id']} "
+                f"({second[metric]:,.0f}{_interval(second, metric)})"
                 + ("; measure both again (more steps) before choosing" if overlap else "")
             )
+    if len(ok) >= 2 and f"{REMEASURED}{metric}" in ok:
+        notes += _remeasure_note(ok, metric, maximize)
     if "cpu_contention" in frame:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
         if len(busy):
@@ -164,3 +211,36 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
                 f"were measured ({shares}): their figures measure those processes too"
             )
     return notes
+
+
+def _remeasure_note(ok: Any, metric: str, maximize: bool) -> list[str]:
+    """Whether the winner's lead over the next survived measuring both again."""
+    ranked = ok.sort_values(metric, ascending=not maximize)
+    best, second = ranked.iloc[0], ranked.iloc[1]
+    again = f"{REMEASURED}{metric}"
+    if missing(best[again]) or missing(second[again]):
+        unmeasured = [str(r["trial_id"]) for r in (best, second) if missing(r[again])]
+        return [
+            f"re-measured: {', '.join(unmeasured)} has no second figure (its re-measurement "
+            "failed or never ran): the lead rests on one measurement"
+        ]
+    held = (best[again] > second[again]) == maximize or best[again] == second[again]
+    overlap = _overlap(best, second, metric, REMEASURED)
+    said = (
+        "the order held"
+        if held
+        else f"the order flipped: the second measurement puts {second['trial_id']} ahead"
+    )
+    noise = (
+        ""
+        if overlap is None
+        else "; their second intervals overlap: within the noise, measure longer before choosing"
+        if overlap
+        else "; their second intervals do not overlap: the lead is beyond the noise"
+    )
+    return [
+        f"re-measured: the best trial {best['trial_id']} ran {best[metric]:,.0f}, then "
+        f"{best[again]:,.0f}{_interval(best, metric, REMEASURED)}; the next, {second['trial_id']}, "
+        f"{second[metric]:,.0f}, then {second[again]:,.0f}{_interval(second, metric, REMEASURED)}"
+        f" {metric}: {said}{noise}"
+    ]

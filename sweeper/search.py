@@ -29,6 +29,8 @@ OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"
 MAX_REPEATS = 50
 # A point measured before in this study: its stored result, reused instead of run again.
 REUSE_KEY = "sweeper.reuse"
+# A trial that measures again the point of an ended trial of this sweep (its Tune id).
+REMEASURE_KEY = "sweeper.remeasure_of"
 # Config keys that steer a trial and are not knobs.
 CONTROL_PREFIX = "sweeper."
 
@@ -237,6 +239,7 @@ class SweepSearch(Searcher):
         study_name: str,
         storage: optuna.storages.BaseStorage | str,
         points_to_evaluate: list[dict[str, Any]] | None = None,
+        remeasure: int = 0,
     ):
         # Lists for a multi-objective study: Ray's Searcher takes them (its hint says str).
         super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
@@ -263,6 +266,10 @@ class SweepSearch(Searcher):
         self.exhausted = False  # asks kept drawing points this sweep has
         self._closing = False  # the sweep was interrupted: fail_unfinished told the rest
         self._reruns: set[str] = set()  # trials rerun after fail_unfinished told them FAIL
+        self._remeasure = remeasure  # best points measured again once the search has ended
+        self._configs: dict[str, dict[str, Any]] = {}  # Tune trial id -> the config it ran
+        self._values: dict[str, float] = {}  # ok trials of the search -> primary objective
+        self._remeasures: dict[str, str] = {}  # re-measuring Tune trial -> the trial it repeats
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         """The point trial `trial_id` runs. A point this sweep has already run (or is
@@ -271,8 +278,12 @@ class SweepSearch(Searcher):
         an earlier sweep of the study measured is reused (`REUSE_KEY`): it counts. When asks
         keep drawing points this sweep has, it has them all: Searcher.FINISHED (Ray's
         documented end of a search; its type hint leaves that string out)."""
+        if trial_id in self._remeasures:  # asked again (a restored sweep)
+            return self._remeasure_config(self._remeasures[trial_id])
         if trial_id in self._ot_trials:  # asked again for a trial it has (a restored sweep)
             return self._config(trial_id, self._ot_trials[trial_id])
+        if self.exhausted or len(self._ot_trials) >= self._sweep_space.search.trials:
+            return self._next_remeasure(trial_id)
         for _ in range(MAX_REPEATS):
             ot_trial = self._ot_study.ask()
             ot_trial.set_user_attr("sweep_id", self._sweep_id)
@@ -285,7 +296,27 @@ class SweepSearch(Searcher):
             self._ot_trials[trial_id] = ot_trial
             return self._config(trial_id, ot_trial)
         self.exhausted = True  # every recent ask was a point this sweep has: it has them all
-        return Searcher.FINISHED
+        return self._next_remeasure(trial_id)
+
+    def _next_remeasure(self, trial_id: str) -> dict[str, Any] | str | None:
+        """Once every trial of the search has ended, the best ok points not yet measured
+        again, one per Tune trial (`REMEASURE_KEY`: no Optuna trial, nothing told); None
+        while search trials still run (Tune asks again); FINISHED when there are no more."""
+        if len(self._remeasures) >= self._remeasure:
+            return Searcher.FINISHED
+        if any(t not in self._completed_trials for t in self._ot_trials):
+            return None
+        again = set(self._remeasures.values())
+        left = [t for t in self._values if t not in again]
+        if not left:
+            return Searcher.FINISHED
+        maximize = self._sweep_space.objective.primary.mode == "max"
+        best = (max if maximize else min)(left, key=lambda t: self._values[t])
+        self._remeasures[trial_id] = best
+        return self._remeasure_config(best)
+
+    def _remeasure_config(self, original: str) -> dict[str, Any]:
+        return {**knob_point(self._configs[original]), REMEASURE_KEY: original}
 
     def _point(self, ot_trial: optuna.Trial) -> dict[str, Any]:
         """The knob values the trial draws (define-by-run: asked here, then in its params)."""
@@ -301,6 +332,7 @@ class SweepSearch(Searcher):
             # Measured by an earlier sweep of this study: reuse, do not run it again.
             config[REUSE_KEY] = {"from": earlier.number, "result": earlier.user_attrs["result"]}
             ot_trial.set_user_attr("reused_from", earlier.number)
+        self._configs[trial_id] = config
         return config
 
     def _tell_repeat(self, ot_trial: optuna.Trial, key: str) -> None:
@@ -337,8 +369,8 @@ class SweepSearch(Searcher):
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
             return  # Optuna has no intermediate values for multi-objective studies
-        if trial_id in self._reruns:
-            return  # its Optuna trial was told FAIL when it was cut off
+        if trial_id in self._reruns or trial_id not in self._ot_trials:
+            return  # told FAIL when it was cut off; or a re-measurement, never told
         value = result.get(self.metric)
         if (
             result.get(STATUS_KEY) == TrialStatus.RUNNING
@@ -372,6 +404,9 @@ class SweepSearch(Searcher):
         ot_trial = self._ot_trials[trial_id]
         final = TrialResult.from_report(result)
         kind = outcome(final, error, reported=bool(result))
+        value = final.objective(self._sweep_space.objective.primary.metric) if final else math.nan
+        if kind == "ok" and math.isfinite(value):  # a candidate to measure again
+            self._values[trial_id] = value
         frozen = self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
         cut_off = frozen.state.is_finished() and frozen.user_attrs.get("outcome") == "killed"
         if frozen.state.is_finished() and not cut_off:

@@ -189,6 +189,16 @@ class Search(Frozen):
     ladder: Ladder | None = None
     """screen every point by the estimate, compile the best (`verify`), run the best of those
     (`run`): trials and sampler are then the ladder's (sweeper/ladder.py)."""
+    remeasure: int | None = Field(default=None, ge=0, le=16)
+    """run-fidelity sweeps: once every trial has ended, the best this many points run again
+    (default 2; 0: none), so the table says whether the winner's lead survives a second
+    measurement. Estimates and compiles are deterministic: nothing to re-measure."""
+
+    def remeasure_count(self, fidelity: str) -> int:
+        """Points measured again at the end of a sweep of `fidelity` (its effective one)."""
+        if fidelity != "run":
+            return 0
+        return 2 if self.remeasure is None else self.remeasure
 
 
 def gpus_in(target: str) -> int | None:
@@ -306,6 +316,16 @@ class Space(Frozen):
             raise ValueError(
                 f"search.ladder: the ladder sets each rung's fidelity (its verify rung compiles); "
                 f"fidelity {self.fidelity} contradicts it: use fidelity auto"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_remeasure(self) -> Space:
+        if self.search.remeasure and self.fidelity in ("estimate", "compile"):
+            raise ValueError(
+                f"search.remeasure: {self.fidelity} figures are deterministic (the same program "
+                "gives the same figure): there is nothing to measure again; drop it or use "
+                "fidelity run"
             )
         return self
 

@@ -367,7 +367,13 @@ class Sweep:
             study_name=self.study_name,
             storage=optuna.storages.RDBStorage(self.optuna_storage),
             points_to_evaluate=space.search.warm_start or None,
+            remeasure=self.remeasure,
         )
+
+    @property
+    def remeasure(self) -> int:
+        """Points measured again once the search's trials have ended (run fidelity only)."""
+        return self.space.search.remeasure_count(self.space.effective_fidelity)
 
     def _tune_config(self) -> tune.TuneConfig:
         space, objective = self.space, self.space.objective
@@ -384,7 +390,7 @@ class Sweep:
         return tune.TuneConfig(
             search_alg=self.searcher,
             scheduler=scheduler,
-            num_samples=space.search.trials,
+            num_samples=space.search.trials + self.remeasure,
             max_concurrent_trials=self.concurrency,
             time_budget_s=space.search.time_budget_s,
             reuse_actors=False,
@@ -444,11 +450,14 @@ class Sweep:
             tracking.run_id,
             tracking.attempts,
         )
-        frame = pd.DataFrame(rows)
+        frame = results.remeasured(pd.DataFrame(rows), space.objective.primary.metric)
         frame, ladder_notes = self._ladder(frame)
-        counts = {"total": len(frame)}
-        if not frame.empty:
-            counts.update({str(k): int(v) for k, v in frame["status"].value_counts().items()})
+        search = results.searched(frame)  # counts are the search's; re-measurements apart
+        counts = {"total": len(search)}
+        if not search.empty:
+            counts.update({str(k): int(v) for k, v in search["status"].value_counts().items()})
+        if len(search) < len(frame):
+            counts["remeasured"] = len(frame) - len(search)
         best = _best(frame, space)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         frame.to_csv(self.sweep_dir / "summary.csv", index=False)
@@ -469,7 +478,7 @@ class Sweep:
             notes.append("interrupted: trials still running were killed and recorded as such")
         if self.searcher is not None and self.searcher.exhausted:
             notes.append(
-                f"the space ran out of new points after {len(frame)} trials: every point the "
+                f"the space ran out of new points after {len(search)} trials: every point the "
                 "sampler drew again had run in this sweep"
             )
         notes += self.close_leftovers()
@@ -697,6 +706,7 @@ def _ended(trial: Trial) -> bool:
 
 def _best(frame: pd.DataFrame, space: Space) -> dict[str, Any] | None:
     primary = space.objective.primary
+    frame = results.searched(frame)  # a re-measurement repeats a point: its first trial ranks
     ok = frame[frame["status"] == TrialStatus.OK] if not frame.empty else frame
     if ok.empty:
         return None

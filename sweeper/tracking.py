@@ -21,7 +21,7 @@ from ray.tune.experiment import Trial
 from sweeper import mlflow_view
 from sweeper.journal import TrackingJournal, is_outage, read_state
 from sweeper.results import LAYOUT_TAGS, STEP_METRICS, final_metrics, final_of, missing, readable
-from sweeper.search import OPTUNA_NUMBER_KEY, knob_point
+from sweeper.search import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from sweeper.space import KEY_SEPARATOR, Space, assemble
 from sweeper.stores import PARENT, store_for
 from trainer.spec.events import TrialStatus
@@ -456,8 +456,10 @@ class TrackingCallback(tune.Callback):
             )
         else:
             number = trial.config.get(OPTUNA_NUMBER_KEY)
+            again = trial.config.get(REMEASURE_KEY)
+            tags = {"sweeper.remeasure_of": again} if again else {}
             self.run_ids[trial.trial_id] = self.tracker.start_trial(
-                trial.trial_id, knob_point(trial.config), number, {}
+                trial.trial_id, knob_point(trial.config), number, tags
             )
         self.save()
 

@@ -183,7 +183,8 @@ needs_maxtext = pytest.mark.skipif(
 def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(tmp_path):
     from sweeper.sweep import run_sweep
 
-    result = run_sweep(str(SPACES / "smoke_maxtext.yaml"), results_dir=tmp_path, trials=2)
+    result = run_sweep(str(SPACES / "smoke_maxtext.yaml"), results_dir=tmp_path, trials=2,
+                       set={"search.remeasure": 0})  # fmt: skip
     assert result.counts == {"total": 2, "ok": 2}
     frame = result.trials
     assert set(frame["program"]) == {"maxtext"} and set(frame["fidelity"]) == {"run"}

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper.results import noise_notes
+from sweeper.results import noise_notes, remeasured, searched
 from trainer.run.metrics import Contention, step_time_stats
 
 
@@ -77,3 +77,26 @@ def test_the_table_says_when_the_winner_is_within_the_noise_of_the_next():
     apart = noise_notes(_frame((100, 98, 102), (80, 78, 82)), "tokens_per_sec_per_chip", True)
     assert "beyond the noise of" in apart[0]
     assert any(n.startswith("contention: ") and "a 30%" in n for n in close)
+
+
+def _measured_again(first: pd.DataFrame, a: tuple, b: tuple) -> pd.DataFrame:
+    """`first` with its two points measured again (figure, low, high), as re-measuring rows."""
+    again = _frame(a, b).assign(trial_id=["a2", "b2"], remeasure_of=["a", "b"])
+    table = pd.concat([first.assign(remeasure_of=""), again], ignore_index=True)
+    return remeasured(table, "tokens_per_sec_per_chip")
+
+
+def test_measuring_the_best_two_again_says_whether_the_lead_held():
+    metric = "tokens_per_sec_per_chip"
+    first = _frame((100, 98, 102), (80, 78, 82))  # apart, the first time
+    held = _measured_again(first, (99, 97, 101), (82, 80, 84))
+    assert list(searched(held)["trial_id"]) == ["a", "b"]  # re-measurements do not rank
+    assert held.set_index("trial_id").loc["a", f"remeasured_{metric}"] == 99
+    note = next(n for n in noise_notes(held, metric, True) if n.startswith("re-measured"))
+    assert "ran 100, then 99" in note and "the order held" in note and "beyond the noise" in note
+    flipped = _measured_again(first, (81, 79, 83), (90, 88, 92))
+    note = next(n for n in noise_notes(flipped, metric, True) if n.startswith("re-measured"))
+    assert "the order flipped: the second measurement puts b ahead" in note
+    close = _measured_again(first, (90, 85, 95), (88, 84, 93))
+    note = next(n for n in noise_notes(close, metric, True) if n.startswith("re-measured"))
+    assert "the order held" in note and "within the noise" in note

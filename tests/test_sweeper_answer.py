@@ -102,7 +102,8 @@ def test_the_report_is_one_offline_file_with_its_plots(finished):
     assert "http://" not in text and "https://" not in text and 'src="//' not in text
     assert "fidelity run (measured) on cpu" in text  # every figure says what it is
     for heading in ("Ranked trials", "The objective against each knob", "Search progress",
-                    "Throughput against memory", "Knob importances", "Failure map", "Convergence"):  # fmt: skip
+                    "Throughput against memory", "Knob importances", "Failure map", "Convergence",
+                    "The best points, measured again"):  # fmt: skip
         assert f"<h2>{heading}</h2>" in text
 
 
@@ -147,7 +148,7 @@ def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
         )  # fmt: skip
         with urllib.request.urlopen(search, timeout=10) as answer:
             runs = json.loads(answer.read())["runs"]
-        assert len(runs) == 5  # the sweep's run and its 4 trials
+        assert len(runs) == 7  # the sweep's run, its 4 trials and the best 2 measured again
     finally:
         ui.terminate()
         ui.wait(timeout=30)

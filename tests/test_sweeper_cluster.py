@@ -74,7 +74,13 @@ def _space(name: str, trials: int, **trial) -> dict:
         "model": {"preset": "tiny-dense"},
         "trial": {"seq_len": 64, "steps": STEPS, "backend": "cpu", **trial},
         "constraints": {"convergence": False},
-        "search": {"sampler": "random", "trials": trials, "concurrency": 4, "trial_timeout_s": 600},
+        "search": {
+            "sampler": "random",
+            "trials": trials,
+            "concurrency": 4,
+            "trial_timeout_s": 600,
+            "remeasure": 0,
+        },
         "knobs": {"mesh.fsdp": {"values": [-1]}, "mesh.tensor": {"values": [1, 2]}},
     }
 
@@ -214,7 +220,8 @@ def test_a_pipelines_cluster_runs_local_cpu_trials_on_its_workers(tpu_cluster, t
     its CPU trials placed on whichever nodes have CPUs."""
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("CPU"))
     result = run_sweep("smoke", results_dir=tmp_path, trials=2,
-                       set={"trial.steps": 3, "constraints.convergence": False})  # fmt: skip
+                       set={"trial.steps": 3, "constraints.convergence": False,
+                            "search.remeasure": 0})  # fmt: skip
     frame = result.trials
     assert result.counts == {"total": 2, "ok": 2}, frame[["status", "failure_message"]]
     hosts = {h for hosts in frame["hosts"] for h in hosts.split(",")}

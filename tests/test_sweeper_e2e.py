@@ -48,13 +48,16 @@ def _children(client: MlflowClient, result):
 
 def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     result = run_sweep("smoke", results_dir=tmp_path, trials=3, set={"trial.steps": STEPS})
-    assert result.counts == {"total": 3, "ok": 3}
+    # Three trials of the search, then its best two points measured again (run fidelity's default).
+    assert result.counts == {"total": 3, "ok": 3, "remeasured": 2}
     client = MlflowClient(result.tracking_uri)
     parent = client.get_run(result.parent_run_id)
     assert parent.data.tags["sweeper.kind"] == "sweep" and parent.info.status == "FINISHED"
-    assert parent.data.metrics["trials_ok"] == 3
-    children = _children(client, result)
-    assert len(children) == 3
+    assert parent.data.metrics["trials_ok"] == 3 and parent.data.metrics["trials_remeasured"] == 2
+    every = _children(client, result)
+    again = [r for r in every if "sweeper.remeasure_of" in r.data.tags]
+    children = [r for r in every if "sweeper.remeasure_of" not in r.data.tags]
+    assert len(children) == 3 and len(again) == 2
     # Three trials are three distinct points: a point drawn again is not run (or counted) again.
     points = {tuple(sorted((k, v) for k, v in r.data.params.items() if k.startswith("knob.")))
               for r in children}  # fmt: skip
@@ -74,11 +77,29 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
         assert sorted(m.step for m in history) == list(range(STEPS))
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"trial.json", "knob_effects.json"} <= artifacts
-    # Outputs on disk, and the best is the fastest feasible trial.
-    frame = result.trials
+    # Outputs on disk, and the best is the fastest feasible trial of the search.
+    table = result.trials
+    frame = table[table["remeasure_of"].fillna("") == ""]
     assert (result.sweep_dir / "summary.csv").exists()
     best = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
     assert best["tokens_per_sec_per_chip"] == pytest.approx(frame["tokens_per_sec_per_chip"].max())
+    # The two best points ran again, each as a trial of its own (not told to Optuna): the same
+    # knobs, its figure beside the first measurement's, and a note on whether the lead held.
+    top = frame.sort_values("tokens_per_sec_per_chip", ascending=False)["trial_id"][:2]
+    by_id = {r.data.tags["sweeper.trial_id"]: r for r in every}
+    assert sorted(r.data.tags["sweeper.remeasure_of"] for r in again) == sorted(top)
+    for run in again:
+        first = by_id[run.data.tags["sweeper.remeasure_of"]]
+        knobs = {k: v for k, v in run.data.params.items() if k.startswith("knob.")}
+        assert knobs == {k: v for k, v in first.data.params.items() if k.startswith("knob.")}
+        second = frame.set_index("trial_id").loc[first.data.tags["sweeper.trial_id"]]
+        assert second["remeasured_tokens_per_sec_per_chip"] == pytest.approx(
+            run.data.metrics["tokens_per_sec_per_chip"]
+        )
+        assert second["remeasured_by"] == run.data.tags["sweeper.trial_id"]
+    assert any(
+        n.startswith(f"re-measured: the best trial {top.iloc[0]} ran ") for n in result.notes
+    )
     # Each measurement carries its noise: the median step's 95% interval, the drift across
     # timing windows, and how much of its cores other processes used; the table says whether
     # the winner is within the noise of the next.
@@ -90,7 +111,7 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     # core; trials that ran at the same time held different cores.
     assert frame["reused_from"].isna().all()
     assert set(frame["cores"]) <= {"0", "1"} and set(frame["processes"]) == {1}
-    spans = list(zip(frame["started_at"], frame["ended_at"], frame["cores"], strict=True))
+    spans = list(zip(table["started_at"], table["ended_at"], table["cores"], strict=True))
     for i, (start, end, cores) in enumerate(spans):
         for other_start, other_end, other in spans[i + 1 :]:
             assert not (start < other_end and other_start < end and cores == other)
@@ -131,6 +152,7 @@ FAULTS = {
     "search": {
         "sampler": "random",
         "trials": 5,
+        "remeasure": 0,
         "concurrency": 2,
         "warm_start": [
             {**CLEAN, "mesh.tensor": 1},
@@ -199,7 +221,11 @@ def test_a_pipeline_drives_the_lifecycle_with_its_own_callback_and_store(tmp_pat
     uri = f"memory:{tmp_path.name}"
     store = store_for(uri)
     sweep = Sweep.prepare(
-        "smoke", results_dir=tmp_path, tracking_uri=uri, trials=2, set={"trial.steps": 4}
+        "smoke",
+        results_dir=tmp_path,
+        tracking_uri=uri,
+        trials=2,
+        set={"trial.steps": 4, "search.remeasure": 0},
     )
     assert [r.name for r in store.runs.values()] == [f"sweep-{sweep.sweep_id}"]  # opened here
     counter = CountingCallback()
@@ -234,7 +260,11 @@ def mlflow_server(tmp_path):
 
 def test_sweep_against_a_real_mlflow_server(tmp_path, mlflow_server):
     result = run_sweep(
-        "smoke", results_dir=tmp_path, tracking_uri=mlflow_server, trials=2, set={"trial.steps": 4}
+        "smoke",
+        results_dir=tmp_path,
+        tracking_uri=mlflow_server,
+        trials=2,
+        set={"trial.steps": 4, "search.remeasure": 0},
     )
     client = MlflowClient(mlflow_server)
     runs = _children(client, result)
@@ -282,6 +312,7 @@ def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path, capsys, m
         trials=1,
         progress=True,
         set={
+            "search.remeasure": 0,
             "trial.fault": {"crash_at_step": 1, "crash_mode": "hang"},
             "search.trial_timeout_s": 15,
         },
@@ -316,6 +347,7 @@ def test_two_objectives_make_a_multi_objective_study(tmp_path):
         trials=2,
         sampler="nsga2",
         set={
+            "search.remeasure": 0,
             "trial.steps": 4,
             "objective.secondary": {"metric": "hbm_per_device_gib", "mode": "min"},
         },
@@ -414,6 +446,7 @@ def test_grid_sampler_runs_the_whole_grid_once(tmp_path):
         sampler="grid",
         trials=3,
         set={
+            "search.remeasure": 0,
             "trial.steps": 3,
             "constraints.convergence": False,
             "knobs.remat.policy.values": ["full"],
@@ -436,7 +469,8 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "run", "smoke", "--results-dir", str(tmp_path),
-         "--trials", "1", "--concurrency", "1", "--set", "trial.steps=400"],
+         "--trials", "1", "--concurrency", "1", "--set", "trial.steps=400",
+         "--set", "search.remeasure=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines = []
@@ -481,7 +515,7 @@ def test_a_profiled_trial_logs_its_trace_and_times_the_other_steps(tmp_path):
     trial's run; the traced steps are left out of the step-time figures."""
     uri = f"memory:{uuid.uuid4().hex}"
     result = run_sweep("smoke", results_dir=tmp_path, tracking_uri=uri, trials=1,
-                       set={"trial.steps": 6, "trial.profile": {"start_step": 3, "steps": 2},
+                       set={"trial.steps": 6, "search.remeasure": 0, "trial.profile": {"start_step": 3, "steps": 2},
                             "constraints.convergence": False})  # fmt: skip
     row = result.trials.iloc[0]
     assert row["status"] == "ok" and row["timed_steps"] == 6 - 2 - 2  # warm-up and traced out

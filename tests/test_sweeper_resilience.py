@@ -34,7 +34,7 @@ def _finished(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        _sweeper("run", "smoke", "--results-dir", str(tmp_path), *args),
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--set", "search.remeasure=0", *args),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
     )  # fmt: skip
 
@@ -160,6 +160,7 @@ def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
 
 def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path):
     common = ["--study", "shared", "--set", "trial.steps=3", "--set", "constraints.convergence=false",
+              "--set", "search.remeasure=0",
               "--set", "knobs.remat.policy.values=[full]"]  # fmt: skip
     first = _finished(
         "run",

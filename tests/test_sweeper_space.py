@@ -272,3 +272,15 @@ def test_a_sampled_learning_rate_is_judged_against_the_recipes(tmp_path):
     assert reference_key(halved, "cpu", 8) == reference_key(recipe, "cpu", 8)
     unswept = load_config(assemble(load_space(_write(tmp_path, GOOD)), point))
     assert unswept.convergence.recipe == {}
+
+
+def test_remeasure_is_for_run_fidelity_only(tmp_path):
+    """A compile's figure is the same each time: asking to measure it again is an error naming
+    the setting; a run-fidelity space measures its best two points again unless told."""
+    compiled = GOOD + "fidelity: compile\ntarget: tpu7x:2x2x1\nsearch: {remeasure: 2}\n"
+    with pytest.raises(SpaceError, match=r"search\.remeasure: compile figures are deterministic"):
+        load_space(_write(tmp_path, compiled))
+    space = load_space(_write(tmp_path, GOOD + "fidelity: run\n"))
+    assert space.search.remeasure_count("run") == 2 and space.search.remeasure_count("compile") == 0
+    space = load_space(_write(tmp_path, GOOD + "fidelity: run\nsearch: {remeasure: 0}\n"))
+    assert space.search.remeasure_count("run") == 0
