@@ -128,7 +128,7 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
 
 # A trial whose cores other processes used more than this share of the time measured them too.
 CONTENDED = 0.10
-# The measured figure whose 95% interval a run reports (trainer.run.metrics.step_time_stats).
+# The measured figure whose 95% interval a run reports (trainer.spec.timing.step_time_stats).
 INTERVAL = {
     "tokens_per_sec_per_chip": ("tokens_per_sec_per_chip_low", "tokens_per_sec_per_chip_high")
 }

@@ -196,6 +196,11 @@ def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(t
         steps = [s for s in map(logs.step_line, log.read_text().splitlines()) if s]
         medians.add(round(statistics.median(s.tokens_per_device for s in steps[2:]), 3))
     assert {round(v, 3) for v in frame["tokens_per_sec_per_device"]} == medians
+    # With the noise figures our trainer's runs carry: the median step's 95% interval.
+    assert (frame["tokens_per_sec_per_chip_low"] <= frame["tokens_per_sec_per_chip"]).all()
+    assert (frame["tokens_per_sec_per_chip"] <= frame["tokens_per_sec_per_chip_high"]).all()
+    assert (frame["tokens_per_sec_per_chip_low"] < frame["tokens_per_sec_per_chip_high"]).all()
+    assert set(frame["timing_windows"]) == {3}
     # The export of its best trial is the command that reruns it, maxtext.* knobs included.
     best = frame.loc[frame["trial_id"] == result.best["trial_id"]].iloc[0]
     exported = CliRunner().invoke(

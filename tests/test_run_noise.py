@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from sweeper.results import noise_notes, remeasured, searched
-from trainer.run.metrics import Contention, step_time_stats
+from trainer.run.metrics import Contention
+from trainer.spec.timing import step_time_stats
 
 
 def test_the_interval_holds_the_median_and_narrows_with_more_steps():

@@ -41,6 +41,7 @@ from trainer.spec.events import (
 from trainer.spec.files import cache_dir
 from trainer.spec.flops import training_flops_per_step
 from trainer.spec.hardware import GIB
+from trainer.spec.timing import step_time_stats
 
 
 @dataclass
@@ -222,7 +223,7 @@ def _measured(
 ) -> dict[str, Any]:
     """The run's figures: throughput, model TFLOP/s and MFU against the chip's peak of the
     step's precision, step-time statistics."""
-    stats = metrics.step_time_stats(timed.step_times, config.measure.windows)
+    stats = step_time_stats(timed.step_times, config.measure.windows)
     tokens_per_step = program.global_batch * config.seq_len
     tokens_per_sec = tokens_per_step / stats["step_time_median_s"]
     chips = len(devices) / chip.devices_per_chip

@@ -1,0 +1,35 @@
+"""Step-time statistics of a measured run, and the noise of its median: shared by our
+trainer's timed loop and by the MaxText driver, which reads MaxText's step times from its log.
+No JAX."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Resamples of the bootstrap interval of the median step (fixed seed: the same steps give
+# the same interval).
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def step_time_stats(step_times_s: list[float], windows: int = 3) -> dict[str, float]:
+    """Step-time statistics, and the noise of the median: a 95% bootstrap interval of the
+    median step (resampling the timed steps), and the spread of the median step across
+    `windows` consecutive windows of the timed steps ((slowest - fastest) / overall): drift
+    within a trial, which a single interval hides."""
+    times = np.asarray(step_times_s)
+    median = float(np.median(times))
+    resampled = np.random.default_rng(0).choice(times, size=(BOOTSTRAP_RESAMPLES, len(times)))
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    parts = [w for w in np.array_split(times, min(windows, len(times))) if len(w)]
+    per_window = [float(np.median(w)) for w in parts]
+    return {
+        "step_time_median_s": median,
+        "step_time_p90_s": float(np.percentile(times, 90)),
+        "step_time_min_s": float(times.min()),
+        "step_time_max_s": float(times.max()),
+        "timed_steps": len(times),
+        "step_time_median_low_s": float(low),
+        "step_time_median_high_s": float(high),
+        "timing_windows": len(parts),
+        "window_spread": (max(per_window) - min(per_window)) / median if median else 0.0,
+    }
