@@ -30,6 +30,7 @@ from sweeper import ladder, results
 from sweeper.engine import (
     cap_grid,
     check_space,
+    drop_staging,
     new_sweep_id,
     place,
     quiet,
@@ -605,7 +606,9 @@ class Sweep:
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
         self.tuner(callbacks, progress).fit()
-        return self.finish()
+        result = self.finish()
+        drop_staging(self.experiment_name)  # Tune's copies; the sweep's storage has them
+        return result
 
 
 def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:
