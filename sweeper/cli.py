@@ -86,6 +86,24 @@ def _overrides(
     )
 
 
+def disk_full(exc: BaseException) -> str | None:
+    """Why a write failed when the failure is a full, over-quota or read-only folder (an
+    OSError, or SQLite's "database or disk is full" from the Optuna or MLflow store, however
+    deep in the exception's chain); None for any other failure."""
+    import errno
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            return exc.strerror or str(exc)
+        text = str(exc)
+        if "database or disk is full" in text or "readonly database" in text:
+            return "database or disk is full" if "full" in text else "read-only database"
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def _fail(message: str) -> None:
     err.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line: paths whole
     raise typer.Exit(2)
@@ -250,6 +268,16 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     except KeyboardInterrupt:
         err.print("[red]interrupted[/red] before the first trial started; nothing was run")
         raise typer.Exit(130) from None
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        folder = kwargs.get("results_dir") or "./results"
+        _fail(
+            f"the results folder ({folder}) took no more writes during the sweep ({full}). "
+            "What was written before is kept. Free space, then `sweeper list` shows the sweep "
+            "and `sweeper resume ID` continues it"
+        )
     from sweeper.console import print_sweep
     from sweeper.manifest import SweepManifest
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from sweeper.results import INTERVAL, REMEASURED, knob_columns, missing, searched
 from trainer.spec.events import FailureClass
+from trainer.spec.files import write_text
 
 REPORT = "report.html"
 FAILURE_CLASSES = tuple(c.value for c in FailureClass)
@@ -395,8 +396,7 @@ def write_report(
     text = render(
         frame, title=title, metric=metric, maximize=maximize, notes=notes, importances=importances
     )
-    path.write_text(text)
-    return path
+    return write_text(path, text)
 
 
 def frame_of(sweep_dir: Path) -> pd.DataFrame:

@@ -13,6 +13,8 @@ the Optuna study, the sweep folder), in Tune's `fit`, or in `finish`; `tuner()` 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ from sweeper.tracking import (
 from sweeper.trainable import TrialRuntime, run_trial
 from trainer.spec.config import TrialConfig
 from trainer.spec.events import FailureClass, TrialStatus
+from trainer.spec.files import write_text
 from trainer.spec.result import TrialResult
 
 JOURNAL = "tracking_journal.json"  # tracking writes waiting for the store to come back
@@ -73,6 +76,24 @@ INFRA_RETRIES = 2
 # started within this window of a driver's death is unknown to a resume; its records are
 # closed as killed and Tune runs another in its place.
 TUNE_STATE_EVERY_S = "2"
+
+
+# A results folder that cannot take a write: full, over quota, or mounted read-only.
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class ResultsUnwritable(SpaceError):
+    """The sweep's end could not be written where its results go: what was not written, why,
+    and how to finish it (`sweeper resume`, once there is room)."""
+
+    def __init__(self, sweep_id: str, folder: Path, unwritten: list[str]):
+        super().__init__(
+            f"sweep {sweep_id}: the results folder {folder} took no more writes "
+            f"({'; '.join(unwritten)}). The trials' records are kept where they were written "
+            f"(Optuna, MLflow, the trials' folders). Free space (or make it writable), then "
+            f"`sweeper resume {sweep_id}` writes the summary, best.yaml and the report",
+            file=str(folder),
+        )
 
 
 class SweepFinished(SpaceError):
@@ -151,6 +172,7 @@ class Sweep:
     own_study: bool = True  # False when --study continues a study shared with other sweeps
     resumed: bool = False  # reattached by `resume`: the tuner restores Tune's experiment
     result: SweepResult | None = None  # set once, by finish()
+    unwritable: ResultsUnwritable | None = None  # finish() could not write the results
     # Made by prepare (it opens the Optuna study); None once resumed, when Tune restores
     # its pickled searcher. Kept to close trials an interruption cut off.
     searcher: SweepSearch | None = None
@@ -439,8 +461,14 @@ class Sweep:
         Runs once, when Tune's experiment ends (the sweep's own callback); later calls
         return that result.
         """
-        if self.result is None:
-            self.result = self._finish(trials)
+        if self.result is None and self.unwritable is None:
+            try:
+                self.result = self._finish(trials)
+            except ResultsUnwritable as exc:  # raised to the caller once Tune has returned
+                self.unwritable = exc
+        if self.unwritable is not None:
+            raise self.unwritable
+        assert self.result is not None
         return self.result
 
     def _finish(self, trials: list[Trial] | None) -> SweepResult:
@@ -460,9 +488,22 @@ class Sweep:
         if len(search) < len(frame):
             counts["remeasured"] = len(frame) - len(search)
         best = _best(frame, space)
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(self.sweep_dir / "summary.csv", index=False)
-        best_config = self._write_best(best) if best else None
+        unwritten: list[str] = []  # a full results folder: what could not be written, and why
+
+        def keep(what: str, write: Callable[[], Any]) -> Any:
+            try:
+                return write()
+            except OSError as exc:
+                if exc.errno not in UNWRITABLE:
+                    raise
+                unwritten.append(f"{what}: {exc.strerror}")
+                return None
+
+        keep(
+            "summary.csv",
+            lambda: write_text(self.sweep_dir / "summary.csv", frame.to_csv(index=False)),
+        )
+        best_config = keep("best.yaml", lambda: self._write_best(best)) if best else None
         notes = [
             *self.placement_notes,
             *(f"pinned: {n}" for n in self.inert_notes),
@@ -486,11 +527,16 @@ class Sweep:
         self.tracker.flush()  # a store back by now: the outage is in the notes it keeps
         notes += self.tracker.outages
         told = len(self.tracker.outages)
-        report = self.write_report(frame, notes)
-        self.tracker.log_report(report)
+        report = keep("report.html", lambda: self.write_report(frame, notes))
+        if report is not None:
+            keep("the report's MLflow artifact", lambda: self.tracker.log_report(report))
+        if unwritten:
+            notes.append(f"results folder full, not written: {'; '.join(unwritten)}")
+        # Every run is closed even when the folder is full: KILLED, as the sweep did not end well.
         self.tracker.finish_sweep(
-            best, counts, status="KILLED" if self.interrupted else "FINISHED", notes=notes
-        )
+            best, counts, status="KILLED" if self.interrupted or unwritten else "FINISHED",
+            notes=notes,
+        )  # fmt: skip
         journaled = self.tracker.flush()
         notes += self.tracker.outages[told:]
         if journaled:
@@ -498,6 +544,8 @@ class Sweep:
                 f"tracking store still unreachable: {journaled} records wait in "
                 f"{self.tracker.journal.path}; `sweeper resume {self.sweep_id}` replays them once it answers"
             )
+        if unwritten:  # no ending in sweep.json: `sweeper resume` finishes it once there is room
+            raise ResultsUnwritable(self.sweep_id, self.sweep_dir, unwritten)
         self.write_manifest(
             Ending(
                 state="interrupted" if self.interrupted else "finished",
@@ -569,7 +617,8 @@ class Sweep:
             if not results.missing(best[column])
         }
         config = self.best_config(point)
-        (self.sweep_dir / "best.yaml").write_text(
+        write_text(
+            self.sweep_dir / "best.yaml",
             yaml.safe_dump(
                 {
                     "trial_id": best["trial_id"],
@@ -581,7 +630,7 @@ class Sweep:
                     "trial": config,
                 },
                 sort_keys=False,
-            )
+            ),
         )
         return config
 
@@ -699,7 +748,9 @@ class FinishCallback(tune.Callback):
         if self.sweep.searcher is not None:
             self.sweep.searcher.fail_unfinished("killed: the sweep was interrupted")
         self.sweep.interrupted = bool(cut)
-        self.sweep.finish(trials)
+        # A full results folder is kept by the sweep: its run() raises it once Tune returns.
+        with contextlib.suppress(ResultsUnwritable):
+            self.sweep.finish(trials)
 
 
 def _ended(trial: Trial) -> bool:

@@ -222,3 +222,73 @@ def test_resuming_an_unknown_sweep_is_a_clear_exit_2(tmp_path):
     proc = _finished("resume", "20990101-000000-dead", "--results-dir", str(tmp_path), timeout=300)
     assert proc.returncode == 2
     assert "SWEEP_ID: no sweep '20990101-000000-dead'" in proc.stderr.replace("\n", " ")
+
+
+def test_a_full_results_folder_at_the_end_closes_every_run_and_resume_finishes_it(
+    tmp_path, monkeypatch
+):
+    """The results folder fills while the sweep writes its end (ENOSPC injected at the
+    report's write, as a full tmpfs raised it by hand): the summary written before stays
+    whole, nothing half-written or temporary is left, every MLflow run is closed (the sweep's
+    KILLED), the error names what was not written and `sweeper resume`; sweep.json gets no
+    ending, so resume, once there is room, writes the report and ends the sweep."""
+    import errno
+
+    import ray
+
+    from sweeper import report
+    from sweeper.manifest import SweepManifest
+    from sweeper.sweep import ResultsUnwritable, run_sweep
+
+    def full(path, text, **_):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "write_text", full)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    try:
+        try:
+            run_sweep("smoke", results_dir=tmp_path, trials=1,
+                      set={"trial.steps": 3, "search.remeasure": 0,
+                           "constraints.convergence": False})  # fmt: skip
+            raise AssertionError("a full results folder was not reported")
+        except ResultsUnwritable as exc:
+            message = str(exc)
+        assert "report.html: No space left on device" in message, message
+        sweep_dir = next(tmp_path.glob("smoke/*"))
+        assert f"sweeper resume {sweep_dir.name}" in message
+        assert (sweep_dir / "summary.csv").read_text().count("\n") == 2  # header and the trial
+        assert not (sweep_dir / "report.html").exists() and not list(sweep_dir.glob("*.tmp"))
+        assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "running"
+        client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        runs = client.search_runs(client.search_experiments()[0].experiment_id)
+        assert {r.data.tags["sweeper.kind"]: r.info.status for r in runs} == {
+            "sweep": "KILLED", "trial": "FINISHED"
+        }  # fmt: skip
+        monkeypatch.undo()  # room again
+        resumed = run_sweep(resume=sweep_dir.name, results_dir=tmp_path)
+    finally:
+        ray.shutdown()
+    assert resumed.counts == {"total": 1, "ok": 1} and len(resumed.trials) == 1
+    assert (sweep_dir / "report.html").exists()
+    assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "finished"
+
+
+def test_a_full_disk_anywhere_in_an_errors_chain_is_told_as_such():
+    """What a sweep on a full tmpfs raised by hand: SQLite's "database or disk is full" under
+    Optuna's StorageInternalError, and ENOSPC; any other failure is not a full disk."""
+    import errno
+    import sqlite3
+
+    from sweeper.cli import disk_full
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as inner:
+            raise optuna.exceptions.StorageInternalError("raised during the commit") from inner
+    except optuna.exceptions.StorageInternalError as exc:
+        assert disk_full(exc) == "database or disk is full"
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
+    assert disk_full(OSError(errno.ENOENT, "No such file or directory")) is None
+    assert disk_full(ValueError("something else")) is None

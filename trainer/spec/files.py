@@ -16,14 +16,24 @@ def write_json(path: Path, obj: Any, *, indent: int | None = None, durable: bool
     """`obj` as JSON at `path`, atomically: a reader sees the old file or the whole new one
     (written beside it under this process' name, then renamed over it). `durable` also
     syncs it to disk first, for state that must survive the host going down."""
+    return write_text(path, json.dumps(obj, indent=indent), durable=durable)
+
+
+def write_text(path: Path, text: str, *, durable: bool = False) -> Path:
+    """`text` at `path`, atomically (see `write_json`). A write that fails (a full disk)
+    leaves the previous file whole and no temporary beside it, and raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=indent)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
