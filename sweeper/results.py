@@ -18,6 +18,7 @@ from sweeper.search import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from trainer.spec.events import STEP_METRICS as TRAINER_STEP_METRICS
 from trainer.spec.events import SUMMARY_NUMBERS, FailureClass, TrialStatus
 from trainer.spec.result import TrialResult
+from trainer.spec.timing import MIN_STEPS_FOR_INTERVAL
 
 
 def missing(value: Any) -> bool:
@@ -197,6 +198,14 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
                 f"{_interval(best, metric)}) is {verdict} the next, {second['trial_id']} "
                 f"({second[metric]:,.0f}{_interval(second, metric)})"
                 + ("; measure both again (more steps) before choosing" if overlap else "")
+            )
+    if metric in INTERVAL and "timed_steps" in ok and len(ok) >= 2:
+        few = ok[ok["timed_steps"].fillna(0) < MIN_STEPS_FOR_INTERVAL]
+        if len(few):
+            notes.append(
+                f"noise: {len(few)} trial(s) timed fewer than {MIN_STEPS_FOR_INTERVAL} steps "
+                f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
+                "say whether the winner is within the noise; run more steps"
             )
     if len(ok) >= 2 and f"{REMEASURED}{metric}" in ok:
         notes += _remeasure_note(ok, metric, maximize)

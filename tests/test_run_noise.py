@@ -101,3 +101,15 @@ def test_measuring_the_best_two_again_says_whether_the_lead_held():
     close = _measured_again(first, (90, 85, 95), (88, 84, 93))
     note = next(n for n in noise_notes(close, metric, True) if n.startswith("re-measured"))
     assert "the order held" in note and "within the noise" in note
+
+
+def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():
+    """One or two timed steps have no noise figure (one step's interval would be the step
+    itself and call any lead beyond the noise): NaN, and a note saying why."""
+    two = step_time_stats([1.0, 1.2])
+    assert np.isnan(two["step_time_median_low_s"]) and np.isnan(two["step_time_median_high_s"])
+    assert not np.isnan(step_time_stats([1.0, 1.2, 1.1])["step_time_median_low_s"])
+    frame = _frame((100, float("nan"), float("nan")), (90, float("nan"), float("nan")))
+    notes = noise_notes(frame.assign(timed_steps=[1, 1]), "tokens_per_sec_per_chip", True)
+    assert any("2 trial(s) timed fewer than 3 steps" in n for n in notes)
+    assert not any("beyond the noise" in n for n in notes)

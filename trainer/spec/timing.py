@@ -9,6 +9,9 @@ import numpy as np
 # Resamples of the bootstrap interval of the median step (fixed seed: the same steps give
 # the same interval).
 BOOTSTRAP_RESAMPLES = 2000
+# Fewer timed steps give no interval (NaN): resampling one or two steps says nothing of the
+# noise (one step's "interval" is that step, which would call any lead beyond the noise).
+MIN_STEPS_FOR_INTERVAL = 3
 
 
 def step_time_stats(step_times_s: list[float], windows: int = 3) -> dict[str, float]:
@@ -20,6 +23,8 @@ def step_time_stats(step_times_s: list[float], windows: int = 3) -> dict[str, fl
     median = float(np.median(times))
     resampled = np.random.default_rng(0).choice(times, size=(BOOTSTRAP_RESAMPLES, len(times)))
     low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    if len(times) < MIN_STEPS_FOR_INTERVAL:
+        low = high = float("nan")
     parts = [w for w in np.array_split(times, min(windows, len(times))) if len(w)]
     per_window = [float(np.median(w)) for w in parts]
     return {
