@@ -6,12 +6,10 @@ The lifecycle that uses these (prepare -> tuner -> finish) is `sweeper.sweep.Swe
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import os
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -121,25 +119,6 @@ def start_ray(address: str | None = None) -> None:
         # Remote nodes import the engine and trainer from the driver's copy of the code.
         runtime_env=shipped_code() if address else None,
     )
-
-
-def drop_staging(experiment_name: str) -> int:
-    """Tune stages each trial's files in the Ray session's folder on the driver's node
-    (`<temp dir>/<session>/artifacts/<time>/<experiment>`) before it persists them to the
-    sweep's storage; once the experiment has ended they are copies. Removes this sweep's (its
-    experiment's name is its own); returns how many folders went. Trials on other nodes
-    staged on those nodes, which Ray's own session cleanup owns."""
-    if not ray.is_initialized():
-        return 0
-    context = ray.get_runtime_context()
-    root = Path(context.get_temp_dir()) / context.get_session_name() / "artifacts"
-    removed = 0
-    for staged in root.glob(f"*/{experiment_name}"):
-        shutil.rmtree(staged, ignore_errors=True)
-        removed += 1
-        with contextlib.suppress(OSError):  # the time folder, once it holds nothing else
-            staged.parent.rmdir()
-    return removed
 
 
 def stop_ray() -> None:

@@ -32,7 +32,6 @@ from sweeper import ladder, results
 from sweeper.engine import (
     cap_grid,
     check_space,
-    drop_staging,
     new_sweep_id,
     place,
     quiet,
@@ -655,9 +654,7 @@ class Sweep:
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
         self.tuner(callbacks, progress).fit()
-        result = self.finish()
-        drop_staging(self.experiment_name)  # Tune's copies; the sweep's storage has them
-        return result
+        return self.finish()
 
 
 def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:

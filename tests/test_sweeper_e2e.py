@@ -132,13 +132,6 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert view["runsExpanded"] == {result.parent_run_id: True}
     best_id = best["trial_id"]
     assert f"Best: trial {best_id}" in parent.data.tags["mlflow.note.content"]
-    # Tune's staging copies of the trials' files in Ray's session folder are gone; the
-    # sweep's storage keeps the trials' own folders.
-    context = ray.get_runtime_context()
-    session = Path(context.get_temp_dir()) / context.get_session_name()
-    assert (session / "logs").is_dir()  # Ray's own session folder stays
-    assert not list(session.glob(f"artifacts/*/*{result.sweep_id}"))
-    assert len(list(tmp_path.glob(f"ray/*{result.sweep_id}/trial_*/trainer.log"))) == 5
     assert "report.html" in {a.path for a in client.list_artifacts(result.parent_run_id)}
 
 
