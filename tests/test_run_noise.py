@@ -14,7 +14,7 @@ import pytest
 
 from sweeper.results import noise_notes, remeasured, searched
 from trainer.run.metrics import Contention
-from trainer.spec.timing import step_time_stats
+from trainer.spec.timing import step_time_stats, throughput_interval
 
 
 def test_the_interval_holds_the_median_and_narrows_with_more_steps():
@@ -105,10 +105,13 @@ def test_measuring_the_best_two_again_says_whether_the_lead_held():
 
 def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():
     """One or two timed steps have no noise figure (one step's interval would be the step
-    itself and call any lead beyond the noise): NaN, and a note saying why."""
+    itself and call any lead beyond the noise): left out, and a note saying why."""
     two = step_time_stats([1.0, 1.2])
-    assert np.isnan(two["step_time_median_low_s"]) and np.isnan(two["step_time_median_high_s"])
-    assert not np.isnan(step_time_stats([1.0, 1.2, 1.1])["step_time_median_low_s"])
+    assert "step_time_median_low_s" not in two and "step_time_median_high_s" not in two
+    assert throughput_interval(two, 100.0) == {}
+    three = step_time_stats([1.0, 1.2, 1.1])
+    interval = throughput_interval(three, 100.0)
+    assert interval["tokens_per_sec_per_chip_low"] < 100 < interval["tokens_per_sec_per_chip_high"]
     frame = _frame((100, float("nan"), float("nan")), (90, float("nan"), float("nan")))
     notes = noise_notes(frame.assign(timed_steps=[1, 1]), "tokens_per_sec_per_chip", True)
     assert any("2 trial(s) timed fewer than 3 steps" in n for n in notes)

@@ -47,7 +47,7 @@ from trainer.spec.maxtext import (
     MaxTextSettings,
     program_settings,
 )
-from trainer.spec.timing import step_time_stats
+from trainer.spec.timing import step_time_stats, throughput_interval
 
 # Environment of ours that must not leak into MaxText's interpreter (another Python, another
 # site-packages).
@@ -346,7 +346,6 @@ def run_trial(
     # step's 95% interval (as tokens/s: a slower step is fewer tokens) and the window spread.
     stats = step_time_stats([s.seconds for s in timed], config.measure.windows)
     point = per_device * per_chip
-    median = stats["step_time_median_s"]
     summary: dict[str, Any] = {
         "fidelity": Fidelity.RUN,
         "hardware": hardware,
@@ -355,8 +354,7 @@ def run_trial(
         "num_devices": devices,
         "tokens_per_sec_per_device": per_device,
         "tokens_per_sec_per_chip": point,
-        "tokens_per_sec_per_chip_low": point * median / stats["step_time_median_high_s"],
-        "tokens_per_sec_per_chip_high": point * median / stats["step_time_median_low_s"],
+        **throughput_interval(stats, point),
         "tokens_per_sec": per_device * devices,
         "tflops_per_sec_per_chip": tflops * per_chip,
         **stats,

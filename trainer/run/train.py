@@ -41,7 +41,7 @@ from trainer.spec.events import (
 from trainer.spec.files import cache_dir
 from trainer.spec.flops import training_flops_per_step
 from trainer.spec.hardware import GIB
-from trainer.spec.timing import step_time_stats
+from trainer.spec.timing import step_time_stats, throughput_interval
 
 
 @dataclass
@@ -245,8 +245,7 @@ def _measured(
         "tokens_per_sec_per_device": tokens_per_sec / len(devices),
         "tokens_per_sec_per_chip": tokens_per_sec / chips,
         # The median step's 95% interval, as throughput (a slower step is fewer tokens/s).
-        "tokens_per_sec_per_chip_low": per_chip / stats["step_time_median_high_s"],
-        "tokens_per_sec_per_chip_high": per_chip / stats["step_time_median_low_s"],
+        **throughput_interval(stats, per_chip / stats["step_time_median_s"]),
         "cpu_contention": timed.contention if devices[0].platform == "cpu" else None,
         "flops_per_step": flops,
         "tflops_per_sec_per_chip": tflops_per_chip,
