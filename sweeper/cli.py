@@ -90,12 +90,12 @@ def disk_full(exc: BaseException) -> str | None:
     """Why a write failed when the failure is a full, over-quota or read-only folder (an
     OSError, or SQLite's "database or disk is full" from the Optuna or MLflow store, however
     deep in the exception's chain); None for any other failure."""
-    import errno
+    from trainer.spec.files import UNWRITABLE
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
             return exc.strerror or str(exc)
         text = str(exc)
         if "database or disk is full" in text or "readonly database" in text:

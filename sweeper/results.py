@@ -187,8 +187,8 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
         return notes
     mine = searched(frame)
     ok = mine[(mine["status"] == "ok") & mine.get(metric, mine["status"]).notna()]
-    if metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns) and len(ok) >= 2:
-        ranked = ok.sort_values(metric, ascending=not maximize)
+    ranked = ok.sort_values(metric, ascending=not maximize) if len(ok) >= 2 else None
+    if ranked is not None and metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns):
         best, second = ranked.iloc[0], ranked.iloc[1]
         overlap = _overlap(best, second, metric)
         if overlap is not None:
@@ -207,8 +207,8 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
                 f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
                 "say whether the winner is within the noise; run more steps"
             )
-    if len(ok) >= 2 and f"{REMEASURED}{metric}" in ok:
-        notes += _remeasure_note(ok, metric, maximize)
+    if ranked is not None and f"{REMEASURED}{metric}" in ok:
+        notes += _remeasure_note(ranked.iloc[0], ranked.iloc[1], metric, maximize)
     if "cpu_contention" in frame:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
         if len(busy):
@@ -222,10 +222,8 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     return notes
 
 
-def _remeasure_note(ok: Any, metric: str, maximize: bool) -> list[str]:
+def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list[str]:
     """Whether the winner's lead over the next survived measuring both again."""
-    ranked = ok.sort_values(metric, ascending=not maximize)
-    best, second = ranked.iloc[0], ranked.iloc[1]
     again = f"{REMEASURED}{metric}"
     if missing(best[again]) or missing(second[again]):
         unmeasured = [str(r["trial_id"]) for r in (best, second) if missing(r[again])]

@@ -14,7 +14,6 @@ the Optuna study, the sweep folder), in Tune's `fit`, or in `finish`; `tuner()` 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ from sweeper.tracking import (
 from sweeper.trainable import TrialRuntime, run_trial
 from trainer.spec.config import TrialConfig
 from trainer.spec.events import FailureClass, TrialStatus
-from trainer.spec.files import write_text
+from trainer.spec.files import UNWRITABLE, write_text
 from trainer.spec.result import TrialResult
 
 JOURNAL = "tracking_journal.json"  # tracking writes waiting for the store to come back
@@ -75,10 +74,6 @@ INFRA_RETRIES = 2
 # started within this window of a driver's death is unknown to a resume; its records are
 # closed as killed and Tune runs another in its place.
 TUNE_STATE_EVERY_S = "2"
-
-
-# A results folder that cannot take a write: full, over quota, or mounted read-only.
-UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class ResultsUnwritable(SpaceError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -10,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer.spec.config import TrialConfig
+
+
+# A folder that takes no more writes: full, over quota, or mounted read-only.
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def write_json(path: Path, obj: Any, *, indent: int | None = None, durable: bool = False) -> Path:
