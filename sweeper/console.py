@@ -12,7 +12,7 @@ from rich.table import Table
 
 from sweeper.manifest import Found, SweepManifest
 from sweeper.mlflow_view import runs_url
-from sweeper.results import knob_columns, missing
+from sweeper.results import REMEASURED, knob_columns, missing, searched
 from sweeper.stores import MEMORY_SCHEME
 
 console = Console()
@@ -34,6 +34,8 @@ def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) ->
     fidelities = ", ".join(
         sorted({str(f) for f in frame.get("fidelity", []) if not missing(f) and f})
     )
+    again = f"{REMEASURED}{metric}"  # the best points' second figure, on their first row
+    frame = searched(frame)
     counts = manifest.ending.counts or {"total": len(frame)}
     table = Table(
         title=f"sweep {manifest.sweep_id}: {counts}; fidelity {fidelities or '-'} on "
@@ -42,7 +44,9 @@ def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) ->
     knobs = knob_columns(frame.columns)
     # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    for col in ("trial", "status", metric, mfu, "convergence", *knobs.values()):
+    remeasured = again in frame
+    for col in ("trial", "status", metric, *(["again"] if remeasured else []), mfu,
+                "convergence", *knobs.values()):  # fmt: skip
         table.add_column(col)
     if frame.empty:
         return table
@@ -60,6 +64,7 @@ def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) ->
             str(row["trial_id"]),
             status,
             "-" if missing(value) else f"{value:,.1f}",
+            *([("-" if missing(row[again]) else f"{row[again]:,.1f}")] if remeasured else []),
             "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
             _VERDICT.get(row.get("convergence_passed"), "-"),
             *["-" if missing(row[c]) else str(row[c]) for c in knobs],

@@ -20,6 +20,9 @@ HEARTBEAT_S = 30.0
 class ProgressCallback(tune.Callback):
     def __init__(self, space: Space):
         self.space = space
+        # The search's trials and, at run fidelity, the best points measured again.
+        search = space.search
+        self.planned = search.trials + search.remeasure_count(space.effective_fidelity)
         self.metric = space.objective.primary.metric
         self.maximize = space.objective.primary.mode == "max"
         self.started = self.done = self.failed = 0
@@ -38,7 +41,7 @@ class ProgressCallback(tune.Callback):
         running = self.started - self.done
         best = f"{self.best:,.1f}" if self.best is not None else "-"
         self.console.print(
-            f"[dim][{self.done}/{self.space.search.trials} done, {running} running, {self.failed} failed, "
+            f"[dim][{self.done}/{self.planned} done, {running} running, {self.failed} failed, "
             f"best {self.metric} {best}][/dim] {text}",
             soft_wrap=True,  # one line per event, whatever the terminal's width
         )

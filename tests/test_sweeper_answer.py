@@ -115,6 +115,12 @@ def test_list_show_and_resume_of_a_finished_sweep(finished):
     assert "finished" in listed.stdout and "4/4 ok" in listed.stdout
     shown = _cli("show", result.sweep_id[:15], "--results-dir", results)
     assert shown.returncode == 0 and result.best["trial_id"] in shown.stdout
+    # The best points measured again show as a second figure on their first trial's row,
+    # not as trials of their own.
+    table = result.trials
+    repeats = table.loc[table["remeasure_of"].fillna("") != "", "trial_id"]
+    assert len(repeats) == 2 and "again" in shown.stdout
+    assert not any(t in shown.stdout for t in repeats)
     assert f"sweeper ui {result.sweep_id}" in shown.stdout
     start = time.monotonic()
     resumed = _cli("resume", result.sweep_id, "--results-dir", results)
