@@ -213,13 +213,19 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
         if len(busy):
             shares = ", ".join(
-                f"{r['trial_id']} {r['cpu_contention']:.0%}" for _, r in busy.iterrows()
+                f"{_named(r)} {r['cpu_contention']:.0%}" for _, r in busy.iterrows()
             )
             notes.append(
                 f"contention: other processes used the cores of {len(busy)} trial(s) while they "
                 f"were measured ({shares}): their figures measure those processes too"
             )
     return notes
+
+
+def _named(row: Any) -> str:
+    """A trial as the table names it: a re-measurement by the point it measured again."""
+    again = row.get("remeasure_of")
+    return f"{again} (measured again)" if isinstance(again, str) and again else str(row["trial_id"])
 
 
 def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list[str]:

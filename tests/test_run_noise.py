@@ -101,6 +101,9 @@ def test_measuring_the_best_two_again_says_whether_the_lead_held():
     close = _measured_again(first, (90, 85, 95), (88, 84, 93))
     note = next(n for n in noise_notes(close, metric, True) if n.startswith("re-measured"))
     assert "the order held" in note and "within the noise" in note
+    # A re-measuring trial is named by the point it measured again, never by its own id.
+    busy = next(n for n in noise_notes(close, metric, True) if n.startswith("contention"))
+    assert "a (measured again) 30%" in busy and "a2" not in busy
 
 
 def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():

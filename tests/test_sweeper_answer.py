@@ -120,7 +120,7 @@ def test_list_show_and_resume_of_a_finished_sweep(finished):
     table = result.trials
     repeats = table.loc[table["remeasure_of"].fillna("") != "", "trial_id"]
     assert len(repeats) == 2 and "again" in shown.stdout
-    assert not any(t in shown.stdout for t in repeats)
+    assert not [t for t in repeats if t in shown.stdout], shown.stdout
     assert f"sweeper ui {result.sweep_id}" in shown.stdout
     start = time.monotonic()
     resumed = _cli("resume", result.sweep_id, "--results-dir", results)
