@@ -212,9 +212,7 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     if "cpu_contention" in frame:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
         if len(busy):
-            shares = ", ".join(
-                f"{_named(r)} {r['cpu_contention']:.0%}" for _, r in busy.iterrows()
-            )
+            shares = ", ".join(f"{_named(r)} {r['cpu_contention']:.0%}" for _, r in busy.iterrows())
             notes.append(
                 f"contention: other processes used the cores of {len(busy)} trial(s) while they "
                 f"were measured ({shares}): their figures measure those processes too"
