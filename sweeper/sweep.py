@@ -27,7 +27,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 
-from sweeper import ladder, results
+from sweeper import ladder, results, tune_state
 from sweeper.engine import (
     cap_grid,
     check_space,
@@ -301,7 +301,70 @@ class Sweep:
             started_at=manifest.started_at,
         )
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
+        sweep.check_tune_state()
         return sweep
+
+    def check_tune_state(self) -> None:
+        """Refuse to resume from Tune state that Tune could not read (it would start the
+        experiment afresh and call the sweep complete with part of its trials), once a cut
+        storage copy has been mended from Ray's staging copy where that is whole."""
+        experiment = _local(self.tuner_path())
+        if experiment is None:
+            return  # remote storage: Tune reads it
+        mended = tune_state.mend(experiment)
+        if mended:
+            self.placement_notes.append(mended)
+        lost = tune_state.problems(experiment)
+        known = self.known_trials()
+        if not lost or not any(finished for _, finished in known):
+            return  # whole, or nothing ended yet: a fresh start loses nothing
+        closed = self.close_leftovers()
+        raise SpaceError(
+            f"sweep {self.sweep_id}: Tune's state could not be read ({'; '.join(lost)}) and "
+            "Ray's own copy of it is gone. Resuming would start the experiment afresh and call "
+            "the sweep complete with part of its trials, so it is not resumed. What its records "
+            f"hold ({len(known)} trial(s)): "
+            + "; ".join(line for line, _ in known)
+            + (f". {'; '.join(closed)}" if closed else "")
+            + f". To go on, `sweeper run <the space of '{self.space.name}'> --study "
+            f"{self.study_name}` continues its Optuna study: points it measured are reused, "
+            "not run again",
+            file=str(experiment),
+            field="sweeper resume",
+        )
+
+    def known_trials(self) -> list[tuple[str, bool]]:
+        """Each trial of this sweep that Optuna or MLflow knows, by Tune trial id, with whether
+        it ended: `(what each record says, ended)`."""
+        study = optuna.load_study(study_name=self.study_name, storage=self.optuna_storage)
+        told = {
+            str(t.user_attrs["tune_trial_id"]): t
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("sweep_id") == self.sweep_id and t.user_attrs.get("tune_trial_id")
+        }
+        tracker = self.tracker
+        status = {
+            run_id: state
+            for state in ("FINISHED", "FAILED", "KILLED", "RUNNING")
+            for run_id in tracker.store.search(
+                tracker.experiment_id, {"sweeper.sweep_id": self.sweep_id}, status=state
+            )
+        }
+        runs = {k: tracker.resolve(v) for k, v in self.tracking.run_ids.items()}
+        known = []
+        for trial_id in sorted(set(told) | set(runs)):
+            said, ended = [], False
+            if trial_id in told:
+                t = told[trial_id]
+                value = "" if t.values is None else " " + "/".join(f"{v:,.0f}" for v in t.values)
+                said.append(f"Optuna #{t.number} {t.state.name}{value}")
+                ended |= t.state.is_finished() and t.state.name != "FAIL"
+            if trial_id in runs:
+                state = status.get(runs[trial_id], "unknown")
+                said.append(f"MLflow {state}")
+                ended |= state in ("FINISHED", "FAILED")
+            known.append((f"{trial_id} ({', '.join(said)})", ended))
+        return known
 
     def write_manifest(self, ending: Ending | None = None) -> None:
         manifest = SweepManifest(
@@ -327,8 +390,13 @@ class Sweep:
         """Tune's experiment: the study's name, plus the sweep id when a study is shared."""
         return self.study_name if self.own_study else f"{self.study_name}-{self.sweep_id}"
 
+    @property
+    def experiment_path(self) -> str:
+        """Tune's experiment folder in the sweep's storage."""
+        return f"{self.storage}/ray/{self.experiment_name}"
+
     def tuner_path(self) -> str:
-        path = f"{self.storage}/ray/{self.experiment_name}"
+        path = self.experiment_path
         if self.resumed and not tune.Tuner.can_restore(path):
             raise SpaceError(
                 f"sweep {self.sweep_id}: no Tune experiment state at {path} (did the first trial start?)",
@@ -474,6 +542,12 @@ class Sweep:
             tracking.attempts,
         )
         frame = results.remeasured(pd.DataFrame(rows), space.objective.primary.metric)
+        experiment = _local(self.experiment_path)
+        if experiment is not None and "profile_dir" in frame:  # the copy that outlives Ray's
+            frame["profile_dir"] = [
+                tune_state.in_storage(str(p), experiment) if isinstance(p, str) else p
+                for p in frame["profile_dir"]
+            ]
         frame, ladder_notes = self._ladder(frame)
         search = results.searched(frame)  # counts are the search's; re-measurements apart
         counts = {"total": len(search)}
@@ -550,6 +624,10 @@ class Sweep:
                 notes=notes,
             )
         )
+        if experiment is not None and not journaled and not self.interrupted:
+            # Ended well, every record written: Ray's staging copies are no longer needed (an
+            # unfinished sweep keeps them: resume mends a cut storage copy from them).
+            tune_state.clean_staging(self.experiment_name)
         return SweepResult(
             space=space.name,
             sweep_id=self.sweep_id,
@@ -650,6 +728,13 @@ class Sweep:
     ) -> SweepResult:
         self.tuner(callbacks, progress).fit()
         return self.finish()
+
+
+def _local(path: str) -> Path | None:
+    """A storage path on this machine's filesystem, or None for remote storage (s3://, ...)."""
+    if path.startswith("file://"):
+        return Path(path.removeprefix("file://"))
+    return None if "://" in path else Path(path)
 
 
 def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:

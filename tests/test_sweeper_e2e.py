@@ -22,6 +22,7 @@ from ray import tune
 from sweeper.space import load_space
 from sweeper.stores import store_for
 from sweeper.sweep import Sweep, run_sweep
+from sweeper.tune_state import staging_copies
 from tests.helpers import MlflowServer, free_port
 
 STEPS = 6
@@ -521,5 +522,8 @@ def test_a_profiled_trial_logs_its_trace_and_times_the_other_steps(tmp_path):
     assert row["status"] == "ok" and row["timed_steps"] == 6 - 2 - 2  # warm-up and traced out
     traces = list(Path(row["profile_dir"]).rglob("*.xplane.pb"))
     assert traces, row["profile_dir"]
+    # The trace is the sweep storage's copy; Ray's staging copies are cleaned at the end.
+    assert Path(row["profile_dir"]).is_relative_to(tmp_path), row["profile_dir"]
+    assert not staging_copies(result.study_name)
     run = store_for(uri).read(row["mlflow_run_id"])
     assert any(f.startswith("profile/") and f.endswith(".xplane.pb") for f in run.files)

@@ -274,6 +274,78 @@ def test_a_full_results_folder_at_the_end_closes_every_run_and_resume_finishes_i
     assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "finished"
 
 
+def _cut_tune_state(sweep_dir: Path, results: Path) -> Path:
+    """Tune's newest state file in the sweep's storage cut to half, as a full disk cut it."""
+    experiment = results / "ray" / f"smoke-{sweep_dir.name}"
+    state = sorted(experiment.glob("experiment_state-*.json"))[-1]
+    data = state.read_bytes()
+    state.write_bytes(data[: len(data) // 2])
+    return experiment
+
+
+def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_path, monkeypatch):
+    """A results folder that fills mid-sweep cuts Tune's copy of its state; given that,
+    Tune's restore starts the experiment afresh, and resume once called the sweep complete with
+    1 of its 3 trials. Now the cut copy is mended from Ray's staging copy; with that gone too,
+    resume refuses by name, listing the trials Optuna and MLflow hold, and leaves no run open."""
+    import errno
+    import shutil
+
+    import pytest
+    import ray
+
+    from sweeper import report
+    from sweeper.manifest import SweepManifest
+    from sweeper.space import SpaceError
+    from sweeper.sweep import ResultsUnwritable, run_sweep
+    from sweeper.tune_state import staging_copies
+
+    def full(path, text, **_):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "write_text", full)  # the sweep stays unfinished
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    try:
+        with pytest.raises(ResultsUnwritable):
+            run_sweep("smoke", results_dir=tmp_path, trials=2,
+                      set={"trial.steps": 3, "search.remeasure": 0,
+                           "constraints.convergence": False})  # fmt: skip
+        sweep_dir = next(tmp_path.glob("smoke/*"))
+        before = _summary(sweep_dir)
+        assert len(before) == 2
+        experiment = _cut_tune_state(sweep_dir, tmp_path)
+        with pytest.raises(ResultsUnwritable):  # the report still cannot be written
+            run_sweep(resume=sweep_dir.name, results_dir=tmp_path)
+        # Mended: both trials kept, neither run again (a fresh start would have run two more).
+        assert sorted(r["trial_id"] for r in _summary(sweep_dir)) == sorted(
+            r["trial_id"] for r in before
+        )
+        study = optuna.load_study(study_name=f"smoke-{sweep_dir.name}",
+                                  storage=f"sqlite:///{tmp_path}/optuna.db")  # fmt: skip
+        assert len(study.trials) == 2
+        _cut_tune_state(sweep_dir, tmp_path)
+        for staging in staging_copies(experiment.name):
+            shutil.rmtree(staging)
+        monkeypatch.undo()
+        with pytest.raises(SpaceError) as refused:
+            run_sweep(resume=sweep_dir.name, results_dir=tmp_path)
+    finally:
+        ray.shutdown()
+    message = str(refused.value)
+    assert "experiment_state-" in message and "cut short" in message, message
+    assert "(2 trial(s))" in message
+    for row in before:
+        assert f"{row['trial_id']} (Optuna #" in message and "COMPLETE" in message
+    assert f"--study smoke-{sweep_dir.name}" in message
+    assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "running"
+    assert len(optuna.load_study(study_name=f"smoke-{sweep_dir.name}",
+                                 storage=f"sqlite:///{tmp_path}/optuna.db").trials) == 2  # fmt: skip
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs(client.search_experiments()[0].experiment_id)
+    assert "RUNNING" not in {r.info.status for r in runs}
+
+
 def test_a_full_disk_anywhere_in_an_errors_chain_is_told_as_such():
     """What a sweep on a full tmpfs raised by hand: SQLite's "database or disk is full" under
     Optuna's StorageInternalError, and ENOSPC; any other failure is not a full disk."""
