@@ -275,6 +275,7 @@ class Sweep:
         assert manifest is not None, "find_sweep reads the manifest"
         results_dir, sweep_dir = found.path.parents[1], found.path
         sweep_id, space = manifest.sweep_id, manifest.space
+        _check_study(manifest.study_name, manifest.optuna_storage, sweep_id)
         start_ray()
         _, placement = place(space)
         tracking_uri = tracking_uri or manifest.tracking_uri
@@ -319,6 +320,7 @@ class Sweep:
         if not lost or not any(finished for _, finished in known):
             return  # whole, or nothing ended yet: a fresh start loses nothing
         closed = self.close_leftovers()
+        self.abandon()  # the parent run too: the sweep did not end well
         raise SpaceError(
             f"sweep {self.sweep_id}: Tune's state could not be read ({'; '.join(lost)}) and "
             "Ray's own copy of it is gone. Resuming would start the experiment afresh and call "
@@ -726,8 +728,36 @@ class Sweep:
     def run(
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
-        self.tuner(callbacks, progress).fit()
+        try:
+            self.tuner(callbacks, progress).fit()
+        except BaseException:  # a store gone or full, a second Ctrl-C: no run left RUNNING
+            self.abandon()
+            raise
         return self.finish()
+
+    def abandon(self) -> None:
+        """Close this sweep's runs KILLED when its experiment died with an error (best effort:
+        a store that cannot take them keeps them in the journal, and `resume` replays it)."""
+        with contextlib.suppress(Exception):
+            self.tracker.close_leftovers()
+        with contextlib.suppress(Exception):
+            self.tracker.terminate(self.tracker.parent, "KILLED")
+
+
+def _check_study(name: str, storage: str, sweep_id: str) -> None:
+    """The sweep's Optuna study must still be where it began: the search's memory (and each
+    trial's result) is there; without it a resume cannot tell what ran."""
+    try:
+        optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise SpaceError(
+            f"sweep {sweep_id}: its Optuna study '{name}' is not in {storage} (the file was "
+            "deleted or replaced), so the sweep cannot be resumed. Its trials' records are in "
+            f"MLflow and summary.csv if it was written (`sweeper show {sweep_id}`); put the "
+            "study's file back to resume, or start a new sweep",
+            file=storage.removeprefix("sqlite:///"),
+            field="sweeper resume",
+        ) from None
 
 
 def _local(path: str) -> Path | None:

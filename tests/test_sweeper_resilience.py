@@ -346,6 +346,45 @@ def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_
     assert "RUNNING" not in {r.info.status for r in runs}
 
 
+def test_a_study_file_removed_mid_sweep_ends_it_with_every_run_closed(tmp_path):
+    """optuna.db deleted while the sweep runs (SQLite: "attempt to write a readonly
+    database"): the sweep ends with that error told as a store that took no more writes, no
+    MLflow run is left RUNNING (before, the trial's and the sweep's stayed RUNNING forever), and
+    resume says the study is gone, naming it, instead of a KeyError traceback."""
+    import pytest
+    import ray
+    from ray import tune
+
+    from sweeper.cli import disk_full
+    from sweeper.space import SpaceError
+    from sweeper.sweep import run_sweep
+
+    class RemoveTheStudy(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            (tmp_path / "optuna.db").unlink(missing_ok=True)
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    try:
+        with pytest.raises(Exception) as ended:
+            run_sweep("smoke", results_dir=tmp_path, trials=3, callbacks=[RemoveTheStudy()],
+                      set={"trial.steps": 3, "search.remeasure": 0, "search.concurrency": 1,
+                           "constraints.convergence": False})  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert disk_full(ended.value) == "read-only database", repr(ended.value)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs(client.search_experiments()[0].experiment_id)
+    statuses = {(r.data.tags["sweeper.kind"], r.info.status) for r in runs}
+    assert ("sweep", "KILLED") in statuses and not any(s == "RUNNING" for _, s in statuses)
+    sweep_id = next(tmp_path.glob("smoke/*")).name
+    resumed = _finished("resume", sweep_id, "--results-dir", str(tmp_path), timeout=300)
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert f"Optuna study 'smoke-{sweep_id}' is not in" in resumed.stderr
+    with pytest.raises(SpaceError):  # the Python API says the same
+        run_sweep(resume=sweep_id, results_dir=tmp_path)
+
+
 def test_a_full_disk_anywhere_in_an_errors_chain_is_told_as_such():
     """What a sweep on a full tmpfs raised by hand: SQLite's "database or disk is full" under
     Optuna's StorageInternalError, and ENOSPC; any other failure is not a full disk."""
