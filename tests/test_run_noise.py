@@ -119,3 +119,42 @@ def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():
     notes = noise_notes(frame.assign(timed_steps=[1, 1]), "tokens_per_sec_per_chip", True)
     assert any("2 trial(s) timed fewer than 3 steps" in n for n in notes)
     assert not any("beyond the noise" in n for n in notes)
+
+
+def test_re_measures_continue_across_a_restored_searcher(tmp_path):
+    """A driver that dies while the best points are measured again: the restored searcher
+    hands a cut-off re-measure the same point when Tune asks again for that trial, and the
+    next one the next best point, never a point measured again already, then FINISHED."""
+    import optuna
+    from ray.tune.search import Searcher
+
+    from sweeper.search import REMEASURE_KEY, SweepSearch, make_sampler
+    from sweeper.space import load_space
+    from trainer.spec.events import TrialStatus
+    from trainer.spec.result import TrialResult
+
+    space = load_space("smoke", {"search.trials": 3, "search.remeasure": 2})
+    metric = space.objective.primary.metric
+
+    def searcher() -> SweepSearch:
+        return SweepSearch(space, sweep_id="s", metric=metric, mode="max",
+                           sampler=make_sampler(space), study_name="s",
+                           storage=f"sqlite:///{tmp_path}/optuna.db", remeasure=2)  # fmt: skip
+
+    first = searcher()
+    for n in range(3):
+        assert REMEASURE_KEY not in first.suggest(f"t{n}")
+    for n, value in enumerate((100.0, 300.0, 200.0)):
+        assert first.suggest("r0") is None  # re-measures wait for every search trial
+        done = TrialResult(status=TrialStatus.OK, figures={metric: value})
+        first.on_trial_complete(f"t{n}", done.to_report([metric]))
+    assert first.suggest("r0")[REMEASURE_KEY] == "t1"  # the best, t1, measured again
+    first.save(str(tmp_path / "searcher.pkl"))  # Tune's checkpoint; then the driver dies
+    restored = searcher()
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert restored.suggest("r0")[REMEASURE_KEY] == "t1"  # r0 rerun: the same point
+    assert restored.suggest("r1")[REMEASURE_KEY] == "t2"  # then the next best
+    assert restored.suggest("r2") == Searcher.FINISHED
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    asked = [t for t in study.trials if t.user_attrs.get("outcome") != "repeat"]
+    assert len(asked) == 3  # re-measures are no Optuna trials (a repeated draw is told apart)
