@@ -273,16 +273,16 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         if full is None:
             raise
         folder = kwargs.get("results_dir") or "./results"
-        fix = (
-            "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it "
-            "writable"
-            if full == "read-only database"  # SQLite says so of a file deleted under it too
-            else "Free space"
-        )
+        if full == "read-only database":  # SQLite says so of a file deleted under it too
+            fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
+        elif "read-only" in full.lower():
+            fix = "Make it writable or give another `--results-dir`"
+        else:
+            fix = "Free space"
         _fail(
-            f"the results folder ({folder}) took no more writes during the sweep ({full}). "
-            f"What was written before is kept. {fix}, then "
-            "`sweeper list` shows the sweep and `sweeper resume ID` continues it"
+            f"the results folder ({folder}) took no more writes ({full}). What was written "
+            f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
+            "resume ID` continues it"
         )
     from sweeper.console import print_sweep
     from sweeper.manifest import SweepManifest
