@@ -94,8 +94,9 @@ def rows(
         if final is None and trial.status in ("TERMINATED", "ERROR"):
             final = final_of(trial, trial.status == "ERROR")
         run = run_id(trial.trial_id)
-        if final is None or (run is None and not trial.last_result):
-            continue
+        started = run is not None or TrialResult.from_report(trial.last_result) is not None
+        if final is None or not (started or trial.status == "ERROR"):
+            continue  # never started (Ctrl-C between trials): resume runs it
         out.append(row(trial, final, run, attempts.get(trial.trial_id, 0)))
     return out
 

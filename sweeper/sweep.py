@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,7 @@ class Sweep:
     # its pickled searcher. Kept to close trials an interruption cut off.
     searcher: SweepSearch | None = None
     interrupted: bool = False
+    watching_ctrl_c: bool = False  # run() tells a Ctrl-C between trials (_watching_ctrl_c)
     started_at: str = field(default_factory=now)
 
     @property
@@ -728,11 +730,13 @@ class Sweep:
     def run(
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
-        try:
-            self.tuner(callbacks, progress).fit()
-        except BaseException:  # a store gone or full, a second Ctrl-C: no run left RUNNING
-            self.abandon()
-            raise
+        tuner = self.tuner(callbacks, progress)
+        with _watching_ctrl_c(self):
+            try:
+                tuner.fit()
+            except BaseException:  # a store gone or full, a second Ctrl-C: no run left RUNNING
+                self.abandon()
+                raise
         return self.finish()
 
     def abandon(self) -> None:
@@ -852,12 +856,46 @@ class FinishCallback(tune.Callback):
         ]
         for trial in cut:
             tracking.kill(trial)
+        # Created but never started (Ctrl-C between trials): no run, no row; resume runs them.
+        unstarted = [
+            t
+            for t in trials
+            if t.trial_id not in tracking.run_ids and t.status != "ERROR" and not _ended(t)
+        ]
         if self.sweep.searcher is not None:
             self.sweep.searcher.fail_unfinished("killed: the sweep was interrupted")
-        self.sweep.interrupted = bool(cut)
+        self.sweep.interrupted = bool(cut or unstarted or _ctrl_c(self.sweep))
         # A full results folder is kept by the sweep: its run() raises it once Tune returns.
         with contextlib.suppress(ResultsUnwritable):
             self.sweep.finish(trials)
+
+
+def _sigint_marker(signum: int, frame: Any) -> None:
+    """SIGINT's handler while a sweep's fit runs. Tune's fit installs its own and, on the first
+    Ctrl-C / SIGTERM, puts back the one it found: this one. Finding it back at the
+    experiment's end tells the interruption even between trials, when no trial was cut; a
+    second signal reaches it and raises KeyboardInterrupt, as Python's default does."""
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _watching_ctrl_c(sweep: Sweep) -> Iterator[None]:
+    try:
+        before = signal.signal(signal.SIGINT, _sigint_marker)
+    except ValueError:  # not the main thread: no handler, and none of Tune's either
+        yield
+        return
+    sweep.watching_ctrl_c = True
+    try:
+        yield
+    finally:
+        sweep.watching_ctrl_c = False
+        signal.signal(signal.SIGINT, before)
+
+
+def _ctrl_c(sweep: Sweep) -> bool:
+    """Whether Tune's fit was stopped by Ctrl-C / SIGTERM (run() watching)."""
+    return sweep.watching_ctrl_c and signal.getsignal(signal.SIGINT) is _sigint_marker
 
 
 def _ended(trial: Trial) -> bool:

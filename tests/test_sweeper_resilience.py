@@ -385,6 +385,38 @@ def test_a_study_file_removed_mid_sweep_ends_it_with_every_run_closed(tmp_path):
         run_sweep(resume=sweep_id, results_dir=tmp_path)
 
 
+def test_ctrl_c_between_trials_is_an_interruption_and_resume_runs_the_rest(tmp_path):
+    """Ctrl-C while no trial runs (one ended, the next not started): the sweep was called
+    finished with exit 0 and the unstarted trial listed as "stopped early by the scheduler"
+    (seen on a compile sweep of the 70B space). Now it is interrupted, the unstarted trial has
+    no row, and resume runs it."""
+    import os
+    import signal
+
+    import ray
+    from ray import tune
+
+    from sweeper.manifest import SweepManifest
+    from sweeper.sweep import run_sweep
+
+    class CtrlC(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            os.kill(os.getpid(), signal.SIGINT)  # Tune's handler: the experiment stops
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    try:
+        first = run_sweep("smoke", results_dir=tmp_path, trials=2, callbacks=[CtrlC()],
+                          set={"trial.steps": 3, "search.remeasure": 0, "search.concurrency": 1,
+                               "search.sampler": "grid", "constraints.convergence": False})  # fmt: skip
+        assert first.interrupted and list(first.trials["status"]) == ["ok"], first.trials
+        assert SweepManifest.read(first.sweep_dir / "sweep.json").ending.state == "interrupted"
+        resumed = run_sweep(resume=first.sweep_id, results_dir=tmp_path)
+    finally:
+        ray.shutdown()
+    assert not resumed.interrupted and resumed.counts == {"total": 2, "ok": 2}, resumed.counts
+
+
 def test_a_full_disk_anywhere_in_an_errors_chain_is_told_as_such():
     """What a sweep on a full tmpfs raised by hand: SQLite's "database or disk is full" under
     Optuna's StorageInternalError, and ENOSPC; any other failure is not a full disk."""
