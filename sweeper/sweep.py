@@ -24,6 +24,7 @@ from typing import Any
 import optuna
 import pandas as pd
 import yaml
+from optuna.trial import TrialState
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
@@ -322,7 +323,7 @@ class Sweep:
         if not lost or not any(finished for _, finished in known):
             return  # whole, or nothing ended yet: a fresh start loses nothing
         closed = self.close_leftovers()
-        self.abandon()  # the parent run too: the sweep did not end well
+        self.tracker.terminate(self.tracker.parent, "KILLED")  # the sweep did not end well
         raise SpaceError(
             f"sweep {self.sweep_id}: Tune's state could not be read ({'; '.join(lost)}) and "
             "Ray's own copy of it is gone. Resuming would start the experiment afresh and call "
@@ -362,7 +363,7 @@ class Sweep:
                 t = told[trial_id]
                 value = "" if t.values is None else " " + "/".join(f"{v:,.0f}" for v in t.values)
                 said.append(f"Optuna #{t.number} {t.state.name}{value}")
-                ended |= t.state.is_finished() and t.state.name != "FAIL"
+                ended |= t.state.is_finished() and t.state != TrialState.FAIL
             if trial_id in runs:
                 state = status.get(runs[trial_id], "unknown")
                 said.append(f"MLflow {state}")

@@ -7,7 +7,7 @@ mid-sweep cuts that copy short; given a cut copy, `Tuner.restore` logs "Failed t
 run state" and starts the experiment afresh, which would run the sweep's trials again and
 call it complete with a fraction of them. Before restoring, the storage copy is read; a cut
 one is replaced by the staging copy where that is whole (Ray's temporary folder is rarely on
-the results folder's disk), else the sweep is refused by name (`TuneStateLost`).
+the results folder's disk), else `sweeper resume` refuses the sweep by name.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import pickletools
 import shutil
 import tempfile
 from pathlib import Path
+
+from trainer.spec.files import write_bytes
 
 STATE = "experiment_state-*.json"  # Tune's CKPT_FILE_TMPL; the newest name is the live one
 PICKLE = b"\x80"  # the PROTO opcode every pickle since protocol 2 starts with
@@ -80,10 +82,8 @@ def mend(experiment: Path) -> str | None:
         whole = files and not any(damaged(p) for p in files)
         if not whole or (names and not names <= {p.name for p in files}):
             continue
-        for source in files:
-            tmp = experiment / f".{source.name}.mend"
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, experiment / source.name)
+        for source in files:  # each file whole or as it was, even on a disk still full
+            write_bytes(experiment / source.name, source.read_bytes(), durable=True)
         return f"Tune's state in {experiment} was cut short; mended from Ray's copy in {staging}"
     return None
 

@@ -27,11 +27,20 @@ def write_json(path: Path, obj: Any, *, indent: int | None = None, durable: bool
 def write_text(path: Path, text: str, *, durable: bool = False) -> Path:
     """`text` at `path`, atomically (see `write_json`). A write that fails (a full disk)
     leaves the previous file whole and no temporary beside it, and raises."""
+    return _write(path, text, durable)
+
+
+def write_bytes(path: Path, data: bytes, *, durable: bool = False) -> Path:
+    """`data` at `path`, atomically, as `write_text` writes text."""
+    return _write(path, data, durable)
+
+
+def _write(path: Path, data: str | bytes, durable: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
