@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from rich.console import Console
@@ -137,7 +138,8 @@ def compile_row(name: str) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
     hlo_path(name).write_bytes(gzip.compress(compiled.as_text().encode()))
     memory = memory_per_device(compiled)
-    record = {"memory_per_device": memory, "compile_s": compile_s, "target": target}
+    record = {"memory_per_device": memory, "compile_s": compile_s, "target": target,
+              "compiler": compiler()}  # fmt: skip
     record_path(name).write_text(json.dumps(record, indent=1))
 
 
@@ -151,6 +153,16 @@ def compiled_cost(name: str, recompile: bool) -> dict:
             raise SystemExit(f"{name} did not compile: {proc.stderr[-1500:]}")
         print(f"compiled {name} in {time.time() - start:.0f} s", flush=True)  # minutes each
     return program_cost(gzip.decompress(hlo_path(name).read_bytes()).decode())
+
+
+def compiler() -> dict[str, str]:
+    """The JAX and libtpu installed here: what compiles a row now."""
+    return {"jax": metadata.version("jax"), "libtpu": metadata.version("libtpu")}
+
+
+def compiled_by(name: str) -> dict[str, str]:
+    """The JAX and libtpu that compiled the row's kept record."""
+    return json.loads(record_path(name).read_text()).get("compiler", {})
 
 
 def hlo_path(name: str) -> Path:
@@ -321,7 +333,7 @@ def main() -> None:
     predictions = frozen()
     table = Table(title=f"tokens/s/chip, estimated vs published (fit on {len(FIT)} rows: MXU "
                   f"efficiency bf16 {fitted[0]:.2f}, fp8 {fitted[1]:.2f})")  # fmt: skip
-    for column in ("row", "split", "published", "uncalibrated", "calibrated", "error",
+    for column in ("row", "split", "libtpu", "published", "uncalibrated", "calibrated", "error",
                    "frozen prediction (commit): error", "same per-device program as"):  # fmt: skip
         table.add_column(column)
     for name, row in rows.items():
@@ -329,12 +341,19 @@ def main() -> None:
         before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
                   f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
                   if pinned else "seen before the rule")  # fmt: skip
-        table.add_row(name, split(name, rows), f"{row['published_tokens']:,.0f}",
+        table.add_row(name, split(name, rows), compiled_by(name).get("libtpu", "?"),
+                      f"{row['published_tokens']:,.0f}",
                       f"{predict(row, UNCALIBRATED):,.0f}", f"{predict(row, fitted):,.0f}",
                       f"{error(row, fitted):+.1%}", before,
                       ", ".join(same_program(name, rows)))  # fmt: skip
-    console = Console(width=230)
+    console = Console(width=240)
     console.print(table)
+    installed, fit_by = compiler()["libtpu"], {compiled_by(n).get("libtpu") for n in FIT}
+    older = [n for n in rows if compiled_by(n).get("libtpu") != installed]
+    console.print(f"compiler: libtpu {installed} installed; the fit rows compiled by "
+                  f"{', '.join(sorted(map(str, fit_by)))}"
+                  + (f"; {len(older)} rows by another (`--recompile --only NAME` redoes one)"
+                     if older else ""))  # fmt: skip
     for name in SPLITS:
         errors = [abs(error(rows[n], fitted)) for n in rows if split(n, rows) == name]
         if not errors:

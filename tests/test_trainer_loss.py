@@ -57,12 +57,26 @@ def test_the_loss_gradient_is_autodiffs_of_float32_logits(dtype):
     ours = jax.value_and_grad(lambda x, w: mean_cross_entropy(x, w, t, 1), argnums=(0, 1))(x, w)
     reference = jax.value_and_grad(upcast, argnums=(0, 1))(x, w)
     assert float(ours[0]) == pytest.approx(float(reference[0]), rel=1e-6)
-    tolerance = 1e-6 if dtype == jnp.float32 else 1e-2
-    for a, b in zip(ours[1], reference[1], strict=True):
+    for a in ours[1]:
         assert a.dtype == dtype
-        np.testing.assert_allclose(
-            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tolerance, atol=1e-6
-        )
+    if dtype == jnp.float32:
+        for a, b in zip(ours[1], reference[1], strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+        return
+    # bf16: both round; measured against the exact gradient (float32 math on the same bf16
+    # inputs), ours is as close as autodiff's and within bf16's rounding. XLA:CPU's own bf16
+    # autodiff moved with jax 0.12 (its weight gradient: 43% of entries off by over 1%,
+    # against 9.6% under 0.10.2), so the two bf16 results are not compared with each other.
+    exact = jax.grad(upcast, argnums=(0, 1))(x.astype(jnp.float32), w.astype(jnp.float32))
+    for a, b, truth in zip(ours[1], reference[1], exact, strict=True):
+        ours_error, autodiff_error = (_median_relative_error(g, truth) for g in (a, b))
+        assert ours_error <= 2**-8, ours_error  # bf16 keeps 8 bits of mantissa
+        assert ours_error <= autodiff_error * 1.05, (ours_error, autodiff_error)
+
+
+def _median_relative_error(got, truth) -> float:
+    got, truth = np.asarray(got, np.float32), np.asarray(truth, np.float32)
+    return float(np.median(np.abs(got - truth) / (np.abs(truth) + 1e-6)))
 
 
 def test_a_tiling_that_does_not_divide_the_sequence_is_refused_by_name():

@@ -96,11 +96,24 @@ def _tagged_names(model: str, **model_fields) -> set[str]:
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "name":
                 names.add(str(eqn.params["name"]))
-            for sub in jax.core.jaxprs_in_params(eqn.params):
+            for sub in _jaxprs_in(eqn.params):
                 walk(sub)
 
     walk(jax.make_jaxpr(module.apply)(params, tokens, tokens, tokens).jaxpr)
     return names
+
+
+def _jaxprs_in(params: dict):
+    """The jaxprs an equation holds (scan, remat, custom_vjp, pjit bodies): jax.core's helper
+    for this left its public API in jax 0.12."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, Jaxpr):
+                yield item
 
 
 def test_the_layers_tag_exactly_the_tensors_the_remat_table_names():

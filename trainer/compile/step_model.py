@@ -325,9 +325,9 @@ def _splash_scores(config, context: int) -> tuple[float, float]:
 
 
 # The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
-# (gmm_megablox, tgmm_megablox: pipelined by hand, no blocks to read) and libtpu's lowering of
-# XLA's ragged_dot (ragged-dot-*).
-GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-")
+# (pipelined by hand, no blocks to read; 0.0.12: gmm_megablox, tgmm_megablox; 0.0.17:
+# pallas_tpu_ragged_dot_gmm, _tgmm) and libtpu's lowering of XLA's ragged_dot (ragged-dot-*).
+GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-", "pallas_tpu_ragged_dot_")
 
 
 def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:

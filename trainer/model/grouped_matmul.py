@@ -65,11 +65,13 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
 
 
 # tokamax's tuned tiles for its TPU kernels, by (m, k, n, groups, quantized): m routed rows,
-# k the input's features, n the output's; one table per pass (see TokamaxTiles).
-_TOKAMAX_TILE_TABLES = {
-    "fwd": tokamax_tpu.GMM_TILING_TUNED_LUT,
-    "dlhs": tokamax_tpu.GMM_RHS_TRANSPOSE_TILING_TUNED_LUT,
-    "drhs": tokamax_tpu.TGMM_TILING_TUNED_LUT,
+# k the input's features, n the output's; one table per pass (see TokamaxTiles). tokamax
+# 0.0.12 has these tables; 0.0.17 has none: its kernel picks the largest tiles that fit
+# TPU7x's scoped VMEM for the shape (`_get_heuristics_config`), fp8 operands included.
+_TOKAMAX_TILE_TABLES: dict[str, dict] = {
+    "fwd": getattr(tokamax_tpu, "GMM_TILING_TUNED_LUT", {}),
+    "dlhs": getattr(tokamax_tpu, "GMM_RHS_TRANSPOSE_TILING_TUNED_LUT", {}),
+    "drhs": getattr(tokamax_tpu, "TGMM_TILING_TUNED_LUT", {}),
 }
 
 

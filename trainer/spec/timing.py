@@ -34,8 +34,8 @@ def step_time_stats(step_times_s: list[float], windows: int = 3) -> dict[str, fl
     return {
         "step_time_median_s": median,
         "step_time_p90_s": float(np.percentile(times, 90)),
-        "step_time_min_s": float(times.min()),
-        "step_time_max_s": float(times.max()),
+        "step_time_min_s": float(np.min(times)),
+        "step_time_max_s": float(np.max(times)),
         "timed_steps": len(times),
         **interval,
         "timing_windows": len(parts),
