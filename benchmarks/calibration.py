@@ -336,22 +336,23 @@ def main() -> None:
     for column in ("row", "split", "libtpu", "published", "uncalibrated", "calibrated", "error",
                    "frozen prediction (commit): error", "same per-device program as"):  # fmt: skip
         table.add_column(column)
+    made_by = {name: compiled_by(name).get("libtpu", "?") for name in rows}  # read once
     for name, row in rows.items():
         pinned = predictions.get(name)
         before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
                   f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
                   if pinned else "seen before the rule")  # fmt: skip
-        table.add_row(name, split(name, rows), compiled_by(name).get("libtpu", "?"),
+        table.add_row(name, split(name, rows), made_by[name],
                       f"{row['published_tokens']:,.0f}",
                       f"{predict(row, UNCALIBRATED):,.0f}", f"{predict(row, fitted):,.0f}",
                       f"{error(row, fitted):+.1%}", before,
                       ", ".join(same_program(name, rows)))  # fmt: skip
     console = Console(width=240)
     console.print(table)
-    installed, fit_by = compiler()["libtpu"], {compiled_by(n).get("libtpu") for n in FIT}
-    older = [n for n in rows if compiled_by(n).get("libtpu") != installed]
+    installed = compiler()["libtpu"]
+    older = [n for n in rows if made_by[n] != installed]
     console.print(f"compiler: libtpu {installed} installed; the fit rows compiled by "
-                  f"{', '.join(sorted(map(str, fit_by)))}"
+                  f"{', '.join(sorted({made_by[n] for n in FIT}))}"
                   + (f"; {len(older)} rows by another (`--recompile --only NAME` redoes one)"
                      if older else ""))  # fmt: skip
     for name in SPLITS:

@@ -843,13 +843,16 @@ def test_the_unembedding_weight_is_gathered_after_the_decoder_loop_on_tpu7x():
     text = _compiled_text(config)
     entry = text[text.index("\nENTRY") :].splitlines()
     loop = next(i for i, line in enumerate(entry) if " while(" in line)
+
     # The gather's instructions (a plain all-gather-start, or a SparseCore-offloaded
     # call-start/update/done, whose start names no shape in libtpu 0.0.52), then its start.
-    gather = {line.split(" = ")[0].strip().rsplit(".call-", 1)[0] for line in entry
+    def instruction(line: str) -> str:  # "%all-gather.128.call-update = ...": %all-gather.128
+        return line.split(" = ")[0].strip().rsplit(".call-", 1)[0]
+
+    gather = {instruction(line) for line in entry
               if "all-gather" in line.split(" = ")[0] and f"bf16[{d},{vocab}]" in line}  # fmt: skip
     gathers = [i for i, line in enumerate(entry)
-               if re.search(r"(call|all-gather)-start\(", line)
-               and line.split(" = ")[0].strip().rsplit(".call-", 1)[0] in gather]  # fmt: skip
+               if re.search(r"(call|all-gather)-start\(", line) and instruction(line) in gather]  # fmt: skip
     assert gathers and min(gathers) > loop, (gathers, loop)
 
 

@@ -66,8 +66,10 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
 
 # tokamax's tuned tiles for its TPU kernels, by (m, k, n, groups, quantized): m routed rows,
 # k the input's features, n the output's; one table per pass (see TokamaxTiles). tokamax
-# 0.0.12 has these tables; 0.0.17 has none: its kernel picks the largest tiles that fit
-# TPU7x's scoped VMEM for the shape (`_get_heuristics_config`), fp8 operands included.
+# 0.0.12 has these tables; 0.0.17 has none: its kernel picks tiles for the shape by its own
+# VMEM budget (`_get_heuristics_config`, fp8 operands included), which can exceed libtpu's
+# default scoped VMEM limit (1024x2048x1024 for a bf16 weight gradient at [8, 2048, 1024]
+# took 35.37 MiB, over 32: seen with libtpu 0.0.52).
 _TOKAMAX_TILE_TABLES: dict[str, dict] = {
     "fwd": getattr(tokamax_tpu, "GMM_TILING_TUNED_LUT", {}),
     "dlhs": getattr(tokamax_tpu, "GMM_RHS_TRANSPOSE_TILING_TUNED_LUT", {}),
