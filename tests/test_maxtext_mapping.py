@@ -48,7 +48,7 @@ VARIANTS = {
     "remat named": {"remat": {"policy": "save_dot_except_mlp"}},
     "splash": {"kernels": {"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, 256),
                            "block_q": 512, "q_layout": "seq_minor", "v_layout": "seq_minor",
-                           "max_logit_const": 30.0}},
+                           "max_logit_const": 30.0, "dq_reduction_steps": 3}},
     "fp8 fixed": {"precision": {"mode": "fp8", "granularity": "per_axis", "scaling": "fixed",
                                 "fixed_bound": 224.0}},
     "fp8 e4m3 backward": {"precision": {"mode": "fp8", "granularity": "per_axis",

@@ -254,6 +254,29 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
     )
 
 
+def test_dq_reduction_steps_act_only_on_a_splash_backward_of_more_than_three_blocks():
+    """tokamax keeps one dQ per key/value block when there are 3 or fewer, whatever the knob."""
+    from trainer.spec.config import load_config
+    from trainer.spec.effects import knob_effects
+
+    def effect(attention: str, block_kv_dkv: int, platform: str = "tpu") -> dict:
+        kernels = {"attention": attention, "block_kv_dkv": block_kv_dkv, "dq_reduction_steps": 3}
+        config = load_config(
+            {"model": {"preset": "tiny-dense"}, "seq_len": 8192, "kernels": kernels}
+        )
+        return knob_effects(config, platform)["kernels.dq_reduction_steps"]
+
+    assert effect("splash", 2048) == {
+        "status": "active",
+        "reason": "the fused backward sums dQ in 3 buffers in the kernel, not 4 partials after it",
+    }
+    assert effect("splash", 4096)["status"] == "inert"  # 2 blocks
+    assert effect("xla", 2048)["status"] == "inert"
+    assert effect("splash", 2048, "cpu")["status"] == "interpreted"
+    plain = load_config({"model": {"preset": "tiny-dense"}})
+    assert "kernels.dq_reduction_steps" not in knob_effects(plain, "tpu")
+
+
 def test_a_sampled_learning_rate_is_judged_against_the_recipes(tmp_path):
     """The reference of a trial that samples a hyperparameter trains with the space's value
     of it (or the trainer's default), never the trial's: half the rate is a deviation."""

@@ -876,6 +876,58 @@ def test_mesh_follows_the_torus():
     assert sum(h > 1 for h in hops(devices)) == 3 and max(hops(devices)) == 3
 
 
+def _forward_stacks(hlo: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, dims) of each array the forward layer loop hands the backward: what a remat
+    policy saves, stacked over layers."""
+    for line in hlo.splitlines():
+        if " while(" in line and 'jvp(Transformer)/while"' in line:
+            head = line.split(" while(")[0]
+            return [(t, tuple(int(d) for d in dims.split(",")))
+                    for t, dims in re.findall(r"\b(bf16|f32)\[([0-9,]+)\]", head)]  # fmt: skip
+    raise AssertionError("no forward layer loop in the program")
+
+
+@pytest.mark.parametrize("attention", ["splash", "xla"])
+def test_context_parallelism_saves_each_devices_chunk_of_keys_and_values(attention):
+    """Saved keys and values stay each device's chunk of the sequence (as named: before the
+    gather). Broken: the gather's sharding reached back to the saved values, and the 70B at
+    128k kept all 131,072 positions of each layer's values on every device (+17.5 GiB)."""
+    seq, context = 2048, 4
+    saved = dict.fromkeys(["decoder_layer_input", "query_proj", "key_proj", "value_proj"],
+                          "device")  # fmt: skip
+    config = {
+        "model": {**SMALL, "num_heads": 4, "num_layers": 2},
+        "seq_len": seq,
+        "per_device_batch": 0.25,
+        "mesh": {"fsdp": 2, "context": context},
+        "remat": {"policy": "custom", "custom": saved},
+        "kernels": {"attention": attention, **dict.fromkeys(SPLASH_BLOCKS, 512)},
+        "convergence": {"enabled": False},
+    }
+    stacks = _forward_stacks(_compiled_text(config))
+    kv = [dims for _, dims in stacks if len(dims) == 5 and dims[-2:] == (2, 128)]
+    assert len(kv) == 2, stacks
+    assert all(dims[2] == seq // context for dims in kv), stacks
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_dq_reduction_steps_sum_dq_in_the_splash_kernel(steps):
+    """0: the fused backward writes one dQ per key/value block (float32 beyond 4) and XLA sums
+    them; 3: the kernel accumulates them in 3. 2048 keys in 256-wide blocks: 8 partials."""
+    blocks = {**dict.fromkeys(SPLASH_BLOCKS, 512), "block_kv_dkv": 256,
+              "block_kv_dkv_compute": 256}  # fmt: skip
+    config = {
+        "model": {**SMALL, "num_layers": 1},
+        "seq_len": 2048,
+        "kernels": {"attention": "splash", **blocks, "dq_reduction_steps": steps},
+        "convergence": {"enabled": False},
+    }
+    # dQ out of the kernel, vmapped over kv heads: [kv heads, partials, group, queries, d].
+    dq = re.findall(r"splash_mqa_dkv\S* = \((\w+)\[\d+,(\d+),", _compiled_text(config))
+    assert dq, "no Splash dK/dV kernel in the program"
+    assert set(dq) == ({("f32", "8")} if steps == 0 else {("bf16", "3")}), dq
+
+
 @pytest.mark.slow  # 3 minutes here; the lazy mask's unit test and the 2k compile run by default
 @pytest.mark.timeout(1800)
 def test_128k_context_parallel_splash_compiles_for_tpu7x_4x4x4(tmp_path):

@@ -76,6 +76,7 @@ def splash_config(
         **kernels.blocks(q_len, kv_len),
         **{f"{x}_layout": splash.QKVLayout[getattr(kernels, f"{x}_layout").upper()] for x in "qkv"},
         max_logit_const=kernels.max_logit_const,
+        dq_reduction_steps=kernels.dq_reduction_steps or None,
         interpret=interpret,
         # The kernel names its output and logsumexp "context" (as MaxText's does): a remat
         # policy that saves the context saves what the fused backward reads, and the backward

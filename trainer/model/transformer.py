@@ -96,19 +96,30 @@ class Attention(nn.Module):
         q = nn.with_logical_constraint(
             q, ("activation_batch", "activation_length", "activation_heads", None)
         )
-        # Keys and values span the whole sequence: under context parallelism this all-gathers them.
-        k = nn.with_logical_constraint(k, ("activation_batch", None, "activation_kv_heads", None))
-        v = nn.with_logical_constraint(v, ("activation_batch", None, "activation_kv_heads", None))
-        k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
+        # Keys and values as saved: each device's chunk. Unconstrained, the sharding the
+        # gather below asks for reaches back to the saved value (no op between them for
+        # values): the 70B at 128k kept all 131,072 positions of each layer's values on every
+        # device, 224 MiB a layer more than its chunk.
+        chunk = ("activation_batch", "activation_length", "activation_kv_heads", None)
+        k, v = (nn.with_logical_constraint(x, chunk) for x in (k, v))
         if self.kernels.attention == "splash":
-            # Named "context" inside the kernel, with its logsumexp (kernels.splash_config).
+            # Gathers keys and values itself; names its output and logsumexp "context"
+            # (kernels.splash_config).
             ctx = sharded_splash_attention(
                 q, k, v, self.kernels, self.interpret, self.load_balanced
             )
-        elif self.kernels.attention == "cudnn":
-            ctx = checkpoint_name(fused_attention(q, k, v), Tensor.CONTEXT)
         else:
-            ctx = reference_attention(q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const)
+            # Keys and values span the whole sequence: under context parallelism this
+            # all-gathers them.
+            whole = ("activation_batch", None, "activation_kv_heads", None)
+            k, v = (nn.with_logical_constraint(x, whole) for x in (k, v))
+            if self.kernels.attention == "cudnn":
+                ctx = fused_attention(q, k, v)
+            else:
+                k_pos = nn.with_logical_constraint(positions_BxS, ("activation_batch", None))
+                ctx = reference_attention(
+                    q, k, v, positions_BxS, k_pos, self.kernels.max_logit_const
+                )
             ctx = checkpoint_name(ctx, Tensor.CONTEXT)
         wo = weight(self, "out", (h, d, e), ("heads", None, "embed"), h * d)
         return checkpoint_name(dense(ctx, wo.astype(dt), contract=2), Tensor.OUT_PROJ)

@@ -128,7 +128,30 @@ def _attention(config: TrialConfig, platform: str, kernels: KernelsConfig) -> di
         )
     if config.kernels.max_logit_const is not None:
         effects["kernels.max_logit_const"] = _active("numerics: softmax uses exp(s - c)")
+    if config.kernels.dq_reduction_steps:
+        effects["kernels.dq_reduction_steps"] = _dq_reduction_effect(config, platform, kernels)
     return effects
+
+
+def _dq_reduction_effect(config: TrialConfig, platform: str, kernels: KernelsConfig) -> Effect:
+    """The fused backward sums dQ over its key/value blocks in 3 buffers: only Splash has
+    them, and with 3 blocks or fewer tokamax keeps one partial per block anyway."""
+    if kernels.attention != "splash":
+        return {
+            "status": "inert",
+            "reason": f"{kernels.attention} attention has no Splash backward",
+        }
+    steps = config.seq_len // kernels.blocks(config.seq_len, config.seq_len)["block_kv_dkv"]
+    if steps <= 3:
+        return {
+            "status": "inert",
+            "reason": f"the backward has {steps} key/value block(s): tokamax keeps one dQ per block",
+        }
+    if platform in PALLAS_NATIVE:
+        return _active(
+            f"the fused backward sums dQ in 3 buffers in the kernel, not {steps} partials after it"
+        )
+    return _kernel_effect(platform, "Splash attention")
 
 
 def _experts(

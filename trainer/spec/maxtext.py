@@ -105,6 +105,7 @@ RENAMED = {
     "model.capacity_factor": "capacity_factor",
     "model.load_balance_loss_weight": "load_balance_loss_weight",
     **{f"kernels.{block}": f"sa_{block}" for block in SPLASH_BLOCKS},
+    "kernels.dq_reduction_steps": "dq_reduction_steps",
 }
 # The model's shape, for a model MaxText has no name for (with override_model_config).
 SHAPE = {
@@ -320,6 +321,8 @@ def _kernels(config: TrialConfig, platform: str, unmapped: list[Unmapped]) -> di
     out["use_max_logit_estimate"] = _text(
         -1 if kernels.max_logit_const is None else int(kernels.max_logit_const)
     )
+    if kernels.attention == "splash" and kernels.dq_reduction_steps:
+        out["use_tokamax_splash"] = "true"  # MaxText's own Splash has no dQ reduction steps
     if kernels.max_logit_const is not None and kernels.max_logit_const != int(
         kernels.max_logit_const
     ):
