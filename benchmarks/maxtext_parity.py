@@ -1,6 +1,7 @@
-"""Our trainer against MaxText on the published llama3.1-70b 8k recipe, compiled for tpu7x:4x4x4.
+"""Our trainer against MaxText on the published llama3.1-70b recipes: 8k compiled for
+tpu7x:4x4x4, 128k (context parallelism 8) for tpu7x:4x8x8.
 
-    python -m benchmarks.maxtext_parity [--maxtext-python PATH] [--only NAME]
+    python -m benchmarks.maxtext_parity [--recipe 8k|128k] [--maxtext-python PATH] [--only NAME]
     python -m benchmarks.maxtext_parity --sweeps OURS_ID MAXTEXT_ID [--results-dir DIR]
 
 With --sweeps: the two programs side by side over the points both sweeps compiled (a sweep
@@ -9,9 +10,10 @@ of llama31_70b_8k_tpu7x.yaml, our trainer, and one of llama31_70b_8k_maxtext.yam
 per device (each program's compile) and estimated step time (our step model reading each
 program's optimized HLO), point by point.
 
-The recipe is trial 0 of search_spaces/llama31_70b_8k_tpu7x.yaml (AI-Hypercomputer/
-tpu-recipes, training/ironwood: in production 12.20 s/step on 64 chips). Each row is
-the compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU):
+Each recipe is trial 0 of its space (AI-Hypercomputer/tpu-recipes, training/ironwood):
+search_spaces/llama31_70b_8k_tpu7x.yaml (in production 12.20 s/step on 64 chips) and
+search_spaces/llama31_70b_128k_tpu7x.yaml (in production on 256 chips). Each row is the
+compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU). For 8k:
 
 - ours as published (loss untiled, as MaxText's default; AdamW first moment in bf16);
 - ours with the loss in 8 vocabulary tiles (`vocab_tiling: 8`);
@@ -22,6 +24,10 @@ the compiler's per-device memory (fidelity compile, libtpu AOT on this host; no 
   that one pair differs only in the trainer; without one, the figure recorded on this host kind
   (2026-12-01, with the recipe's Splash flags as `maxtext_args` gives them; docs/TPU7X.md's
   2026-11-30 figure, 0.44 GiB less temp, predates them), marked "recorded".
+
+For 128k: ours as published, ours without `dq_reduction_steps` (32 float32 copies of dQ in
+the Splash backward), and MaxText's, likewise (recorded: docs/TPU7X.md, 2026-12-02; with this
+module's arguments MaxText's temp was 75.16 GiB, 2026-12-03, and ours in MaxText's JAX 75.53).
 
 A MaxText environment (it needs Python >= 3.12; never a dependency of this project):
 
@@ -39,6 +45,7 @@ import os
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -48,33 +55,72 @@ from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.spec.hardware import GIB, Topology
 
-SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "llama31_70b_8k_tpu7x.yaml"
-# MaxText 0.2.5 train_compile of the recipe on this host kind (libtpu 0.0.52, 2026-12-01).
-RECORDED_MAXTEXT = {"argument": 5_525_434_368, "temp": 86_750_150_656, "compile_s": 132.0}
-VARIANTS = {
-    "ours: as published": {},
-    "ours: vocab_tiling 8": {"vocab_tiling": 8},
-    "ours: mu_dtype float32": {"mu_dtype": "float32"},
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    space: Path  # its trial 0 is the recipe
+    recorded: dict  # MaxText 0.2.5's train_compile on this host kind (libtpu 0.0.52)
+    variants: dict[str, dict]  # our rows: changes to the recipe
+
+
+RECIPES = {
+    "8k": Recipe(
+        SPACES / "llama31_70b_8k_tpu7x.yaml",
+        {"argument": 5_525_434_368, "temp": 86_750_150_656, "compile_s": 132.0},  # 2026-12-01
+        {
+            "ours: as published": {},
+            "ours: vocab_tiling 8": {"vocab_tiling": 8},
+            "ours: mu_dtype float32": {"mu_dtype": "float32"},
+        },
+    ),
+    "128k": Recipe(
+        SPACES / "llama31_70b_128k_tpu7x.yaml",
+        {"argument": 1_672_031_744, "temp": 82_882_297_856, "compile_s": 397.0},  # 2026-12-02
+        {
+            "ours: as published": {},
+            "ours: dq_reduction_steps 0": {"kernels": {"dq_reduction_steps": 0}},
+        },
+    ),
 }
 
 
-def recipe() -> tuple[dict, str]:
+def recipe(name: str = "8k") -> tuple[dict, str]:
     """The recipe's trial config and target, from the space that starts with it."""
-    space = load_space(str(SPACE))
+    space = load_space(str(RECIPES[name].space))
     return assemble(space, space.search.warm_start[0]), space.target
 
 
-def maxtext_args(trial: dict) -> tuple[list[str], str]:
-    """The same recipe in MaxText's terms: its config overrides, and LIBTPU_INIT_ARGS."""
+def changed(trial: dict, change: dict) -> dict:
+    """The trial with `change` applied, sections (a dict) merged key by key."""
+    out = dict(trial)
+    for key, value in change.items():
+        merge = isinstance(value, dict) and isinstance(trial.get(key), dict)
+        out[key] = {**trial[key], **value} if merge else value
+    return out
+
+
+def maxtext_args(trial: dict, target: str) -> tuple[list[str], str]:
+    """The same recipe in MaxText's terms (as its run_recipe.sh writes it): its config
+    overrides, and LIBTPU_INIT_ARGS."""
     kernels, remat, xla = trial["kernels"], trial["remat"], trial["xla"]
+    context = trial.get("mesh", {}).get("context", 1)
     args = [
         "model_name=llama3.1-70b",
         "dtype=bfloat16",
         f"per_device_batch_size={trial['per_device_batch']}",
         f"max_target_length={trial['seq_len']}",
         "ici_fsdp_parallelism=-1",
-        "opt_type=adamw",
-        f"mu_dtype={trial['mu_dtype']}",
+        *([f"ici_context_parallelism={context}"] if context != 1 else []),
+        *(
+            [f"num_vocab_tiling={trial['vocab_tiling']}"]
+            if trial.get("vocab_tiling", 1) != 1
+            else []
+        ),
+        # The 128k recipe's adam_pax keeps float32 moments; AdamW with mu float32 does too.
+        "opt_type=adam_pax" if trial["mu_dtype"] == "float32" else "opt_type=adamw",
+        *([f"mu_dtype={trial['mu_dtype']}"] if trial["mu_dtype"] != "float32" else []),
         "remat_policy=custom",
         *(f"{tensor}={place}" for tensor, place in remat["custom"].items()),
         "attention=flash",
@@ -85,18 +131,28 @@ def maxtext_args(trial: dict) -> tuple[list[str], str]:
             for x in ("q_layout", "k_layout", "v_layout")
             if x in kernels
         ),
+        *(
+            [f"use_max_logit_estimate={int(kernels['max_logit_const'])}"]
+            if kernels.get("max_logit_const") is not None
+            else []
+        ),
+        *(
+            [f"dq_reduction_steps={kernels['dq_reduction_steps']}", "use_tokamax_splash=True"]
+            if kernels.get("dq_reduction_steps")
+            else []
+        ),
         "dataset_type=synthetic",
         "enable_checkpointing=False",
-        "compile_topology=tpu7x-128",
+        f"compile_topology=tpu7x-{Topology.parse(target).devices}",
         "compile_topology_num_slices=1",
     ]
     flags = [f"--xla_tpu_scoped_vmem_limit_kib={xla['scoped_vmem_kib']}", *xla["extra"]]
     return args, " ".join(flags)
 
 
-def maxtext_compile(python: str, trial: dict) -> dict:
+def maxtext_compile(python: str, trial: dict, target: str) -> dict:
     """MaxText's train_compile in its own environment; memory parsed from its report."""
-    args, flags = maxtext_args(trial)
+    args, flags = maxtext_args(trial, target)
     # The pip package (0.2.5) is `maxtext`, its entry point under trainers/; a source checkout
     # of older MaxText is `MaxText`, with train_compile at the top.
     find = (
@@ -192,6 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--recipe", choices=list(RECIPES), default="8k", help="which recipe")
     parser.add_argument("--maxtext-python", help="the Python of a MaxText 0.2.5 environment")
     parser.add_argument("--only", help="one row (a variant name), skipping MaxText")
     parser.add_argument(
@@ -202,26 +259,29 @@ def main() -> None:
     if args.sweeps:
         Console(width=220).print(side_by_side(*args.sweeps, args.results_dir))
         return
-    trial, target = recipe()
+    chosen = RECIPES[args.recipe]
+    trial, target = recipe(args.recipe)
     rows: list[tuple[str, str, dict]] = []
-    for name, change in VARIANTS.items():
+    for name, change in chosen.variants.items():
         if args.only and args.only != name:
             continue
-        rows.append((name, "compile (this run)", _row(*compile_trial({**trial, **change}, target))))
+        rows.append(
+            (name, "compile (this run)", _row(*compile_trial(changed(trial, change), target)))
+        )
     if not args.only:
         if args.maxtext_python:
             same = compile_trial(trial, target, python=args.maxtext_python)
             rows.append(("ours: as published, MaxText's JAX", "compile (this run)", _row(*same)))
-            rows.append(
-                ("MaxText 0.2.5", "compile (this run)", maxtext_compile(args.maxtext_python, trial))
-            )
+            theirs = maxtext_compile(args.maxtext_python, trial, target)
+            rows.append(("MaxText 0.2.5", "compile (this run)", theirs))
         else:
-            rows.append(("MaxText 0.2.5", "compile (recorded)", RECORDED_MAXTEXT))
-    reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECORDED_MAXTEXT)
+            rows.append(("MaxText 0.2.5", "compile (recorded)", chosen.recorded))
+    reference = next((r for n, _, r in rows if n.startswith("MaxText")), chosen.recorded)
     ref_total = reference["argument"] + reference["temp"]
     usable = Topology.parse(target).accelerator.usable_hbm_per_device
     table = Table(
-        title=f"llama3.1-70b 8k recipe on {target}: HBM per device (usable {usable / GIB:.2f} GiB)"
+        title=f"llama3.1-70b {args.recipe} recipe on {target}: HBM per device "
+        f"(usable {usable / GIB:.2f} GiB)"
     )
     for col in (
         "who",
