@@ -303,8 +303,8 @@ class KernelsConfig(Frozen):
     dq_reduction_steps: Literal[0, 3] = 0
     """Splash fused backward (MaxText's dq_reduction_steps): 0 writes one query gradient per
     key/value block and sums them after the kernel (float32 beyond 4 blocks: at 128k with
-    4096-wide blocks, 32 copies of dQ); 3 accumulates them in 3 in the kernel. Acts only
-    where the backward has more than 3 key/value blocks."""
+    4096-wide blocks, 32 copies of dQ); 3 accumulates them in 3 in the kernel (also with 3
+    blocks or fewer, where it costs memory: tokamax runs its dynamic grid then)."""
     moe_gmm: Literal["auto", "ragged_dot", "megablox", "tokamax"] = "auto"
     """MoE grouped matmul: auto (tokamax on GPU, ragged_dot elsewhere), ragged_dot (XLA),
     megablox (Pallas TPU kernel), or tokamax (tokamax.ragged_dot: its Mosaic kernel on TPU,

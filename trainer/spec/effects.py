@@ -135,23 +135,19 @@ def _attention(config: TrialConfig, platform: str, kernels: KernelsConfig) -> di
 
 def _dq_reduction_effect(config: TrialConfig, platform: str, kernels: KernelsConfig) -> Effect:
     """The fused backward sums dQ over its key/value blocks in 3 buffers: only Splash has
-    them, and with 3 blocks or fewer tokamax keeps one partial per block anyway."""
+    them. With 3 buffers tokamax also runs a dynamic grid, so the program changes even where
+    there are 3 blocks or fewer (2 blocks: 3 dQ buffers instead of 2, more memory)."""
     if kernels.attention != "splash":
         return {
             "status": "inert",
             "reason": f"{kernels.attention} attention has no Splash backward",
         }
+    if platform not in PALLAS_NATIVE:
+        return _kernel_effect(platform, "Splash attention")
     steps = config.seq_len // kernels.blocks(config.seq_len, config.seq_len)["block_kv_dkv"]
-    if steps <= 3:
-        return {
-            "status": "inert",
-            "reason": f"the backward has {steps} key/value block(s): tokamax keeps one dQ per block",
-        }
-    if platform in PALLAS_NATIVE:
-        return _active(
-            f"the fused backward sums dQ in 3 buffers in the kernel, not {steps} partials after it"
-        )
-    return _kernel_effect(platform, "Splash attention")
+    return _active(
+        f"the fused backward sums dQ in 3 buffers in the kernel, not {steps} partials after it"
+    )
 
 
 def _experts(
