@@ -66,7 +66,7 @@ def place(space: Space) -> tuple[Space, Placement]:
     """
     hosts = alive_hosts()
     driver = driver_host(hosts)
-    if space.fidelity == "auto" and space.is_tpu_target:
+    if space.fidelity == "auto" and space.is_tpu_target and not space.is_multi_slice:
         slices, _ = find_slices(hosts, space.target)
         space = with_fidelity(space, "run" if slices else "compile")
     if space.effective_fidelity == "run":

@@ -105,7 +105,7 @@ def find_slices(hosts: list[Host], target: str) -> tuple[list[Slice], list[str]]
     """Complete slices of `target` (e.g. tpu7x:2x2x2), and why incomplete ones were left out."""
     topo = Topology.parse(target)
     accelerator_type, _ = RAY_TPU_NAMES[topo.prefix]
-    topology, chips = topo.shape, topo.chips
+    topology, chips = topo.shape, topo.slice_chips
     groups: dict[str, list[Host]] = defaultdict(list)
     for host in hosts:
         if (

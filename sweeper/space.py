@@ -282,9 +282,11 @@ class Space(Frozen):
                 )
         elif self.target != "local":
             try:
-                Topology.parse(self.target)
+                topology = Topology.parse(self.target)
             except ValueError as exc:
                 raise ValueError(f"target: {exc}") from None
+            if topology.slices > 1:
+                self._check_multi_slice(topology)
         if self.effective_fidelity in ("compile", "estimate"):
             if self.target == "local":
                 raise ValueError(
@@ -297,6 +299,23 @@ class Space(Frozen):
                     "use est_tokens_per_sec_per_chip (an estimate, labelled as such)"
                 )
         return self
+
+    def _check_multi_slice(self, topology: Topology) -> None:
+        joined = (
+            f"{self.target} is {topology.slices} {topology.prefix}:{topology.shape} slices joined "
+            "by the data center network"
+        )
+        if self.program != "maxtext":
+            raise ValueError(
+                f"target: {joined}; this project's trainer compiles one slice (its mesh has no "
+                f"DCN axes): run the space with program: maxtext (its dcn_* settings), or give "
+                f"one slice such as {topology.prefix}:{topology.shape}"
+            )
+        if self.fidelity == "run":
+            raise ValueError(
+                f"fidelity: run on {joined}: a trial reserves one slice of the Ray cluster; "
+                "compile multi-slice trials (fidelity compile)"
+            )
 
     @model_validator(mode="after")
     def _check_ladder(self) -> Space:
@@ -366,6 +385,10 @@ class Space(Frozen):
     @property
     def is_tpu_target(self) -> bool:
         return self.target != "local" and gpus_in(self.target) is None
+
+    @property
+    def is_multi_slice(self) -> bool:
+        return self.is_tpu_target and Topology.parse(self.target).slices > 1
 
     @property
     def num_devices(self) -> int:

@@ -56,6 +56,7 @@ VARIANTS = {
     "flags": {"xla": {"scoped_vmem_kib": 65536, "collective_mode": "sparsecore_offload",
                       "extra": ["--xla_tpu_dvfs_p_state=3"]}},
     "compile target": {"compile_target": "tpu7x:4x4x4", "backend": "tpu"},
+    "two slices": {"compile_target": "tpu7x:4x4x4x2", "backend": "tpu"},
 }  # fmt: skip
 MOE_VARIANTS = {
     "megablox": {"kernels": {"moe_gmm": "megablox", "gmm_tm": 256, "gmm_tk": 512,
@@ -136,6 +137,15 @@ def test_the_published_recipes_export_to_their_maxtext_names_and_flags():
     assert load_config(from_maxtext(args, settings.libtpu_init_args)).compile_target == (
         "tpu7x:4x4x4"
     )
+
+
+def test_a_multi_slice_target_is_maxtexts_slice_topology_and_slice_count():
+    """tpu7x:4x4x4x2 is two 4x4x4 slices: MaxText compiles them as compile_topology tpu7x-128
+    (one slice's devices) with compile_topology_num_slices 2."""
+    config = load_config(trial("tiny-dense", compile_target="tpu7x:4x4x4x2", backend="tpu"))
+    args = to_maxtext(config).args
+    assert (args["compile_topology"], args["compile_topology_num_slices"]) == ("tpu7x-128", "2")
+    assert load_config(from_maxtext(args)).compile_target == "tpu7x:4x4x4x2"
 
 
 @pytest.mark.parametrize("name", [*VARIANTS, *MOE_VARIANTS])

@@ -137,6 +137,23 @@ def test_a_point_becomes_maxtexts_settings_with_its_maxtext_knobs(tmp_path):
             "fidelity: MaxText trials are compiled or run",
         ),
         ({"maxtext": {"extra": {"no_such_key": 1}}}, "maxtext.extra", "not a MaxText"),
+        (
+            {
+                "program": None,
+                "knobs": {"mesh.tensor": {"values": [1, 2]}},
+                "target": "tpu7x:4x4x4x2",
+                "fidelity": "compile",
+                "objective": None,
+            },
+            None,
+            "target: tpu7x:4x4x4x2 is 2 tpu7x:4x4x4 slices joined by the data center network; "
+            "this project's trainer compiles one slice",
+        ),
+        (
+            {"target": "tpu7x:2x2x1x2", "objective": None},
+            None,
+            "fidelity: run on tpu7x:2x2x1x2 is 2 tpu7x:2x2x1 slices",
+        ),
     ],
 )
 def test_what_maxtext_cannot_take_is_refused_by_name_before_any_trial(
@@ -147,6 +164,38 @@ def test_what_maxtext_cannot_take_is_refused_by_name_before_any_trial(
     assert words in info.value.message, info.value
     if field:
         assert info.value.field == field, info.value
+
+
+def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
+    """tpu7x:4x4x4x2 is two 4x4x4 slices: 256 devices, 128 chips, and MaxText's settings
+    compile one slice's topology twice over (compile_topology_num_slices 2)."""
+    from trainer.spec.hardware import Topology
+
+    two = Topology.parse("tpu7x:4x4x4x2")
+    assert (two.shape, two.slices, two.chips, two.devices, two.slice_devices) == (
+        "4x4x4", 2, 128, 256, 128,
+    )  # fmt: skip
+    assert Topology.parse("tpu7x:4x4x4").slices == 1 and Topology.parse("v6e:4x4x2").slices == 2
+    path = _space(tmp_path, target="tpu7x:4x4x4x2", fidelity="compile", objective=None,
+                  knobs={"maxtext.dcn_data_parallelism": {"values": [2]}})  # fmt: skip
+    space = load_space(path)
+    point = {"maxtext.dcn_data_parallelism": 2}
+    args = program_of(space).args(space, point)
+    request = json.loads(args[args.index("--maxtext") + 1])
+    config = static_check(space, point)
+    assert space.num_devices == 256 and config.compile_target == "tpu7x:4x4x4x2"
+    settings = program_settings(
+        config, MaxTextProgram.model_validate(request["program"]), request["knobs"], "tpu"
+    )
+    assert settings.args["compile_topology"] == "tpu7x-128"
+    assert settings.args["compile_topology_num_slices"] == "2"
+    assert settings.args["dcn_data_parallelism"] == "2"
+    # Our trainer, asked for one anyway (`python -m trainer`), names the field.
+    from trainer.compile.aot import topology_devices
+    from trainer.spec.config import ConfigError
+
+    with pytest.raises(ConfigError, match="compile_target: tpu7x:4x4x4x2 is several slices"):
+        topology_devices("tpu7x:4x4x4x2")
 
 
 def test_a_maxtext_sweep_without_maxtext_exits_2_naming_the_setting(tmp_path, monkeypatch):
@@ -171,6 +220,41 @@ def test_a_collective_newer_libtpu_offloads_to_the_sparsecores_is_counted():
         "all-gather", 128, 3, "sparsecore",
     )  # fmt: skip
     assert op["bytes"] == 8192 * 128256 * 2  # the gathered bf16 embedding
+
+
+def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network():
+    """MaxText's program for two slices (tpu7x:2x2x1x2, dcn_data_parallelism 2) all-reduces
+    each device's shard of every gradient between the slices, as libtpu's megascale sends: the
+    step model prices them over the chip's DCN bandwidth (100 Gb/s, a device's half), apart
+    from ICI, and the program's collectives list them."""
+    import dataclasses
+    import gzip
+
+    from trainer.compile.cost import program_cost
+    from trainer.compile.step_model import step_time
+    from trainer.estimate.analytic import parameter_count
+    from trainer.program.hlo import count_collectives
+    from trainer.spec.config import load_config
+    from trainer.spec.hardware import ACCELERATORS
+
+    text = gzip.decompress((DATA / "two_slices.hlo.gz").read_bytes()).decode()
+    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    cost = program_cost(hlo)
+    config = load_config({"model": {"preset": "llama3-8b", "num_layers": 2}, "seq_len": 2048})
+    shard = parameter_count(config) * 2 / 8  # bf16 gradients, FSDP over a slice's 8 devices
+    (between,) = cost["dcn_ops"]
+    assert (between["kind"], between["group"]) == ("all-reduce", 2)
+    assert between["bytes"] == pytest.approx(shard, rel=1e-4)
+    assert all(op["group"] <= 8 for op in cost["collective_ops"])  # ICI: within a slice
+    tpu7x = ACCELERATORS["tpu7x"]
+    step = step_time(cost, tpu7x)
+    # A ring over 2 slices sends each byte once, at 12.5 GB/s per chip, 2 devices per chip.
+    assert step["est_dcn_s"] == pytest.approx(between["bytes"] / (100e9 / 8 / 2))
+    assert step["bound"] == "dcn"
+    # The schedule waits for the sends: without DCN time the step is shorter by most of it.
+    free = step_time(cost, dataclasses.replace(tpu7x, dcn_bytes_per_s_per_chip=1e18))
+    assert step["est_step_time_s"] - free["est_step_time_s"] > 0.5 * step["est_dcn_s"]
+    assert count_collectives(hlo)["dcn all-reduce"] == 20
 
 
 needs_maxtext = pytest.mark.skipif(

@@ -37,7 +37,11 @@ from trainer.spec.remat import on_device, uses_offload
 
 def topology_devices(target: str) -> list[jax.Device]:
     try:
-        Topology.parse(target)
+        if Topology.parse(target).slices > 1:
+            raise ValueError(
+                f"{target} is several slices joined by the data center network; this trainer "
+                "compiles one slice (its mesh has no DCN axes): MaxText trials compile multi-slice"
+            )
         return list(topologies.get_topology_desc(platform="tpu", topology_name=target).devices)
     except ValueError as exc:
         raise ConfigError("compile_target", str(exc)) from None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from trainer.compile.ops import (
     KernelKey,
     collective_op,
+    dcn_op,
     host_bytes,
     kernel_key,
     matmul_flops,
@@ -41,6 +42,8 @@ class Cost:
     collective_ops: dict[tuple[str, int, int, str], float] = field(
         default_factory=lambda: defaultdict(float)
     )
+    # bytes by (kind, slices) of collectives between slices (multi-slice programs: `dcn_op`)
+    dcn_ops: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
     host_transfer_bytes: float = 0.0
     custom_calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Mosaic kernel calls (see `ops.KernelKey`), in the order the walk meets them
@@ -60,6 +63,9 @@ class Cost:
             "collective_ops": [
                 {"kind": k, "group": g, "torus_dims": d, "engine": e, "bytes": b}
                 for (k, g, d, e), b in sorted(self.collective_ops.items())
+            ],
+            "dcn_ops": [
+                {"kind": k, "group": g, "bytes": b} for (k, g), b in sorted(self.dcn_ops.items())
             ],
             "host_transfer_bytes": self.host_transfer_bytes,
             "custom_calls": dict(self.custom_calls),
@@ -95,6 +101,9 @@ def program_cost(hlo: str | Module) -> dict:
                 cost.collective_group_sizes[found.kind].add(found.group)
                 how = (found.kind, found.group, found.torus_dims, found.engine)
                 cost.collective_ops[how] += found.bytes * times
+            between = dcn_op(instr, types)
+            if between:
+                cost.dcn_ops[between.kind, between.group] += between.bytes * times
             if op == "custom-call":
                 call = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 if call and not call.group(1).startswith(("PrepareAsync", "Allocate")):

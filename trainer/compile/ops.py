@@ -21,6 +21,7 @@ from trainer.program.hlo import (
     array_bytes,
     arrays,
     callee,
+    megascale_kind,
     nbytes,
 )
 
@@ -35,6 +36,32 @@ class CollectiveOp(NamedTuple):
     torus_dims: int
     engine: str
     bytes: float
+
+
+class DcnOp(NamedTuple):
+    """A collective between slices, over the data center network: what, over how many slices,
+    and the bytes one device hands over."""
+
+    kind: str
+    group: int
+    bytes: float
+
+
+# The slices a cross-slice collective spans: `"{1,2,3,4}x{0:7}"` (slices 1 to 4, each device
+# with its peers), or explicit groups of slice * 100000 + device, `{{100000,200000},...}`.
+_MEGASCALE_TARGET = re.compile(r'_xla_megascale_target=(?:"\{([\d,]*)\}x|\{\{([\d,]*)\})')
+
+
+def dcn_op(instr: Instr, types: dict[str, str]) -> DcnOp | None:
+    """The cross-slice collective a megascale `send` starts (`megascale_kind`), else None."""
+    kind = megascale_kind(instr) if instr.opcode == "send" else None
+    if not kind:
+        return None
+    target = _MEGASCALE_TARGET.search(instr.attrs)
+    slices = (target.group(1) or target.group(2)) if target else ""
+    group = len(slices.split(",")) if slices else 1
+    moved = nbytes(types.get(instr.operands[0], "")) if instr.operands else 0.0
+    return DcnOp(kind, group, moved)
 
 
 class KernelKey(NamedTuple):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from trainer.compile.ops import (
     KernelKey,
     collective_op,
+    dcn_op,
     engine_of,
     host_bytes,
     kernel_key,
@@ -22,7 +23,15 @@ from trainer.compile.ops import (
     precision_of,
     trips_of,
 )
-from trainer.program.hlo import ASYNC_CALLS, Instr, Module, called, callee, nbytes
+from trainer.program.hlo import (
+    ASYNC_CALLS,
+    Instr,
+    Module,
+    called,
+    callee,
+    megascale_kind,
+    nbytes,
+)
 
 
 class Ring(BaseModel):
@@ -37,11 +46,12 @@ class Ring(BaseModel):
 
 class Work(BaseModel):
     """What an asynchronous or waited-for op does: the collectives it runs, the HBM bytes of
-    the ops it runs, and its host transfer bytes."""
+    the ops it runs, its host transfer bytes, and its collectives between slices."""
 
     ici: list[Ring] = Field(default_factory=list)
     hbm: float = 0.0
     host: float = 0.0
+    dcn: list[Ring] = Field(default_factory=list)  # between slices (torus_dims unused: 1)
 
 
 class TensorCoreOp(BaseModel):
@@ -179,6 +189,16 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
             elif op.endswith("-start"):
                 engine = engine_of(instr, types)
                 events.append(Start(name=instr.name, engine=engine, work=work_of(instr)))
+            elif megascale_kind(instr):
+                # A cross-slice collective: the send hands the operand to the data center
+                # network, in turn with the others; its recv's result is there once the
+                # sends before it are done.
+                found = dcn_op(instr, types)
+                work = Work()
+                if found:
+                    work.dcn.append(Ring(kind=found.kind, group=found.group, torus_dims=1,
+                                         bytes=found.bytes))  # fmt: skip
+                events.append(Start(name=instr.name, engine="dcn", work=work))
             elif op == "call":
                 for target in called(instr):
                     build(target)

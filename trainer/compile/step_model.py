@@ -17,6 +17,9 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   torus dimensions its rings use at once (libtpu's backend config: 3 where colors rotate
   over X, Y and Z, 1 for a single ring).
 - host: bytes moved to or from pinned host memory (offload), over the host link.
+- DCN (multi-slice programs): bytes each cross-slice collective hands the data center
+  network per device (libtpu's megascale `send`s), ring-corrected by the slices it spans,
+  over the device's share of its chip's DCN bandwidth (datasheet), one collective at a time.
 - overlap, from the program's own schedule (hlo_cost `schedule`): the TensorCore runs its
   ops one at a time in the compiled order (a matmul op's HBM traffic hides under its
   compute, the larger counts; an op without matmuls is HBM time); an asynchronous op (a
@@ -88,6 +91,7 @@ def step_time(
     ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
               for op in cost["collective_ops"])  # fmt: skip
     host = cost["host_transfer_bytes"] / rates.host
+    dcn = sum(rates.dcn(op["kind"], op["group"], op["bytes"]) for op in cost.get("dcn_ops", []))
     program = cost["schedule"]
     if not isinstance(program, Schedule):  # as JSON, from a record or an event
         program = Schedule.model_validate(program)
@@ -98,9 +102,12 @@ def step_time(
         "est_hbm_s": hbm,
         "est_ici_s": ici,
         "est_host_s": host,
+        "est_dcn_s": dcn,
         "est_busy_s": busy,
         "est_exposed_comm_s": step - busy,
-        "bound": max({"compute": compute, "hbm": hbm, "ici": ici}.items(), key=lambda kv: kv[1])[0],
+        "bound": max(
+            {"compute": compute, "hbm": hbm, "ici": ici, "dcn": dcn}.items(), key=lambda kv: kv[1]
+        )[0],
     }
 
 
@@ -114,6 +121,7 @@ class _Rates:
         self.hbm = accel.hbm_bytes_per_s / per_device
         self.ici_axis = accel.ici_axis_bytes_per_s / per_device
         self.host = accel.host_link_bytes_per_s / per_device
+        self.dcn_per_device = accel.dcn_bytes_per_s_per_chip / per_device
 
     def compute(self, fp8: float, bf16: float, f32: float) -> float:
         peak = self.peak["bf16"]
@@ -127,10 +135,20 @@ class _Rates:
         share per device times the torus dimensions its rings use at once."""
         return counted * _MOVED[kind](group) / (self.ici_axis * torus_dims)
 
+    def dcn(self, kind: str, group: int, counted: float) -> float:
+        """A collective between slices: its bytes, ring-corrected by the slices it spans, over
+        the device's share of its chip's data center network bandwidth."""
+        if not self.dcn_per_device:
+            raise ValueError("a multi-slice program on an accelerator with no DCN bandwidth")
+        # A transfer type with no ring rule here (a point-to-point one) moves its bytes once.
+        moved = _MOVED.get(kind, _MOVED["collective-permute"])(group)
+        return counted * moved / self.dcn_per_device
+
     def work(self, work: Work) -> float:
         """An asynchronous or waited-for op: its collectives, then its HBM and host bytes."""
         return (
             sum(self.ici(r.kind, r.group, r.torus_dims, r.bytes) for r in work.ici)
+            + sum(self.dcn(r.kind, r.group, r.bytes) for r in work.dcn)
             + work.hbm / self.hbm
             + work.host / self.host
         )

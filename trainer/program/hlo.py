@@ -167,14 +167,33 @@ def collective_kind(instr: Instr) -> str | None:
 
 
 def count_collectives(hlo: str | Module) -> dict[str, int]:
-    """Collectives in a compiled module, each counted once (see `collective_kind`)."""
+    """Collectives in a compiled module, each counted once (see `collective_kind`); in a
+    multi-slice program also those between slices, as `dcn <kind>` (libtpu's megascale
+    sends, `_xla_megascale_transfer_type`)."""
     module = parse(hlo) if isinstance(hlo, str) else hlo
     counts = dict.fromkeys(COLLECTIVES, 0)
     for instr in module.instructions():
         kind = collective_kind(instr)
         if kind:
             counts[kind] += 1
+        between = megascale_kind(instr) if instr.opcode == "send" else None
+        if between:
+            counts[f"dcn {between}"] = counts.get(f"dcn {between}", 0) + 1
     return counts
+
+
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+
+
+def megascale_kind(instr: Instr) -> str | None:
+    """The collective between slices a `send` or `recv` runs, else None. libtpu runs a
+    multi-slice program's cross-slice collective as a host-transfer send of each device's
+    operand to the megascale runtime and a recv of the result, tagged with the collective
+    (`_xla_megascale_transfer_type="ALL_REDUCE"`: all-reduce)."""
+    if instr.opcode not in ("send", "recv"):
+        return None
+    found = _MEGASCALE.search(instr.attrs)
+    return found.group(1).lower().replace("_", "-") if found else None
 
 
 _GEMM_TARGET = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul)')

@@ -250,6 +250,9 @@ class Summary(_Event):
     est_hbm_s: float | None = None
     est_ici_s: float | None = None
     est_host_s: float | None = None
+    est_dcn_s: float | None = Field(
+        default=None, description="multi-slice programs: collectives between slices over DCN"
+    )
     est_serial_s: float | None = Field(
         default=None,
         description="formula roofline: what a step cannot overlap (optimizer update, first "
@@ -268,7 +271,7 @@ class Summary(_Event):
     program_cost: dict[str, Any] | None = Field(
         default=None, description="per device per step, counted in the optimized HLO"
     )
-    bound: Literal["compute", "hbm", "ici"] | None = None
+    bound: Literal["compute", "hbm", "ici", "dcn"] | None = None
     est_tokens_per_sec_per_chip: float | None = None
     est_mfu: float | None = None
     arithmetic_intensity_ici: float | None = None

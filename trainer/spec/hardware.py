@@ -30,6 +30,10 @@ class Accelerator:
     # A systolic MXU's side: a matmul holds a (contracted x columns) operand in the array in
     # tiles of this size (0: not a TPU; no tile geometry modelled)
     mxu_width: int = 0
+    # Dimensions of one slice's torus (3: tpu7x:4x4x4; 2: v6e:4x4); 0: not a TPU
+    torus_rank: int = 0
+    # Data center network between slices, per chip, one direction (0: not known)
+    dcn_bytes_per_s_per_chip: float = 0.0
     sources: dict[str, str] | None = None
 
     @property
@@ -66,7 +70,11 @@ ACCELERATORS: dict[str, Accelerator] = {
         device_kind="TPU7x",
         mxu_width=256,
         host_offload_per_device=94.5 * GIB,
+        torus_rank=3,
+        dcn_bytes_per_s_per_chip=100e9 / 8,
         sources={
+            "dcn": "docs.cloud.google.com/tpu/docs/tpu7x: data center network (DCN) bandwidth "
+            "per chip 100 Gb/s",
             "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
             "hbm": "docs.cloud.google.com/tpu/docs/tpu7x: 192 GiB, 7380 GB/s per chip",
             "ici": "docs.cloud.google.com/tpu/docs/tpu7x: 1200 GB/s bidirectional ICI per chip; "
@@ -92,9 +100,12 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_link_bytes_per_s=100e9,
         ici_links=6,
         usable_hbm_per_device=95 * GIB,
-        source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak); MXU width: JAX's TpuInfo",
+        source="v5p datasheet (no fp8 units: fp8 peak = bf16 peak; DCN 50 Gb/s per chip); "
+        "MXU width: JAX's TpuInfo",
         device_kind="TPU v5p",
         mxu_width=128,
+        torus_rank=3,
+        dcn_bytes_per_s_per_chip=50e9 / 8,
     ),
     "v6e": Accelerator(
         name="TPU v6e",
@@ -106,10 +117,12 @@ ACCELERATORS: dict[str, Accelerator] = {
         ici_link_bytes_per_s=112e9,
         ici_links=4,
         usable_hbm_per_device=31.25 * GIB,
-        source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights); MXU width: "
-        "JAX's TpuInfo",
+        source="v6e datasheet (fp8 peak = bf16 peak for bf16-trained weights; DCN 100 Gb/s per "
+        "chip); MXU width: JAX's TpuInfo",
         device_kind="TPU v6",
         mxu_width=256,
+        torus_rank=2,
+        dcn_bytes_per_s_per_chip=100e9 / 8,
     ),
     # GPUs: measured runs only, never compile targets. No fp8 peak until the trainer's fp8
     # path on GPU is measured (ACCELERATORS.md); MFU of an fp8 step there is then unknown.
@@ -145,11 +158,14 @@ ACCELERATORS: dict[str, Accelerator] = {
 @dataclass(frozen=True)
 class Topology:
     """A TPU compile or run target, `PREFIX:SHAPE` such as `tpu7x:4x4x4`: one slice of
-    `accelerator` chips on a torus of `dims`. The one reader of a target string."""
+    `accelerator` chips on a torus of `dims`; or `PREFIX:SHAPExN` (`tpu7x:4x4x4x2`: one more
+    factor than the accelerator's torus has dimensions), N such slices joined by the data
+    center network (multi-slice). The one reader of a target string."""
 
     target: str
     accelerator: Accelerator
     dims: tuple[int, ...]
+    slices: int = 1
 
     @classmethod
     def parse(cls, target: str) -> Topology:
@@ -165,7 +181,11 @@ class Topology:
         parts = shape.split("x")
         if not all(p.isdigit() and int(p) > 0 for p in parts):
             raise ValueError(f"target {target!r}: topology {shape!r} must be like 2x2x1")
-        return cls(target, known[prefix], tuple(int(p) for p in parts))
+        sizes = tuple(int(p) for p in parts)
+        rank = known[prefix].torus_rank
+        if rank and len(sizes) == rank + 1:
+            return cls(target, known[prefix], sizes[:-1], sizes[-1])
+        return cls(target, known[prefix], sizes)
 
     @property
     def prefix(self) -> str:
@@ -173,14 +193,23 @@ class Topology:
 
     @property
     def shape(self) -> str:
-        """The torus as Ray's `ray.io/tpu-topology` label and libtpu write it: `4x4x4`."""
+        """One slice's torus as Ray's `ray.io/tpu-topology` label and libtpu write it: `4x4x4`."""
         return "x".join(map(str, self.dims))
 
     @property
-    def chips(self) -> int:
+    def slice_chips(self) -> int:
         return math.prod(self.dims)
 
     @property
+    def chips(self) -> int:
+        """Every slice's chips."""
+        return self.slice_chips * self.slices
+
+    @property
+    def slice_devices(self) -> int:
+        return self.slice_chips * self.accelerator.devices_per_chip
+
+    @property
     def devices(self) -> int:
-        """JAX devices: TensorCores, 2 per TPU7x chip."""
+        """JAX devices of every slice: TensorCores, 2 per TPU7x chip."""
         return self.chips * self.accelerator.devices_per_chip

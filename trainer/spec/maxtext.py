@@ -370,8 +370,8 @@ def _run(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
         out["skip_jax_distributed_system"] = "true"
     if config.compile_target:
         topology = Topology.parse(config.compile_target)
-        out["compile_topology"] = f"{topology.prefix}-{topology.devices}"
-        out["compile_topology_num_slices"] = "1"
+        out["compile_topology"] = f"{topology.prefix}-{topology.slice_devices}"
+        out["compile_topology_num_slices"] = str(topology.slices)
     return out
 
 
@@ -435,7 +435,10 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
         trial["backend"] = args["hardware"]
     if args.get("compile_topology"):
         prefix, _, devices = args["compile_topology"].rpartition("-")
-        trial["compile_target"] = _target(prefix, int(devices))
+        slices = int(args.get("compile_topology_num_slices", "1"))
+        trial["compile_target"] = _target(prefix, int(devices)) + (
+            f"x{slices}" if slices > 1 else ""
+        )
     xla = _flags_back(libtpu_init_args or [])
     if xla:
         trial["xla"] = xla
