@@ -175,3 +175,39 @@ def effect_caveats(effects_per_trial: list[str | None]) -> list[str]:
         f"{knob} {status} in {count} trial{'s' if count > 1 else ''}: {reason}"
         for (knob, status), (reason, count) in sorted(seen.items())
     ]
+
+
+def program_verdicts(frame: Any) -> list[str]:
+    """Knobs of a MaxText sweep judged by the programs its compiled trials became (MaxText
+    takes its settings as set and says nothing of their effect): two ok trials that differ in
+    one knob only and compile to the same program show that knob inert between its two
+    values there; different programs, active. One line per knob and pair of values."""
+    from sweeper.results import knob_columns
+
+    needed = {"program", "status", "program_fingerprint"}
+    if not needed <= set(frame.columns) or not (frame["program"] == "maxtext").any():
+        return []
+    ok = frame[(frame["status"] == "ok") & frame["program_fingerprint"].notna()]
+    columns = list(knob_columns(frame.columns))
+    pairs: dict[tuple[str, str, str], dict[bool, list[str]]] = {}
+    rows = [(r["trial_id"], {c: str(r[c]) for c in columns}, r["program_fingerprint"])
+            for _, r in ok.iterrows()]  # fmt: skip
+    for i, (first, point, program) in enumerate(rows):
+        for second, other, other_program in rows[i + 1 :]:
+            differ = [c for c in columns if point[c] != other[c]]
+            if len(differ) != 1:
+                continue
+            (column,) = differ
+            low, high = sorted((point[column], other[column]))
+            seen = pairs.setdefault((column, low, high), {True: [], False: []})
+            seen[program == other_program].append(f"{first}/{second}")
+    notes = []
+    for (column, low, high), seen in sorted(pairs.items()):
+        knob = column.removeprefix("knob:")
+        if seen[False]:
+            notes.append(f"{knob} {low} vs {high}: active (changes MaxText's program: trials "
+                         f"{', '.join(seen[False])})")  # fmt: skip
+        if seen[True]:
+            notes.append(f"{knob} {low} vs {high}: inert (the same MaxText program: trials "
+                         f"{', '.join(seen[True])})")  # fmt: skip
+    return notes

@@ -40,7 +40,7 @@ from sweeper.engine import (
     stop_ray,
 )
 from sweeper.export import trial_config
-from sweeper.inert import effect_caveats
+from sweeper.inert import effect_caveats, program_verdicts
 from sweeper.manifest import (
     MANIFEST,
     Ending,
@@ -581,6 +581,7 @@ class Sweep:
             *self.placement_notes,
             *(f"pinned: {n}" for n in self.inert_notes),
             *effect_caveats(list(frame["effects"]) if "effects" in frame else []),
+            *program_verdicts(frame),
             *ladder_notes,
             *results.noise_notes(
                 frame, space.objective.primary.metric, space.objective.primary.mode == "max"

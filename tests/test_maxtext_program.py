@@ -257,6 +257,35 @@ def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network
     assert count_collectives(hlo)["dcn all-reduce"] == 20
 
 
+def test_maxtext_knobs_are_judged_by_the_programs_their_trials_compile_to():
+    """MaxText takes a setting as set: a trial says its knobs are unjudged, and the sweep
+    judges each by its compiled trials (two that differ in that knob only: one program,
+    inert between those values; two programs, active). Failed trials and trials that differ
+    in two knobs judge nothing; a sweep of our trainer is judged per trial instead."""
+    import pandas as pd
+
+    from sweeper.inert import program_verdicts
+    from trainer.maxtext.driver import _effects
+
+    assert _effects({"maxtext.scan_layers": True})["maxtext.scan_layers"].status == "unjudged"
+    rows = [  # trial, status, program, knob values
+        ("a", "ok", "p1", 1, "x"),
+        ("b", "ok", "p1", 2, "x"),  # a/b: only maxtext.log_period differs, same program
+        ("c", "ok", "p2", 1, "y"),  # a/c: only per_device_batch differs, another program
+        ("d", "error", None, 2, "y"),  # failed: no program
+        ("e", "ok", "p3", 3, "z"),  # differs from every other in two knobs
+    ]
+    frame = pd.DataFrame(
+        [{"trial_id": t, "status": s, "program_fingerprint": f, "program": "maxtext",
+          "knob:maxtext.log_period": lp, "knob:per_device_batch": b} for t, s, f, lp, b in rows]
+    )  # fmt: skip
+    assert program_verdicts(frame) == [
+        "maxtext.log_period 1 vs 2: inert (the same MaxText program: trials a/b)",
+        "per_device_batch x vs y: active (changes MaxText's program: trials a/c)",
+    ]
+    assert program_verdicts(frame.assign(program="sweeper-trainer")) == []
+
+
 needs_maxtext = pytest.mark.skipif(
     not os.access(MAXTEXT, os.X_OK), reason="no MaxText environment (make maxtext)"
 )

@@ -31,6 +31,7 @@ from trainer.spec.config import ConfigError, TrialConfig
 from trainer.spec.events import (
     Accepted,
     Compiled,
+    EffectStatus,
     Emitter,
     FailureClass,
     Fidelity,
@@ -125,9 +126,9 @@ def _effects(knobs: dict[str, Any]) -> dict[str, KnobEffect]:
     """A MaxText trial's `maxtext.*` knobs: MaxText's settings, passed as set."""
     return {
         key: KnobEffect(
-            status="active",
-            reason=f"passed to MaxText as its {key.removeprefix('maxtext.')} setting; whether "
-            "it changes this program is not judged (compare program_fingerprint across trials)",
+            status=EffectStatus.UNJUDGED,
+            reason=f"passed to MaxText as its {key.removeprefix('maxtext.')} setting; the "
+            "sweep judges it by the programs trials compile to (its notes: inert or active)",
         )
         for key in knobs
     }

@@ -57,6 +57,7 @@ class EffectStatus(StrEnum):
     EMULATED = "emulated"  # same numerics by another program: not a speed finding
     INTERPRETED = "interpreted"  # a Pallas kernel run by its interpreter: correctness only
     INERT = "inert"  # no effect on this backend
+    UNJUDGED = "unjudged"  # passed to the program as set: its effect on this trial not judged
 
 
 # Failure class -> process exit code. 0 is success; the engine reads either.
