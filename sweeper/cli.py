@@ -344,6 +344,10 @@ def screen(
             f"{row['est_tokens_per_sec_per_chip']:,.0f}" if fits else "-",
         )
     console.print(table)
+    if "why" in frame:  # the commonest reasons points were left out
+        why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
+        for reason, count in why.value_counts().head(3).items():
+            console.print(f"{count} point{'s' if count > 1 else ''}: {reason}")
     unseen = unseen_knobs(frame)
     if unseen:
         console.print(

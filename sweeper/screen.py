@@ -29,6 +29,12 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     it is an estimate, else by est. tokens/s). `sample`: that many points drawn at random."""
     if not space.is_tpu_target:
         raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
+    if space.program != "sweeper-trainer":
+        raise ValueError(
+            f"program: {space.program}: the screen is our trainer's analytic estimate, which "
+            "cannot judge MaxText's program; compile it (sweeper run), or screen the same knobs "
+            "with program sweeper-trainer"
+        )
     topology = Topology.parse(space.target)
     chosen = points(space, ENUMERATE_AT_MOST)
     if sample is not None and sample < len(chosen):
@@ -36,6 +42,8 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     limit = memory_limit_gib(space)
     rows = [_judge(space, point, topology, limit) for point in chosen]
     frame = pd.DataFrame(rows)
+    if "est_tokens_per_sec_per_chip" not in frame:  # no point valid: nothing to rank
+        return frame.assign(rank=float("nan"))
     metric = space.objective.primary.metric
     metric = (
         metric if metric.startswith("est_") and metric in frame else "est_tokens_per_sec_per_chip"
@@ -89,6 +97,8 @@ def unseen_knobs(frame: pd.DataFrame) -> list[str]:
     held): the estimate cannot tell their values apart; only a compile can."""
     knobs = [c for c in frame.columns if c.startswith("knob:")]
     judged = frame[frame["verdict"] != INVALID]
+    if "est_tokens_per_sec_per_chip" not in judged:  # no valid point: nothing estimated
+        return []
     unseen = []
     for knob in knobs:
         others = [k for k in knobs if k != knob]

@@ -64,3 +64,15 @@ def test_a_sample_screens_that_many_points_and_the_cli_says_its_fidelity(tmp_pat
     assert "fidelity estimate" in result.output and len(pd.read_csv(out)) == 576
     local = CliRunner().invoke(app, ["screen", "smoke"])
     assert local.exit_code == 2 and "TPU target" in local.output
+
+
+def test_a_screen_that_cannot_judge_says_why():
+    """A MaxText space is refused by name (the estimate is our trainer's); a space whose every
+    point is invalid screens to a table of verdicts and their reasons, not a traceback."""
+    maxtext = CliRunner().invoke(app, ["screen", "llama31_70b_8k_maxtext"])
+    assert maxtext.exit_code == 2 and "program: maxtext" in maxtext.output, maxtext.output
+    invalid = CliRunner().invoke(
+        app, ["screen", "dense_short_tpu7x", "--set", "trial.mesh.context=3"]
+    )
+    assert invalid.exit_code == 0, invalid.output
+    assert "'invalid': 288" in invalid.output and "cannot fill" in invalid.output
