@@ -47,6 +47,55 @@ def test_a_peeled_loop_counts_from_its_start_and_moves_one_layer_per_trip():
     assert cost["host_transfer_bytes"] == 3 * layer_bytes  # the slice, never the whole stack
 
 
+SHARD = "bf16[1,1,256,64,128]{4,2,1,3,0}"
+RING_STATE = f"(u32[], {SHARD}, {SHARD})"
+# A windowed einsum's all-gather ring as XLA unrolls it (MaxText's pipelined llama3.1-70b on
+# tpu7x:4x4x4, `wide.windowed_dot_general_body_ag`): each iteration sends two shards each way
+# and adds 2 to its counter, so a bound of 16 is 8 iterations.
+UNROLLED = f"""HloModule unrolled
+
+%body (p: {RING_STATE}) -> {RING_STATE} {{
+  %p = {RING_STATE} parameter(0)
+  %a = ({SHARD}, {SHARD}, u32[], u32[]) collective-permute-start(%p#1), channel_id=1, source_target_pairs={{{{0,1}},{{1,0}}}}
+  %b = ({SHARD}, {SHARD}, u32[], u32[]) collective-permute-start(%p#2), channel_id=2, source_target_pairs={{{{1,0}},{{0,1}}}}
+  %a1 = {SHARD} collective-permute-done(%a)
+  %b1 = {SHARD} collective-permute-done(%b)
+  %c = ({SHARD}, {SHARD}, u32[], u32[]) collective-permute-start(%a1), channel_id=3, source_target_pairs={{{{0,1}},{{1,0}}}}
+  %d = ({SHARD}, {SHARD}, u32[], u32[]) collective-permute-start(%b1), channel_id=4, source_target_pairs={{{{1,0}},{{0,1}}}}
+  %c1 = {SHARD} collective-permute-done(%c)
+  %d1 = {SHARD} collective-permute-done(%d)
+  %two = u32[] constant(2)
+  %next = u32[] add(%p#0, %two)
+  ROOT %t = {RING_STATE} tuple(%next, %c1, %d1)
+}}
+
+%cond (c: {RING_STATE}) -> pred[] {{
+  %c = {RING_STATE} parameter(0)
+  %limit = u32[] constant(16)
+  ROOT %lt = pred[] compare(%c#0, %limit), direction=LT
+}}
+
+ENTRY %main (x: {SHARD}) -> {SHARD} {{
+  %x = {SHARD} parameter(0)
+  %zero = u32[] constant(0)
+  %init = {RING_STATE} tuple(%zero, %x, %x)
+  %loop = {RING_STATE} while(%init), condition=%cond, body=%body
+  ROOT %out = {SHARD} get-tuple-element(%loop), index=1
+}}
+"""
+
+
+def test_an_unrolled_loop_counts_its_iterations_not_its_bound():
+    """Counting the bound (16) made MaxText's pipelined 70B program move 1.48 TB of
+    collective-permutes per device per step; its windowed-einsum rings run half as many
+    iterations (0.81 TB)."""
+    cost = program_cost(UNROLLED)
+    assert cost["loop_trips"] == [8]
+    (ring,) = cost["collective_ops"]
+    shard = 256 * 64 * 128 * 2
+    assert ring["kind"] == "collective-permute" and ring["bytes"] == 8 * 4 * shard
+
+
 MAT = "bf16[128,128]{1,0}"
 GPU_STATE = f"(s32[], {MAT})"
 # A layer loop as XLA:GPU prints it: the condition's compare is fused away, and the while op

@@ -91,11 +91,36 @@ def _constant(instr: Instr | None) -> int | None:
     return None
 
 
+def _counter_step(body: list[Instr], index: int | None) -> int:
+    """How much a loop body adds to its counter (element `index` of the loop's tuple) each
+    iteration: 1, or more where XLA unrolled the loop (a windowed einsum's ring of
+    collective-permutes runs two of its steps an iteration and adds 2)."""
+    if not body or index is None:
+        return 1
+    local = {instr.name: instr for instr in body}
+    root = next((instr for instr in body if instr.root), None)
+    if root is None or root.opcode != "tuple" or index >= len(root.operands):
+        return 1
+    update = local.get(root.operands[index])
+    if update is None or update.opcode != "add":
+        return 1
+    counter = (f"#{index}", f"index={index}")
+    reads_counter = any(
+        o.endswith(counter[0])
+        or (o in local and local[o].opcode == "get-tuple-element" and counter[1] in local[o].attrs)
+        for o in update.operands
+    )
+    step = next((v for o in update.operands if (v := _constant(local.get(o))) is not None), None)
+    return step if reads_counter and step and step > 0 else 1
+
+
 def trip_count(condition: list[Instr], init: dict[int, Instr] | None = None,
-               by_name: dict[str, Instr] | None = None) -> int:  # fmt: skip
+               by_name: dict[str, Instr] | None = None,
+               body: list[Instr] | None = None) -> int:  # fmt: skip
     """Iterations of a counted loop: the constant its counter is compared against (LT), less
     the counter's start when the loop's init tuple shows it (a loop XLA peeled for host
-    offload starts at 1). `init` maps tuple index to the init value's instruction."""
+    offload starts at 1), over the step the body adds to it (`_counter_step`). `init` maps
+    tuple index to the init value's instruction."""
     local = {instr.name: instr for instr in condition}
     for instr in condition:
         if instr.opcode != "compare" or "direction=LT" not in instr.attrs:
@@ -116,7 +141,7 @@ def trip_count(condition: list[Instr], init: dict[int, Instr] | None = None,
         while value is not None and value.opcode == "copy" and by_name:
             value = by_name.get(value.operands[0]) if value.operands else None
         start = _constant(value) or 0
-        return max(limit - start, 0)
+        return max(-(-(limit - start) // _counter_step(body or [], index)), 0)
     return 1
 
 
@@ -363,7 +388,13 @@ def trips_of(instr: Instr, computations: dict[str, list[Instr]], by_name: dict[s
             if init is not None and init.opcode == "tuple"
             else {}
         )
-        counted = trip_count(computations.get(cond.group(1), []), elements, by_name)
+        body = re.search(r"body=%([\w.-]+)", instr.attrs)
+        counted = trip_count(
+            computations.get(cond.group(1), []),
+            elements,
+            by_name,
+            computations.get(body.group(1), []) if body else None,
+        )
     # XLA:GPU fuses the condition's compare away; it states the count it proved instead.
     known = _KNOWN_TRIPS.search(instr.attrs)
     return int(known.group(1)) if counted == 1 and known else counted

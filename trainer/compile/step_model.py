@@ -91,7 +91,9 @@ def step_time(
     ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
               for op in cost["collective_ops"])  # fmt: skip
     host = cost["host_transfer_bytes"] / rates.host
-    dcn = sum(rates.dcn(op["kind"], op["group"], op["bytes"]) for op in cost.get("dcn_ops", []))
+    dcn = sum(
+        (rates.dcn(op["kind"], op["group"], op["bytes"]) for op in cost.get("dcn_ops", [])), 0.0
+    )
     program = cost["schedule"]
     if not isinstance(program, Schedule):  # as JSON, from a record or an event
         program = Schedule.model_validate(program)
