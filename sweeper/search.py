@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 from ray.tune.search import Searcher
 
-from sweeper.space import Knob, Space, active, assemble
+from sweeper.space import Knob, Space, active, assemble, maxtext_knobs
 from trainer.spec.events import FailureClass, TrialStatus
 from trainer.spec.result import STATUS_KEY, TrialResult
 
@@ -41,9 +41,14 @@ def knob_point(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def point_key(space: Space, point: dict[str, Any]) -> str:
-    """Identity of a measurement: the whole trial configuration, fidelity and target."""
+    """Identity of a measurement: the whole trial configuration, fidelity and target, and for
+    MaxText the program and its `maxtext.*` settings (not part of the trial configuration:
+    without them, points that differ only in a MaxText setting were one point, and the
+    sweep skipped all but the first as a repeat). Our trainer's keys are as they were."""
     what = {"trial": assemble(space, point), "fidelity": space.effective_fidelity,
             "target": space.target}  # fmt: skip
+    if space.program != "sweeper-trainer":
+        what.update(program=space.program, settings=maxtext_knobs(point))
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

@@ -166,6 +166,27 @@ def test_what_maxtext_cannot_take_is_refused_by_name_before_any_trial(
         assert info.value.field == field, info.value
 
 
+def test_points_that_differ_only_in_a_maxtext_setting_are_distinct_points():
+    """A sweep runs each point once (`point_key`): MaxText's settings are part of the point (the
+    two-slice space's dcn_fsdp 1 and 2 were one point, and the second was skipped as a repeat);
+    our trainer's keys are unchanged, so its studies still reuse what they measured."""
+    import hashlib
+
+    from sweeper.search import point_key
+    from sweeper.space import assemble
+
+    space = load_space(SPACES / "llama31_70b_8k_two_slices_maxtext.yaml")
+    one, two = ({"per_device_batch": 2, "maxtext.dcn_fsdp_parallelism": n} for n in (1, 2))
+    assert point_key(space, one) != point_key(space, two)
+    assert point_key(space, one) == point_key(space, dict(one))
+    ours = load_space("llama31_70b_8k_tpu7x")
+    point = ours.search.warm_start[0]
+    what = {"trial": assemble(ours, point), "fidelity": ours.effective_fidelity,
+            "target": ours.target}  # fmt: skip
+    old = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    assert point_key(ours, point) == old[:20]
+
+
 def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
     """tpu7x:4x4x4x2 is two 4x4x4 slices: 256 devices, 128 chips, and MaxText's settings
     compile one slice's topology twice over (compile_topology_num_slices 2)."""
