@@ -74,7 +74,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         dcn_bytes_per_s_per_chip=100e9 / 8,
         sources={
             "dcn": "docs.cloud.google.com/tpu/docs/tpu7x: data center network (DCN) bandwidth "
-            "per chip 100 Gb/s",
+            "per chip 100 Gb/s; read as each direction (assumed: the page does not say)",
             "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
             "hbm": "docs.cloud.google.com/tpu/docs/tpu7x: 192 GiB, 7380 GB/s per chip",
             "ici": "docs.cloud.google.com/tpu/docs/tpu7x: 1200 GB/s bidirectional ICI per chip; "
