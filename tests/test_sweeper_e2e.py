@@ -471,7 +471,7 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "run", "smoke", "--results-dir", str(tmp_path),
          "--trials", "1", "--concurrency", "1", "--set", "trial.steps=400",
-         "--set", "search.remeasure=0", "--set", "constraints.convergence=false"],
+         "--set", "search.remeasure=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines = []
