@@ -91,6 +91,17 @@ def _constant(instr: Instr | None) -> int | None:
     return None
 
 
+def _element(operand: str, local: dict[str, Instr]) -> int | None:
+    """The index of the loop tuple's element an operand reads: named in place (`%p#3`), or
+    through a get-tuple-element; None otherwise."""
+    if "#" in operand:
+        return int(operand.rsplit("#", 1)[1])
+    if operand in local and local[operand].opcode == "get-tuple-element":
+        found = re.search(r"index=(\d+)", local[operand].attrs)
+        return int(found.group(1)) if found else None
+    return None
+
+
 def _counter_step(body: list[Instr], index: int | None) -> int:
     """How much a loop body adds to its counter (element `index` of the loop's tuple) each
     iteration: 1, or more where XLA unrolled the loop (a windowed einsum's ring of
@@ -104,12 +115,7 @@ def _counter_step(body: list[Instr], index: int | None) -> int:
     update = local.get(root.operands[index])
     if update is None or update.opcode != "add":
         return 1
-    counter = (f"#{index}", f"index={index}")
-    reads_counter = any(
-        o.endswith(counter[0])
-        or (o in local and local[o].opcode == "get-tuple-element" and counter[1] in local[o].attrs)
-        for o in update.operands
-    )
+    reads_counter = any(_element(o, local) == index for o in update.operands)
     step = next((v for o in update.operands if (v := _constant(local.get(o))) is not None), None)
     return step if reads_counter and step and step > 0 else 1
 
@@ -130,13 +136,7 @@ def trip_count(condition: list[Instr], init: dict[int, Instr] | None = None,
         )
         if not limit:
             continue
-        index = None
-        for operand in instr.operands:
-            if "#" in operand:  # the loop parameter's element, named in place
-                index = int(operand.rsplit("#", 1)[1])
-            elif operand in local and local[operand].opcode == "get-tuple-element":
-                found = re.search(r"index=(\d+)", local[operand].attrs)
-                index = int(found.group(1)) if found else None
+        index = next((i for o in instr.operands if (i := _element(o, local)) is not None), None)
         value = (init or {}).get(index) if index is not None else None
         while value is not None and value.opcode == "copy" and by_name:
             value = by_name.get(value.operands[0]) if value.operands else None

@@ -142,6 +142,10 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
         if found:
             work.ici.append(Ring(kind=found.kind, group=found.group,
                                  torus_dims=found.torus_dims, bytes=found.bytes))  # fmt: skip
+        between = dcn_op(instr, types)
+        if between:
+            work.dcn.append(Ring(kind=between.kind, group=between.group, torus_dims=1,
+                                 bytes=between.bytes))  # fmt: skip
         if instr.opcode == "copy-start" and not work.host:
             work.hbm += 2 * sum(nbytes(types.get(o, "")) for o in instr.operands)
         if instr.opcode in ASYNC_CALLS:
@@ -193,12 +197,7 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
                 # A cross-slice collective: the send hands the operand to the data center
                 # network, in turn with the others; its recv's result is there once the
                 # sends before it are done.
-                found = dcn_op(instr, types)
-                work = Work()
-                if found:
-                    work.dcn.append(Ring(kind=found.kind, group=found.group, torus_dims=1,
-                                         bytes=found.bytes))  # fmt: skip
-                events.append(Start(name=instr.name, engine="dcn", work=work))
+                events.append(Start(name=instr.name, engine="dcn", work=work_of(instr)))
             elif op == "call":
                 for target in called(instr):
                     build(target)
