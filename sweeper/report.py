@@ -358,8 +358,9 @@ def render(
 
 
 def importances_of(study: Any, sweep_id: str) -> dict[str, float]:
-    """Optuna's knob importances over this sweep's trials that ran (its fANOVA); empty when
-    fewer than two ran or no knob varied."""
+    """Optuna's knob importances over this sweep's trials that ran (its fANOVA), for the knobs
+    whose value differed between them (a knob held at one value explains nothing, though the
+    forest would apportion it a share); empty when fewer than two ran or no knob varied."""
     import optuna
 
     ran = [
@@ -376,8 +377,12 @@ def importances_of(study: Any, sweep_id: str) -> dict[str, float]:
     finally:
         optuna.logging.set_verbosity(verbosity)
     alone.add_trials(ran)
+    names = sorted({name for t in ran for name in t.params})
+    varied = [n for n in names if len({repr(t.params.get(n)) for t in ran}) > 1]
+    if not varied:
+        return {}
     try:
-        return dict(optuna.importance.get_param_importances(alone))
+        return dict(optuna.importance.get_param_importances(alone, params=varied))
     except (RuntimeError, ValueError):  # a single distinct point: nothing to apportion
         return {}
 
