@@ -22,8 +22,8 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
   the Python of a MaxText environment, and ours as published compiled in that environment
   too (its JAX and libtpu: 0.12.0.1 and 0.0.52 where ours pins 0.10.2 and 0.0.42.1), so
   that one pair differs only in the trainer; without one, the figure recorded on this host kind
-  (2026-12-01, with the recipe's Splash flags as `maxtext_args` gives them; docs/TPU7X.md's
-  2026-11-30 figure, 0.44 GiB less temp, predates them), marked "recorded".
+  (2026-12-01, with the recipe's Splash flags; docs/TPU7X.md's 2026-11-30 figure, 0.44 GiB
+  less temp, predates them), marked "recorded".
 
 For 128k: ours as published, ours without `dq_reduction_steps` (32 float32 copies of dQ in
 the Splash backward), and MaxText's, likewise (recorded: docs/TPU7X.md, 2026-12-02; with this
@@ -42,18 +42,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
+from trainer.maxtext import logs
+from trainer.maxtext.driver import package_dir
+from trainer.spec.config import TrialConfig
 from trainer.spec.hardware import GIB, Topology
+from trainer.spec.maxtext import TRAIN_COMPILE, MaxTextSettings, to_maxtext
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
@@ -101,91 +106,42 @@ def changed(trial: dict, change: dict) -> dict:
     return out
 
 
-def maxtext_args(trial: dict, target: str) -> tuple[list[str], str]:
-    """The same recipe in MaxText's terms (as its run_recipe.sh writes it): its config
-    overrides, and LIBTPU_INIT_ARGS."""
-    kernels, remat, xla = trial["kernels"], trial["remat"], trial["xla"]
-    context = trial.get("mesh", {}).get("context", 1)
-    args = [
-        "model_name=llama3.1-70b",
-        "dtype=bfloat16",
-        f"per_device_batch_size={trial['per_device_batch']}",
-        f"max_target_length={trial['seq_len']}",
-        "ici_fsdp_parallelism=-1",
-        *([f"ici_context_parallelism={context}"] if context != 1 else []),
-        *(
-            [f"num_vocab_tiling={trial['vocab_tiling']}"]
-            if trial.get("vocab_tiling", 1) != 1
-            else []
-        ),
-        # The 128k recipe's adam_pax keeps float32 moments; AdamW with mu float32 does too.
-        "opt_type=adam_pax" if trial["mu_dtype"] == "float32" else "opt_type=adamw",
-        *([f"mu_dtype={trial['mu_dtype']}"] if trial["mu_dtype"] != "float32" else []),
-        "remat_policy=custom",
-        *(f"{tensor}={place}" for tensor, place in remat["custom"].items()),
-        "attention=flash",
-        "sa_use_fused_bwd_kernel=True",
-        *(f"sa_{block}={kernels[block]}" for block in kernels if block.startswith("block_")),
-        *(
-            f"sa_{x}={kernels[x].upper()}"
-            for x in ("q_layout", "k_layout", "v_layout")
-            if x in kernels
-        ),
-        *(
-            [f"use_max_logit_estimate={int(kernels['max_logit_const'])}"]
-            if kernels.get("max_logit_const") is not None
-            else []
-        ),
-        *(
-            [f"dq_reduction_steps={kernels['dq_reduction_steps']}", "use_tokamax_splash=True"]
-            if kernels.get("dq_reduction_steps")
-            else []
-        ),
-        "dataset_type=synthetic",
-        "enable_checkpointing=False",
-        f"compile_topology=tpu7x-{Topology.parse(target).devices}",
-        "compile_topology_num_slices=1",
-    ]
-    flags = [f"--xla_tpu_scoped_vmem_limit_kib={xla['scoped_vmem_kib']}", *xla["extra"]]
-    return args, " ".join(flags)
+def maxtext_settings(trial: dict, target: str) -> MaxTextSettings:
+    """The recipe in MaxText's terms: the engine's one mapping (`to_maxtext`, as a MaxText trial
+    and `sweeper export --format maxtext` take it), compiled for `target`."""
+    config = TrialConfig.model_validate({**trial, "compile_target": target})
+    return to_maxtext(config, "tpu")
 
 
 def maxtext_compile(python: str, trial: dict, target: str) -> dict:
-    """MaxText's train_compile in its own environment; memory parsed from its report."""
-    args, flags = maxtext_args(trial, target)
-    # The pip package (0.2.5) is `maxtext`, its entry point under trainers/; a source checkout
-    # of older MaxText is `MaxText`, with train_compile at the top.
-    find = (
-        "import importlib, importlib.util as u, os; "
-        "m = 'maxtext' if u.find_spec('maxtext') else 'MaxText'; "
-        "e = m + ('.trainers.pre_train.train_compile' if m == 'maxtext' else '.train_compile'); "
-        "print(os.path.dirname(importlib.import_module(m).__file__), e)"
-    )
-    package = subprocess.run([python, "-c", find], capture_output=True, text=True, check=True)
-    root, entry = package.stdout.split()
-    base = Path(root) / "configs" / "base.yml"
+    """MaxText's train_compile in its own environment; memory from its memory analysis."""
+    settings = maxtext_settings(trial, target)
+    for unmapped in settings.unmapped:  # e.g. our corpus: MaxText runs its synthetic data
+        print(f"not in MaxText's run: {unmapped.field}={unmapped.value} ({unmapped.why})")
+    base = package_dir(python) / "configs" / "base.yml"
     env = {
-        **os.environ,
-        "LIBTPU_INIT_ARGS": flags,
+        **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+        "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
         "JAX_PLATFORMS": "cpu",
         "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
     }
-    start = time.time()
-    proc = subprocess.run(
-        [python, "-m", entry, str(base), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    wall = time.time() - start
+    with tempfile.TemporaryDirectory() as out:
+        argv = [str(base), "run_name=parity", f"base_output_directory={out}", *settings.argv()]
+        start = time.time()
+        proc = subprocess.run(
+            [python, "-m", TRAIN_COMPILE, *argv], capture_output=True, text=True, env=env
+        )
+        wall = time.time() - start
     text = proc.stdout + proc.stderr
-    found = {
-        key: re.search(rf"(?<![a-z_]){key}_size_in_bytes[=:]\s*(\d+)", text)
-        for key in ("argument", "temp", "host_temp")
-    }
-    if proc.returncode or not all(found.values()):
+    memory = logs.memory_analysis(text)
+    if proc.returncode or memory is None:
         raise RuntimeError(f"MaxText train_compile failed (exit {proc.returncode}): {text[-1500:]}")
-    return {key: int(match.group(1)) for key, match in found.items()} | {"compile_s": wall}
+    return {
+        "argument": memory["argument_size_in_bytes"],
+        "temp": memory["temp_size_in_bytes"],
+        "host_temp": memory.get("host_temp_size_in_bytes", 0),
+        "compile_s": wall,
+    }
 
 
 def _row(events: dict, wall: float) -> dict:
@@ -223,10 +179,10 @@ def side_by_side(ours: str, theirs: str, results_dir: Path | None) -> Table:
                 "est s/step ours", "est s/step MaxText", "step"):  # fmt: skip
         table.add_column(col, justify="right")
 
-    def ratio(a: float, b: float) -> str:
+    def ratio(a: Any, b: Any) -> str:
         return "-" if pd.isna(a) or pd.isna(b) else f"{a / b - 1:+.1%}"
 
-    def number(value: float, fmt: str) -> str:
+    def number(value: Any, fmt: str) -> str:
         return "-" if pd.isna(value) else format(value, fmt)
 
     for _, row in pairs.iterrows():
@@ -257,7 +213,8 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, help="where the sweeps are (default results/)")
     args = parser.parse_args()
     if args.sweeps:
-        Console(width=220).print(side_by_side(*args.sweeps, args.results_dir))
+        ours, theirs = args.sweeps
+        Console(width=220).print(side_by_side(ours, theirs, args.results_dir))
         return
     chosen = RECIPES[args.recipe]
     trial, target = recipe(args.recipe)

@@ -157,3 +157,25 @@ def test_every_setting_is_a_key_maxtext_knows(name):
     config = trial("tiny-moe" if name in MOE_VARIANTS else "tiny-dense", **rest)
     args = to_maxtext(load_config(config)).args
     assert set(args) - BASE_KEYS == set()
+
+
+def test_the_parity_benchmark_gives_maxtext_what_a_maxtext_trial_gives_it():
+    """One mapping: benchmarks.maxtext_parity compiles the published 8k recipe through MaxText
+    with the settings the engine's MaxText program gives the same recipe (trial 0 of
+    llama31_70b_8k_maxtext), so its figure and the sweep's are of one program."""
+    from benchmarks.maxtext_parity import maxtext_settings, recipe
+    from trainer.spec.maxtext import program_settings
+
+    ours, target = recipe("8k")
+    bench = maxtext_settings(ours, target)
+    space = load_space("search_spaces/llama31_70b_8k_maxtext.yaml")
+    point = space.search.warm_start[0]
+    config = TrialConfig.model_validate({**assemble(space, point), "compile_target": space.target})
+    knobs = {k: v for k, v in point.items() if k.startswith("maxtext.")}
+    program = program_settings(config, space.maxtext_program(), knobs)
+    assert space.target == target
+    assert program.libtpu_init_args == bench.libtpu_init_args
+    # The space adds only its MaxText knobs (at MaxText's defaults); every other setting agrees.
+    assert {k: v for k, v in program.args.items() if f"maxtext.{k}" not in knobs} == bench.args
+    assert bench.args["model_name"] == "llama3.1-70b"
+    assert bench.args["compile_topology"] == "tpu7x-128"
