@@ -1,13 +1,26 @@
 """Measured search efficiency: how many compiles each search needs to find a point within 2% of
-the best, replayed against a recorded table in which every point of a space was compiled.
+the best, replayed against recorded tables in which every point of a space was compiled.
 
-The table (benchmarks/data/search_table.csv) is every point of benchmarks/spaces/
-search_table.yaml compiled for tpu7x:2x2x1 by libtpu on a CPU host (fidelity compile: memory
-is the compiler's, tokens/s the step model's estimate from the compiled program). It was made
-by
+Each table (benchmarks/data/NAME.csv) is every point of benchmarks/spaces/NAME.yaml compiled
+for tpu7x:2x2x1 by libtpu on a CPU host (fidelity compile: memory is the compiler's, tokens/s
+the step model's estimate from the compiled program):
 
-    sweeper run benchmarks/spaces/search_table.yaml --results-dir /tmp/stable
-    python -m benchmarks.search_efficiency --build /tmp/stable/search_table/<SWEEP_ID>/summary.csv
+- search_table: a 4-layer d1024 model at 2k. Compiled on 2026-12-03; its tokens/s were
+  remade at 2026-12-04's step model, which reads an unrolled loop's trip count from its
+  counter's step (ae01a76): the tensor-1 programs' windowed-einsum rings had been counted
+  twice over, 26 to 42% below what the compile now says. The tensor-1 rows were compiled
+  again; the tensor-2 rows have no such loop and read the same.
+- search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
+  was last changed, and not read before the screen's predictions for it were committed
+  (benchmarks/data/search_table_b_screen.csv).
+
+Each was made by
+
+    sweeper run benchmarks/spaces/NAME.yaml --results-dir /tmp/NAME
+    python -m benchmarks.search_efficiency --table NAME --build /tmp/NAME/NAME/<SWEEP_ID>/summary.csv
+
+(`--build` takes several summaries; a later one's row replaces an earlier one's for the same
+point: how search_table's tensor-1 rows were replaced by their recompiles.)
 
 A search "compiles" a point when it first asks for it (a point asked again is the engine's
 reused result, no compile). Its cost is the number of compiles until one lands within
@@ -19,7 +32,11 @@ reused result, no compile). Its cost is the number of compiles until one lands w
 - ladder: the ladder's order (sweeper/ladder.py): the screen's points that fit best-first,
   then those near the memory edge, then the rest; ties in the screen broken by the seed.
 
-    python -m benchmarks.search_efficiency [--seeds 10] [--within 0.02]
+Beside each table: the screen's rank correlation (Spearman) with the compile over the points
+both call fitting, and how many memory verdicts the compile overturned.
+
+    python -m benchmarks.search_efficiency [--table NAME] [--seeds 10] [--within 0.02]
+    python -m benchmarks.search_efficiency --table search_table_b --predict   # the screen's figures
 """
 
 from __future__ import annotations
@@ -40,32 +57,82 @@ from sweeper.search import make_sampler, to_distribution
 from sweeper.space import Space, count_points, load_space
 
 HERE = Path(__file__).resolve().parent
-SPACE = HERE / "spaces" / "search_table.yaml"
-TABLE = HERE / "data" / "search_table.csv"
+TABLES = ("search_table", "search_table_b")
+
+
+def space_path(name: str) -> Path:
+    return HERE / "spaces" / f"{name}.yaml"
+
+
+def table_path(name: str) -> Path:
+    return HERE / "data" / f"{name}.csv"
+
+
 METRIC = "est_tokens_per_sec_per_chip"
+# trainer.spec.events.hbm_overflow's message: the compiler's memory of a program over budget.
+OVER_BUDGET = r"compiled program needs ([0-9.]+) GiB per device"
 KEPT = ("status", "failure_class", METRIC, "hbm_per_device_gib", "fidelity", "hardware",
         "program_fingerprint")  # fmt: skip
 
 
-def build(summary: Path, out: Path = TABLE) -> pd.DataFrame:
-    """The recorded table from a sweep that compiled every point of the space."""
-    frame = pd.read_csv(summary)
-    knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
-    table = frame[[*knobs, *KEPT]].sort_values(knobs).reset_index(drop=True)
+def build(summaries: list[Path], name: str) -> pd.DataFrame:
+    """The recorded table from sweeps that compiled every point of the space between them (a
+    later summary's row replaces an earlier one's for the same point)."""
+    frames = [pd.read_csv(summary) for summary in summaries]
+    knobs = [c for c in frames[0].columns if c.startswith(KNOB_PREFIX)]
+    for f in frames:  # a compile over the space's budget states its memory in its failure
+        stated = f["failure_message"].astype(str).str.extract(OVER_BUDGET)[0]
+        f["hbm_per_device_gib"] = f["hbm_per_device_gib"].fillna(stated.astype(float))
+    frame = pd.concat([f[[*knobs, *KEPT]] for f in frames], ignore_index=True)
+    frame = frame[frame["status"].isin(["ok", "failed"])]  # a cut-off trial is no figure
+    frame = frame.drop_duplicates(knobs, keep="last")
+    table = frame.sort_values(knobs).reset_index(drop=True)
     table["failure_class"] = table["failure_class"].astype(object).fillna("").astype(str)
     # The space's memory budget, judged on the compiler's memory per device (as compile trials
     # judge it since the budget holds at compile fidelity; this table's compiles predate that).
-    budget = load_space(SPACE).constraints.max_memory_per_device_gib
+    space = load_space(space_path(name))
+    budget = space.constraints.max_memory_per_device_gib
     if budget is not None:
         over = (table["status"] == "ok") & (table["hbm_per_device_gib"] > budget)
         table.loc[over, ["status", "failure_class"]] = ["failed", "oom_hbm"]
-    points = len(table.drop_duplicates(knobs))
-    expected = count_points(load_space(SPACE))
-    if points != expected:
-        raise SystemExit(f"{summary} holds {points} distinct points; the space has {expected}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
+    expected = count_points(space)
+    if len(table) != expected:
+        raise SystemExit(f"{summaries} hold {len(table)} distinct points; the space has {expected}")
+    table_path(name).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(table_path(name), index=False)
     return table
+
+
+def screened(name: str) -> pd.DataFrame:
+    """The screen's verdict, memory, est. tokens/s and rank for every point of the space (the
+    prediction a held-out table is read against)."""
+    frame = screen(load_space(space_path(name)))
+    knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
+    kept = [*knobs, "verdict", "est_hbm_per_device_gib", METRIC, "rank"]
+    return frame[kept].sort_values(knobs).reset_index(drop=True)
+
+
+def agreement(name: str, table: pd.DataFrame) -> dict[str, float]:
+    """The screen against the compile: Spearman over the points both call fitting, and the
+    memory verdicts the compile overturned."""
+    predicted = screened(name)
+    knobs = [c for c in table.columns if c.startswith(KNOB_PREFIX)]
+    as_text = {k: str for k in knobs}
+    both = table.astype(as_text).merge(
+        predicted.astype(as_text), on=knobs, suffixes=("", "_screen")
+    )
+    fits = both["status"] == "ok"
+    said_fits = both["verdict"] == "fits"
+    pair = both[fits & said_fits]
+    return {
+        "spearman": float(pair[METRIC].rank().corr(pair[f"{METRIC}_screen"].rank())),
+        "pairs": len(pair),
+        "memory_spearman": float(
+            both["hbm_per_device_gib"].rank().corr(both["est_hbm_per_device_gib"].rank())
+        ),
+        "verdicts_agree": int((fits == said_fits).sum()),
+        "points": len(both),
+    }
 
 
 def _key(point: dict[str, Any], knobs: list[str]) -> tuple[str, ...]:
@@ -150,11 +217,11 @@ def sampler_order(space: Space, replay: Replay, sampler: str, seed: int) -> list
     return order
 
 
-def measure(seeds: int, within: float, table_path: Path = TABLE) -> pd.DataFrame:
+def measure(seeds: int, within: float, name: str = "search_table") -> pd.DataFrame:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    table = pd.read_csv(table_path)
+    table = pd.read_csv(table_path(name))
     replay = Replay(table, within)
-    space = load_space(SPACE, {"search.ladder": {"verify": 8}})
+    space = load_space(space_path(name), {"search.ladder": {"verify": 8}})
     rows = []
     for method in ("ladder", "tpe", "random"):
         costs = []
@@ -176,28 +243,53 @@ def measure(seeds: int, within: float, table_path: Path = TABLE) -> pd.DataFrame
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", choices=TABLES, action="append",
+                        help="a recorded table (default: each)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--within", type=float, default=0.02)
-    parser.add_argument("--build", type=Path, help="a summary.csv that compiled every point")
+    parser.add_argument("--build", type=Path, nargs="+", help="summary.csv files that compiled "
+                        "every point between them")  # fmt: skip
+    parser.add_argument("--predict", action="store_true",
+                        help="write the screen's figures for the table's space, to commit "
+                        "before the table is read")  # fmt: skip
     args = parser.parse_args()
-    if args.build:
-        table = build(args.build)
-        print(
-            f"wrote {TABLE}: {len(table)} points, {(table['status'] == 'ok').sum()} compiled to fit"
-        )
+    names = args.table or list(TABLES)
+    if args.build or args.predict:
+        if len(names) != 1:
+            raise SystemExit("--build and --predict take one --table")
+        if args.predict:
+            out = HERE / "data" / f"{names[0]}_screen.csv"
+            screened(names[0]).to_csv(out, index=False)
+            print(f"wrote {out}")
+            return
+        table = build(args.build, names[0])
+        print(f"wrote {table_path(names[0])}: {len(table)} points, "
+              f"{(table['status'] == 'ok').sum()} compiled to fit")  # fmt: skip
         return
-    frame = measure(args.seeds, args.within)
+    for name in names:
+        if not table_path(name).exists():
+            print(f"\n{name}: no recorded table yet ({table_path(name)}; --build makes it)")
+            continue
+        report(name, args.seeds, args.within)
+
+
+def report(name: str, seeds: int, within: float) -> None:
+    frame = measure(seeds, within, name)
     a = frame.attrs
     print(
-        f"recorded table: {a['points']} points of {SPACE.name}, {a['ok']} compiled to fit; best "
-        f"{METRIC} {a['best']:,.0f} (fidelity compile, TPU7x estimate); target within "
-        f"{args.within:.0%}: {a['target']:,.0f}"
+        f"\n{name}: {a['points']} points of {space_path(name).name}, {a['ok']} compiled to fit; "
+        f"best {METRIC} {a['best']:,.0f} (fidelity compile, TPU7x estimate); target within "
+        f"{within:.0%}: {a['target']:,.0f}"
     )
-    print(f"compiles to reach the target, over {args.seeds} seeds:")
+    print(f"compiles to reach the target, over {seeds} seeds:")
     print(f"{'search':<8} {'mean':>6} {'stdev':>6} {'min':>4} {'max':>4} {'x random':>9}  per seed")
     for _, r in frame.iterrows():
         print(f"{r['search']:<8} {r['mean']:>6.1f} {r['stdev']:>6.1f} {r['min']:>4} {r['max']:>4} "
               f"{r['vs_random']:>9.2f}  {r['costs']}")  # fmt: skip
+    g = agreement(name, pd.read_csv(table_path(name)))
+    print(f"screen against compile: Spearman {g['spearman']:+.2f} over the {g['pairs']} points both "
+          f"call fitting; memory Spearman {g['memory_spearman']:+.2f}; memory verdicts agree on "
+          f"{g['verdicts_agree']} of {g['points']}")  # fmt: skip
 
 
 if __name__ == "__main__":
