@@ -110,6 +110,10 @@ def row(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> 
         "status": final.status.value,
         "failure_class": final.failure_class.value if final.failure_class else "",
         "failure_message": final.failure_message[:300],
+        # Out of memory: what the program needs per device, and what the device or the
+        # space's budget offered (the compiler's figure, where a compile stated it).
+        "needed_gib": final.needed_gib,
+        "budget_gib": final.budget_gib,
         **final_metrics(final),
         "convergence_passed": final.convergence.passed if final.convergence else None,
         "hardware": final.hardware,

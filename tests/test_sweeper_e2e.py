@@ -185,6 +185,10 @@ def test_failures_are_classified_recorded_and_taught_to_optuna(tmp_path):
         "compile_error",  # the process died of SIGSEGV while compiling: a compiler crash
     ]
     assert "SIGSEGV" in frame.loc[4, "failure_message"], frame.loc[4, "failure_message"]
+    # The over-budget program's memory stays in the table beside the budget it broke.
+    assert frame.loc[2, "budget_gib"] == pytest.approx(1e-4)
+    assert frame.loc[2, "needed_gib"] > frame.loc[2, "budget_gib"]
+    assert frame.loc[[0, 1, 3], "needed_gib"].isna().all()
     client = MlflowClient(result.tracking_uri)
     by_number = {int(r.data.tags["sweeper.optuna_trial"]): r for r in _children(client, result)}
     assert by_number[1].data.tags["failure_class"] == "invalid_config"
