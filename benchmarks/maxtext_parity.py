@@ -27,7 +27,9 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
 
 For 128k: ours as published, ours without `dq_reduction_steps` (32 float32 copies of dQ in
 the Splash backward), and MaxText's, likewise (recorded: docs/TPU7X.md, 2026-12-02; with this
-module's arguments MaxText's temp was 75.16 GiB, 2026-12-03, and ours in MaxText's JAX 75.53).
+module's settings MaxText's temp is 75.16 GiB: 2026-12-03 with its former hand-written
+arguments, `opt_type=adam_pax`, and 2026-12-04 with the engine's mapping, AdamW with float32
+moments, 1,672,032,256 + 80,697,769,984 B; ours in MaxText's JAX 75.53).
 
 A MaxText environment (it needs Python >= 3.12; never a dependency of this project):
 
