@@ -16,7 +16,9 @@ import functools
 import re
 from typing import Any
 
-_BODY = re.compile(r'"custom_call_config":\{"body":"([^"]+)"')
+# The kernel's serialized module: first in the custom call config (jaxlib 0.10), or after
+# other keys such as "allow_input_fusion" (MaxText 0.2.5's jax 0.12 and libtpu 0.0.52).
+_BODY = re.compile(r'"custom_call_config":\{[^{}]*?"body":"([^"]+)"')
 _ESTIMATE = re.compile(r'"cost_estimate":\{"flops":"(\d+)"[^}]*?"bytes_accessed":"(\d+)"')
 _GRID = re.compile(r"iteration_bounds = array<i64: ([^>]*)>")
 _BLOCKS = re.compile(r"window_bounds = array<i64: ([^>]*)>")
