@@ -43,7 +43,6 @@ One compile takes 2-4 minutes on a 2-core host; the table prints when all are do
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 import time
@@ -57,7 +56,7 @@ from rich.table import Table
 from benchmarks.compile_real_models import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.maxtext import logs
-from trainer.maxtext.driver import package_dir
+from trainer.maxtext.driver import maxtext_env, package_dir
 from trainer.spec.config import TrialConfig
 from trainer.spec.hardware import GIB, Topology
 from trainer.spec.maxtext import TRAIN_COMPILE, MaxTextSettings, to_maxtext
@@ -121,12 +120,13 @@ def maxtext_compile(python: str, trial: dict, target: str) -> dict:
     for unmapped in settings.unmapped:  # e.g. our corpus: MaxText runs its synthetic data
         print(f"not in MaxText's run: {unmapped.field}={unmapped.value} ({unmapped.why})")
     base = package_dir(python) / "configs" / "base.yml"
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-        "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
-        "JAX_PLATFORMS": "cpu",
-        "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
-    }
+    env = maxtext_env(
+        {
+            "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
+            "JAX_PLATFORMS": "cpu",
+            "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
+        }
+    )
     with tempfile.TemporaryDirectory() as out:
         argv = [str(base), "run_name=parity", f"base_output_directory={out}", *settings.argv()]
         start = time.time()

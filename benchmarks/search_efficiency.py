@@ -8,7 +8,7 @@ the step model's estimate from the compiled program):
 - search_table: a 4-layer d1024 model at 2k. Compiled on 2026-12-03; its tokens/s were
   remade at 2026-12-04's step model, which reads an unrolled loop's trip count from its
   counter's step (ae01a76): the tensor-1 programs' windowed-einsum rings had been counted
-  twice over, 26 to 42% below what the compile now says. The tensor-1 rows were compiled
+  twice over, 23 to 29% below what the compile now says. The tensor-1 rows were compiled
   again; the tensor-2 rows have no such loop and read the same.
 - search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
   was last changed, and not read before the screen's predictions for it were committed
@@ -69,7 +69,8 @@ def table_path(name: str) -> Path:
 
 
 METRIC = "est_tokens_per_sec_per_chip"
-# trainer.spec.events.hbm_overflow's message: the compiler's memory of a program over budget.
+# trainer.spec.events.hbm_overflow's message, for summaries older than their `needed_gib`
+# column: the compiler's memory of a program over budget.
 OVER_BUDGET = r"compiled program needs ([0-9.]+) GiB per device"
 KEPT = ("status", "failure_class", METRIC, "hbm_per_device_gib", "fidelity", "hardware",
         "program_fingerprint")  # fmt: skip
@@ -80,9 +81,12 @@ def build(summaries: list[Path], name: str) -> pd.DataFrame:
     later summary's row replaces an earlier one's for the same point)."""
     frames = [pd.read_csv(summary) for summary in summaries]
     knobs = [c for c in frames[0].columns if c.startswith(KNOB_PREFIX)]
-    for f in frames:  # a compile over the space's budget states its memory in its failure
-        stated = f["failure_message"].astype(str).str.extract(OVER_BUDGET)[0]
-        f["hbm_per_device_gib"] = f["hbm_per_device_gib"].fillna(stated.astype(float))
+    for f in frames:  # a compile over the space's budget: the memory its failure states
+        if "needed_gib" in f:
+            stated = f["needed_gib"]
+        else:  # a summary from before that column: read from the failure's message
+            stated = f["failure_message"].astype(str).str.extract(OVER_BUDGET)[0].astype(float)
+        f["hbm_per_device_gib"] = f["hbm_per_device_gib"].fillna(stated)
     frame = pd.concat([f[[*knobs, *KEPT]] for f in frames], ignore_index=True)
     frame = frame[frame["status"].isin(["ok", "failed"])]  # a cut-off trial is no figure
     frame = frame.drop_duplicates(knobs, keep="last")

@@ -83,7 +83,9 @@ def package_dir(python: str) -> Path:
             "a Python that has maxtext==0.2.5 (maxtext.python, or $SWEEPER_MAXTEXT_PYTHON)",
         )
     find = "import importlib.util as u; s = u.find_spec('maxtext'); print(s.submodule_search_locations[0] if s else '')"
-    found = subprocess.run([python, "-c", find], capture_output=True, text=True, env=_env({}))
+    found = subprocess.run(
+        [python, "-c", find], capture_output=True, text=True, env=maxtext_env({})
+    )
     where = found.stdout.strip()
     if found.returncode or not where:
         raise ConfigError(
@@ -92,7 +94,9 @@ def package_dir(python: str) -> Path:
     return Path(where)
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
+def maxtext_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment without ours (`_OURS`), with `extra`: what MaxText's
+    interpreter runs with."""
     env = {k: v for k, v in os.environ.items() if k not in _OURS}
     return {**env, **extra}
 
@@ -106,7 +110,7 @@ def run_maxtext(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(env),
+        env=maxtext_env(env),
         preexec_fn=die_with_parent,
     )
     assert proc.stdout is not None, "started with stdout=PIPE"
