@@ -278,6 +278,15 @@ def test_splash_blocks_2048_need_the_scoped_vmem_the_limit_gives(tmp_path):
     assert events["accepted"]["libtpu_init_args"] == ["--xla_tpu_scoped_vmem_limit_kib=49152"]
     assert "xla.scoped_vmem_kib" not in events["compiled"]["effects"]
     assert events["accepted"]["effects"]["kernels.splash_blocks"]["status"] == "active"
+    # The limit that lets the larger blocks compile makes the step faster than the 256-wide
+    # blocks that fit the tight one: 64 grid steps per sequence and head where 2048 take one,
+    # each under the floor a step costs (`GRID_STEP_S`), against 1.8x the causal FLOPs.
+    small = {**SPLASH_2048["kernels"], **dict.fromkeys(SPLASH_BLOCKS, 256)}
+    tight = {"scoped_vmem_kib": 16384, "judge": False}
+    code, small_events, err = _compile(tmp_path, {**SPLASH_2048, "kernels": small, "xla": tight})
+    assert code == 0, err[-2000:]
+    large_s, small_s = (e["summary"]["est_step_time_s"] for e in (events, small_events))
+    assert large_s < small_s
 
 
 def test_flag_knobs_are_judged_by_the_program_they_compile_to(tmp_path):

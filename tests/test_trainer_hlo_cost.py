@@ -526,3 +526,62 @@ def test_a_kernel_call_is_read_whatever_key_comes_first_in_its_config():
         call = kernel_call("splash_mha_fwd_segmented_residuals.1", attrs)
         assert call is not None and call["name"] == "splash_mha_fwd_segmented_residuals"
     assert kernel_call("fusion.3", '{"custom_call_config":{"allow_input_fusion":[]}}') is None
+
+
+def _recipe_at_blocks(block: int) -> float:
+    """Tokens/s/chip of the llama3.1-70b 8k bf16 recipe's kept program (results/calibration/)
+    with its Splash calls counted at `block` for every block size: the program's other ops are
+    the recipe's (a compile at other blocks differs in its kernel calls)."""
+    from benchmarks.calibration import _BLOCKS, estimate_rows, predict, recipe
+    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY, kernel_flops
+    from trainer.spec.config import load_config
+    from trainer.spec.hardware import ACCELERATORS, Topology
+
+    name = "llama3.1-70b 8k bf16 64 chips"
+    row = dict(estimate_rows(recompile=False, only=name, recorded=True)[name])
+    config, target = recipe(name)
+    config["kernels"] = {**config["kernels"], **dict.fromkeys(_BLOCKS, block)}
+    trial = load_config({**config, "compile_target": target})
+    devices = Topology.parse(target).devices
+    calls, width = row["cost"]["kernel_calls"], ACCELERATORS["tpu7x"].mxu_width
+    row["kernels"] = kernel_flops(
+        trial, round(trial.per_device_batch * devices), devices, calls=calls, mxu_width=width
+    )
+    return predict(row, (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY))
+
+
+def test_the_recipes_2048_splash_blocks_rank_ahead_of_256():
+    """Every published Ironwood recipe runs Splash in 1024- or 2048-wide blocks. 256-wide ones
+    skip more of the causal mask's FLOPs (1.27e15 against 1.54e15 per device per step for the
+    70B recipe), but each of their grid steps computes 0.08 us of work and a grid step takes
+    0.36 us however little it does (`GRID_STEP_S`); the model ranks the blocks as the recipes
+    chose them, and the larger blocks' extra FLOPs as a cost where nothing else is."""
+    tokens = {block: _recipe_at_blocks(block) for block in (256, 512, 2048)}
+    assert tokens[2048] > tokens[512] > tokens[256]
+    assert tokens[2048] / tokens[256] > 1.2  # 8x8 times the steps, each at the floor
+
+
+def test_grid_steps_are_the_kernels_grids():
+    """Where a kept program's kernel call states a static grid (Splash's dK/dV), the steps
+    counted from the config's blocks are that grid's size; a grouped matmul's steps are its
+    whole tiles, the FLOPs it is charged over the FLOPs of one tile."""
+    import math
+
+    from benchmarks.calibration import estimate_rows
+    from trainer.compile.step_model import _tiles
+
+    rows = estimate_rows(recompile=False, only="bf16 256", recorded=True)
+    checked = {"static": 0, "tiles": 0}
+    for name in ("llama3.1-70b 8k bf16 256 chips", "qwen3-235b-a22b 4k bf16 256 chips"):
+        row = rows[name]
+        for call, steps, flops in zip(row["cost"]["kernel_calls"], row["kernels"].steps,
+                                      row["kernels"].each, strict=True):  # fmt: skip
+            if call["grid"] and None not in call["grid"]:
+                assert steps == math.prod(call["grid"]), call["name"]
+                checked["static"] += 1
+            elif "gmm" in call["name"]:
+                tm, tk, tn = _tiles(call)
+                assert flops >= steps * 2 * tm * tk * tn  # the MXU fill only adds
+                assert flops == pytest.approx(steps * 2 * tm * tk * tn)  # 256-wide tiles fill it
+                checked["tiles"] += 1
+    assert checked["static"] >= 2 and checked["tiles"] >= 6, checked

@@ -9,7 +9,9 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   whole row tiles, one more per expert boundary inside a tile (trainer/compile/mosaic.py reads
   each call's tiles from the compiled program); each kernel matmul over the share of the
   MXU its held tile fills (`mxu_fill`: on TPU7x's 256-wide array a 128-wide head or tile
-  leaves half idle).
+  leaves half idle); a kernel call takes at least `GRID_STEP_S` per grid step (a step
+  costs that much however little it computes: many small blocks cost more than the FLOPs
+  they skip).
 - HBM: bytes the top-level ops read and write, VMEM-resident values excluded; a slice of a
   stacked (scanned) buffer costs the slice.
 - ICI: bytes each collective moves per device, ring-corrected by its group size, over the
@@ -34,6 +36,7 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from trainer.compile.schedule import Call, Done, Loop, Schedule, Start, TensorCoreOp, Wait, Work
@@ -50,6 +53,16 @@ from trainer.spec.hardware import Accelerator
 MXU_EFFICIENCY = 0.72
 FP8_MXU_EFFICIENCY = 0.71
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
+# The least time a Pallas TPU kernel's grid step takes, however little it computes. Source:
+# the JAX documentation's Pallas TPU matrix multiplication guide (docs/pallas/tpu/matmul.ipynb,
+# its recorded outputs, TPU v5e): a bf16 8192^3 matmul in 128^3 blocks (262,144 grid steps)
+# took 95.0 ms, 0.362 us a step, and 4096^3 (32,768 steps) 12.0 ms, 0.367 us a step, where a
+# step's matmul needs 0.021 us at v5e's 197 TFLOP/s and its two 32 KiB blocks 0.080 us at 819
+# GB/s. With 512x1024x1024 blocks (5.5 us of matmul a step) the same guide's kernel is within
+# 1% of XLA's matmul: the step's cost hides under work that outlasts it. So a floor, not a
+# toll: a call takes at least its grid steps times this. No TPU7x figure is public: v5e's is
+# carried over, an assumption. Not fitted.
+GRID_STEP_S = 0.36e-6
 
 _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
     "all-gather": lambda n: (n - 1) / n,
@@ -64,6 +77,7 @@ _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else
 class KernelFlops(NamedTuple):
     total: float  # per device per step
     each: list[float]  # one execution of each call, in the order of the calls
+    steps: Sequence[float] = ()  # grid steps of one execution of each call, in the same order
 
 
 def step_time(
@@ -81,6 +95,7 @@ def step_time(
     flops = cost["flops"]
     calls = cost["kernel_calls"]
     each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
+    steps = kernels.steps if kernels and kernels.steps else [_grid_product(c) for c in calls]
     fp8_calls = [c["precision"] == "fp8" for c in calls]  # fp8 experts' grouped matmuls
     total = kernels.total if kernels else 0.0
     kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
@@ -97,7 +112,7 @@ def step_time(
     program = cost["schedule"]
     if not isinstance(program, Schedule):  # as JSON, from a record or an event
         program = Schedule.model_validate(program)
-    busy, step = _run(program, rates, each, fp8_calls)
+    busy, step = _run(program, rates, each, fp8_calls, steps)
     return {
         "est_step_time_s": step,
         "est_compute_s": compute,
@@ -105,6 +120,9 @@ def step_time(
         "est_ici_s": ici,
         "est_host_s": host,
         "est_dcn_s": dcn,
+        # the kernels' grid steps at GRID_STEP_S: a floor under their compute time
+        "est_grid_steps_s": sum(c["times"] * n for c, n in zip(calls, steps, strict=True))
+        * GRID_STEP_S,
         "est_busy_s": busy,
         "est_exposed_comm_s": step - busy,
         "bound": max(
@@ -157,7 +175,11 @@ class _Rates:
 
 
 def _run(
-    schedule: Schedule, rates: _Rates, call_flops: list[float], fp8_calls: list[bool]
+    schedule: Schedule,
+    rates: _Rates,
+    call_flops: list[float],
+    fp8_calls: list[bool],
+    call_steps: Sequence[float],
 ) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
@@ -176,6 +198,8 @@ def _run(
         elif event.kernel >= 0:
             bf16 += call_flops[event.kernel]
         seconds = rates.compute(fp8, bf16, event.f32)
+        if event.kernel >= 0:
+            seconds = max(seconds, call_steps[event.kernel] * GRID_STEP_S)
         memory = event.hbm / rates.hbm
         return max(seconds, memory) if event.matmul else memory
 
@@ -237,7 +261,9 @@ def kernel_flops(
         config, global_batch, num_devices, context, list(calls or ()), expert, mxu_width
     )
     if calls and any(each):
-        return KernelFlops(sum(c["times"] * f for c, f in zip(calls, each, strict=True)), each)
+        total = sum(c["times"] * f for c, f in zip(calls, each, strict=True))
+        steps = [grid_steps(c, config, global_batch, num_devices, context, expert) for c in calls]
+        return KernelFlops(total, each, steps)
     # No program: per layer one forward, and a backward of twice its FLOPs.
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
@@ -289,6 +315,39 @@ def _each_call(
         else:
             each.append(call["flops"] or 0.0)
     return each
+
+
+def grid_steps(
+    call: dict, config, global_batch: int, num_devices: int, context: int = 1, expert: int = 1
+) -> float:
+    """Grid steps one execution of a kernel call runs. Splash: every (query block, key
+    block) pair of each sequence and head on the device, the blocks the causal mask skips
+    included (they skip the work, not the step); its forward's grid has a dynamic axis, so
+    this is counted from the blocks. A grouped matmul: its (tm, tk, tn) tiles, over the row
+    tiles `grouped_matmul_flops` counts. Any other kernel: its grid's static size (1 where
+    it has none)."""
+    name = call["name"]
+    if name.startswith("splash_") and context == 1:
+        s = config.seq_len
+        blocks = config.resolved_kernels("tpu", context).blocks(s, s)
+        q, kv = (
+            (blocks["block_q"], blocks["block_kv"])
+            if "_fwd" in name
+            else (blocks["block_q_dkv"], blocks["block_kv_dkv"])
+        )
+        sequences_heads = _per_score(config, global_batch, num_devices) / (
+            2 * config.model.head_dim
+        )
+        return sequences_heads * math.ceil(s / q) * math.ceil(s / kv)
+    if name.startswith(GROUPED_MATMULS) and call["flops"] and _tiles(call):
+        m = config.model
+        return _grouped_tiles(call, m.num_experts // expert if m.is_moe else 1)[1]
+    return _grid_product(call)
+
+
+def _grid_product(call: dict) -> float:
+    """The static size of a kernel call's grid (a dynamic axis counts once); 1 without one."""
+    return float(math.prod(b or 1 for b in call.get("grid") or ()))
 
 
 def mxu_fill(width: int, contracted: int, columns: int) -> float:
@@ -359,10 +418,16 @@ def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
     (contracting m); the cost estimate is 2mkn. Without tiles: the cost estimate. With
     `mxu_width`, over the MXU share of the tile it holds (`mxu_fill`): gmm its (tk, tn)
     weight tile, tgmm its (tm, tn) gradient tile."""
-    tiles = _tiles(call)
-    if not tiles:
+    if not _tiles(call):
         return call["flops"]
-    tm, tk, tn = tiles
+    flops, _, held = _grouped_tiles(call, groups)
+    return flops / mxu_fill(mxu_width, *held)
+
+
+def _grouped_tiles(call: dict, groups: int) -> tuple[float, int, tuple[int, int]]:
+    """A grouped-matmul call's FLOPs in whole tiles, its tile count (its grid steps), and
+    the (rows, columns) of the tile the MXU holds (see `grouped_matmul_flops`)."""
+    tm, tk, tn = _tiles(call) or (1, 1, 1)
     if len(call["out"]) == 3:
         groups, k, n = call["out"]
         rows = call["flops"] / (2 * k * n)
@@ -372,8 +437,8 @@ def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
         k = call["flops"] / (2 * rows * n)
         held = (tk, tn)
     row_tiles = math.ceil(rows / tm) + groups - 1
-    flops = 2 * row_tiles * tm * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn
-    return flops / mxu_fill(mxu_width, *held)
+    tiles = row_tiles * math.ceil(k / tk) * math.ceil(n / tn)
+    return 2.0 * tiles * tm * tk * tn, tiles, held
 
 
 def splash_scores(seq: int, block_q: int, block_kv: int) -> float:

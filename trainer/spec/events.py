@@ -263,6 +263,11 @@ class Summary(_Event):
         default=None,
         description="TensorCore time: the program's ops one at a time, in its schedule",
     )
+    est_grid_steps_s: float | None = Field(
+        default=None,
+        description="the Mosaic kernels' grid steps at the least time a step takes: a floor "
+        "under their compute time (small blocks)",
+    )
     est_exposed_comm_s: float | None = Field(
         default=None, description="step time less busy time: async work the schedule waits for"
     )
