@@ -179,3 +179,21 @@ def test_the_parity_benchmark_gives_maxtext_what_a_maxtext_trial_gives_it():
     assert {k: v for k, v in program.args.items() if f"maxtext.{k}" not in knobs} == bench.args
     assert bench.args["model_name"] == "llama3.1-70b"
     assert bench.args["compile_topology"] == "tpu7x-128"
+
+
+def test_a_named_model_passes_its_own_settings_as_maxtexts_model_config_has_them():
+    """MaxText 0.2.5 refuses a command-line value for a key its model config also sets, with
+    another value, unless `override_model_config` is set: its qwen3-235b-a22b.yml sets
+    load_balance_loss_weight 0.001, and our 0.01 default made every trial of
+    qwen3_235b_4k_maxtext `invalid_config` ("Keys ['load_balance_loss_weight'] are overridden
+    by both model config and CLI/kwargs with different values"). The preset carries Qwen3's
+    own coefficient; a trial that sets another is passed with the override."""
+    space = load_space("spaces/qwen3_235b_4k_maxtext.yaml")
+    recipe = to_maxtext(load_config(assemble(space, space.search.warm_start[0]))).args
+    assert recipe["model_name"] == "qwen3-235b-a22b"
+    assert recipe["load_balance_loss_weight"] == "0.001" and "override_model_config" not in recipe
+    other = trial("qwen3-235b-a22b")
+    other["model"]["load_balance_loss_weight"] = 0.01
+    args = to_maxtext(load_config(other)).args
+    assert args["override_model_config"] == "true" and args["load_balance_loss_weight"] == "0.01"
+    assert "override_model_config" not in to_maxtext(load_config(trial("llama3.1-70b"))).args

@@ -235,8 +235,13 @@ def _model(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
     model = config.model
     shape = model.model_dump(exclude={"preset", "capacity_factor", "load_balance_loss_weight"})
     name = MODEL_NAMES.get(model.preset or "")
-    if name and all(shape[k] == v for k, v in MODEL_PRESETS[model.preset or ""].items()):
-        return {"model_name": name}
+    preset = MODEL_PRESETS.get(model.preset or "", {})
+    if name and all(shape[k] == v for k, v in preset.items() if k in shape):
+        # MaxText refuses a setting its model config also sets (qwen3-235b-a22b's
+        # load_balance_loss_weight) with another value unless told to override it.
+        own = preset.get("load_balance_loss_weight", model.load_balance_loss_weight)
+        override = model.load_balance_loss_weight != own
+        return {"model_name": name, **({"override_model_config": "true"} if override else {})}
     if model.qk_norm:
         unmapped.append(Unmapped("model.qk_norm", True, "MaxText sets QK-norm by model_name"))
     values = {theirs: _text(shape[ours.removeprefix("model.")]) for ours, theirs in SHAPE.items()}

@@ -73,7 +73,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0,
     ),
     # Qwen3-235B-A22B (its Hugging Face config): 128 experts, top-8 with the top-k weights
-    # renormalized (norm_topk_prob, as this trainer always does), QK-norm.
+    # renormalized (norm_topk_prob, as this trainer always does), QK-norm, a load-balance loss
+    # weight of 0.001 (router_aux_loss_coef; MaxText's model config sets the same).
     "qwen3-235b-a22b": dict(
         vocab_size=151936,
         d_model=4096,
@@ -87,6 +88,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         qk_norm=True,
         rope_theta=1000000.0,
         norm_eps=1e-6,
+        load_balance_loss_weight=0.001,
     ),
     # DeepSeekMoE-16B's routed experts (64, top-6, 1408 wide); its 2 shared experts and
     # dense first layer are not modelled, hence "class".
