@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
@@ -124,6 +125,57 @@ def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
     assert sorted(r["trial_id"] for r in rows) == sorted(by_trial)
     assert {r["status"] for r in rows} == {"ok"}
     assert (sweep_dir / "best.yaml").exists()
+
+
+def test_a_driver_killed_while_the_best_point_is_measured_again_resumes_that_measurement(
+    tmp_path,
+):
+    """The re-measurement of the best point (issue 32, item 5) is a Tune trial with no Optuna
+    trial: a driver SIGKILLed while it runs resumes it, runs it once more from the start,
+    and ends with one re-measurement beside the point's first figure and no Optuna trial
+    made for it."""
+    proc = subprocess.Popen(
+        _sweeper("run", "smoke", "--results-dir", str(tmp_path), "--trials", "2",
+                 "--concurrency", "1", "--set", "search.remeasure=1",
+                 "--set", "search.sampler=grid", "--set", f"trial.steps={STEPS}",
+                 "--set", "constraints.convergence=false"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    lines: list[str] = []
+    _wait_for(proc, "2/3 done", lines)  # both search trials ended; the best is measured again
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    deadline = time.monotonic() + 300
+    again: list = []
+    while not again and time.monotonic() < deadline and proc.poll() is None:
+        again = [r for r in _children(client, "smoke") if r.info.status == "RUNNING"
+                 and "sweeper.remeasure_of" in r.data.tags
+                 and client.get_metric_history(r.info.run_id, "loss")]  # fmt: skip
+        time.sleep(0.1)
+    assert again, "no re-measurement was seen training:\n" + "".join(lines[-40:])
+    proc.kill()
+    proc.wait(30)
+    (sweep_dir,) = tmp_path.glob("smoke/*")
+    (cut,) = again
+
+    done = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = _children(client, "smoke")
+    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3
+    (rerun,) = [r for r in runs if "sweeper.remeasure_of" in r.data.tags]
+    assert rerun.data.tags["sweeper.trial_id"] == cut.data.tags["sweeper.trial_id"]
+    history = client.get_metric_history(rerun.info.run_id, "loss")
+    assert sorted({m.step for m in history}) == list(range(STEPS))  # from the start, once
+    attempts = json.loads((sweep_dir / "mlflow_runs.json").read_text())["attempts"]
+    assert attempts[rerun.data.tags["sweeper.trial_id"]] == 2
+    study = optuna.load_study(
+        study_name=f"smoke-{sweep_dir.name}", storage=f"sqlite:///{tmp_path}/optuna.db"
+    )
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2  # none for the repeat
+    rows = {r["trial_id"]: r for r in _summary(sweep_dir)}
+    first = rows[rerun.data.tags["sweeper.remeasure_of"]]
+    assert float(first["remeasured_tokens_per_sec_per_chip"]) == pytest.approx(
+        rerun.data.metrics["tokens_per_sec_per_chip"]
+    )
 
 
 def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
