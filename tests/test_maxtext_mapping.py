@@ -197,3 +197,14 @@ def test_a_named_model_passes_its_own_settings_as_maxtexts_model_config_has_them
     args = to_maxtext(load_config(other)).args
     assert args["override_model_config"] == "true" and args["load_balance_loss_weight"] == "0.01"
     assert "override_model_config" not in to_maxtext(load_config(trial("llama3.1-70b"))).args
+
+
+def test_a_moe_model_maxtext_has_no_name_for_runs_in_a_block_with_routed_experts():
+    """MaxText's default decoder block (llama2) has a dense MLP whatever num_experts says: a
+    MoE model passed by its shape alone compiled as a dense model (no grouped matmul in
+    MaxText's program). It is passed with Mixtral's block; a dense one keeps the default."""
+    moe = to_maxtext(load_config(trial("tiny-moe"))).args
+    assert moe["decoder_block"] == "mixtral" and moe["num_experts"] == "4"
+    assert "decoder_block" not in to_maxtext(load_config(trial("tiny-dense"))).args
+    named = to_maxtext(load_config(trial("qwen3-235b-a22b"))).args
+    assert "decoder_block" not in named  # its model config names its own block (qwen3_moe)

@@ -213,7 +213,12 @@ def compile_trial(
             "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # concurrent compile trials share libtpu
             "XLA_FLAGS": f"--xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re=jit_train_step",
         }
-        argv = [base, "run_name=sweeper", f"base_output_directory={work / 'out'}", *settings.argv()]
+        argv = [
+            base, "run_name=sweeper", f"base_output_directory={work / 'out'}", *settings.argv(),
+            # tokamax's TPU kernels check the default device (this host's CPU) unless told the
+            # program is lowered for another machine: its absl flag, read by MaxText's app.run.
+            "--tokamax_cross_compile",
+        ]  # fmt: skip
         started = time.time()
         output = run_maxtext(python, TRAIN_COMPILE, argv, env, lambda _: None)
         if output.returncode:

@@ -247,6 +247,10 @@ def _model(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
     values = {theirs: _text(shape[ours.removeprefix("model.")]) for ours, theirs in SHAPE.items()}
     if model.is_moe:  # every layer an MoE layer: MaxText sizes the experts by base_moe_mlp_dim
         values["base_moe_mlp_dim"] = values["base_mlp_dim"]
+        # MaxText's default block (llama2) has a dense MLP whatever num_experts says: without a
+        # block with routed experts, MaxText's program was a dense model. Mixtral's is one
+        # (every layer top-k routed experts, SwiGLU, as ours).
+        values["decoder_block"] = "mixtral"
     else:  # a dense model is one expert to MaxText
         values.update(num_experts="1", num_experts_per_tok="1")
     return {**({"model_name": name, "override_model_config": "true"} if name else {}), **values}
