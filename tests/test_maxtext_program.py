@@ -243,6 +243,29 @@ def test_a_collective_newer_libtpu_offloads_to_the_sparsecores_is_counted():
     assert op["bytes"] == 8192 * 128256 * 2  # the gathered bf16 embedding
 
 
+def test_a_grouped_matmul_whose_config_has_no_cost_estimate_is_counted_from_its_shapes():
+    """jax 0.12's Mosaic calls carry no cost estimate: MaxText's qwen3 program read 0 FLOPs
+    for every tokamax grouped matmul, 10.7 s of compute where its matmuls take 20.4 (and 5,646
+    est. tokens/s/chip where the published recipe makes 4,151). Their FLOPs are 2mkn read
+    from the call's operands and result, and their tiles from its metadata."""
+    from trainer.compile.cost import program_cost
+    from trainer.compile.step_model import grouped_matmul_flops
+
+    text = (DATA / "tokamax_gmm.hlo").read_text()
+    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    gmm, tgmm = program_cost(hlo)["kernel_calls"]
+    m, k, n = 524288, 4096, 1536  # routed rows, d_model, the experts' width
+    assert (gmm["name"], gmm["flops"], gmm["tiling"]) == (
+        "pallas_tpu_ragged_dot_gmm", 2.0 * m * k * n, (128, 4096, 768),
+    )  # fmt: skip
+    assert (tgmm["name"], tgmm["flops"], tgmm["tiling"]) == (
+        "pallas_tpu_ragged_dot_tgmm", 2.0 * m * k * n, (1024, 128, 4096),
+    )  # fmt: skip
+    # Whole tiles over 128 experts: 4096 + 127 row tiles of 128 rows (the kernel's own group
+    # metadata holds 4223 entries).
+    assert grouped_matmul_flops(gmm, 128) == 2.0 * (m // 128 + 127) * 128 * k * n
+
+
 def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network():
     """MaxText's program for two slices (tpu7x:2x2x1x2, dcn_data_parallelism 2) all-reduces
     each device's shard of every gradient between the slices, as libtpu's megascale sends: the
@@ -346,15 +369,26 @@ def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(t
 
 @pytest.mark.slow
 @needs_maxtext
-def test_maxtext_compiles_a_trial_for_tpu7x_and_its_program_is_read(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-moe"])
+def test_maxtext_compiles_a_trial_for_tpu7x_and_its_program_is_read(tmp_path, preset):
+    """A MoE model runs its experts in tokamax's grouped matmuls, which refuse a CPU host unless
+    told they are cross-compiled (every qwen3 trial was `compile_error` before), in a decoder
+    block with routed experts (MaxText's default block made it a dense model). tokamax takes
+    no dim under 128: tiny-moe at d_model 256."""
     import subprocess
     import sys
 
     from trainer.spec.events import parse_event, parse_line
 
+    trial = {"seq_len": 512, "per_device_batch": 1}
+    if preset == "tiny-moe":
+        trial["kernels"] = {"moe_gmm": "tokamax"}
+    model: dict = {"preset": preset}
+    if preset == "tiny-moe":
+        model.update(d_model=256, mlp_dim=256, num_heads=2, num_kv_heads=2, head_dim=128)
     space = load_space(
         {"name": "t", "target": "tpu7x:2x2x1", "fidelity": "compile", "program": "maxtext",
-         "model": {"preset": "tiny-dense"}, "trial": {"seq_len": 512, "per_device_batch": 1}}
+         "model": model, "trial": trial}
     )  # fmt: skip
     path = tmp_path / "trial.json"
     path.write_text(static_check(space, {}).to_json())
@@ -374,6 +408,9 @@ def test_maxtext_compiles_a_trial_for_tpu7x_and_its_program_is_read(tmp_path):
     # priced the program's work.
     assert summary.collectives["all-gather"] > 0
     assert summary.est_step_time_s > 0 and summary.est_model == "hlo"
+    if preset == "tiny-moe":  # the experts are tokamax's TPU kernels in the program
+        names = {c["name"] for c in summary.program_cost["kernel_calls"]}
+        assert any(n.startswith(("pallas_tpu_ragged_dot", "gmm", "tgmm")) for n in names), names
     assert not [
         line
         for line in proc.stdout.splitlines()

@@ -24,6 +24,10 @@ _GRID = re.compile(r"iteration_bounds = array<i64: ([^>]*)>")
 _BLOCKS = re.compile(r"window_bounds = array<i64: ([^>]*)>")
 _TILING = re.compile(r'tile_m\\*": (\d+), \\*"tile_k\\*": (\d+), \\*"tile_n\\*": (\d+)')
 _DYNAMIC = -(2**63)  # MLIR's ShapedType::kDynamic
+# The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
+# (pipelined by hand, no blocks to read; 0.0.12: gmm_megablox, tgmm_megablox; 0.0.17:
+# pallas_tpu_ragged_dot_gmm, _tgmm) and libtpu's lowering of XLA's ragged_dot (ragged-dot-*).
+GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-", "pallas_tpu_ragged_dot_")
 
 
 def kernel_call(name: str, attrs: str) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from trainer.compile.mosaic import kernel_call
+from trainer.compile.mosaic import GROUPED_MATMULS, kernel_call
 from trainer.program.hlo import (
     COLLECTIVES,
     HOST_SPACE,
@@ -448,16 +448,35 @@ def kernel_key(instr: Instr, types: dict[str, str]) -> KernelKey | None:
         return None
     out = next((tuple(dims) for _, dims, _ in arrays(instr.type)), ())
     fp8 = any(d.startswith("f8") for o in instr.operands for d, _, _ in arrays(types.get(o, "")))
+    flops = kernel["flops"]
+    if flops is None and kernel["name"].startswith(GROUPED_MATMULS):
+        flops = _grouped_flops(instr, types, out)
     return KernelKey(
         name=kernel["name"],
         out=out,
-        flops=kernel["flops"],
+        flops=flops,
         bytes=kernel["bytes"],
         grid=kernel["grid"],
         blocks=kernel["blocks"],
         tiling=kernel["tiling"],
         precision="fp8" if fp8 else "bf16",
     )
+
+
+def _grouped_flops(instr: Instr, types: dict[str, str], out: tuple[int, ...]) -> float | None:
+    """2mkn of a grouped-matmul call read from its shapes, for a kernel whose config carries no
+    cost estimate (jax 0.12's Mosaic calls: tokamax 0.0.17 in MaxText 0.2.5). Its operands are
+    the group metadata (integers), then the rows [m, k] (gmm) or [m, k] and [m, n] (tgmm),
+    then the weights; gmm's result is [m, n], tgmm's [groups, k, n]."""
+    rows = next(
+        (dims for o in instr.operands for dtype, dims, _ in arrays(types.get(o, ""))[:1]
+         if len(dims) == 2 and not dtype.startswith(("s", "u", "pred"))),
+        None,
+    )  # fmt: skip
+    if rows is None or len(out) not in (2, 3):
+        return None
+    m, k, n = (out[0], rows[1], out[1]) if len(out) == 2 else (rows[0], out[1], out[2])
+    return 2.0 * m * k * n
 
 
 def engine_of(instr: Instr, types: dict[str, str]) -> str:

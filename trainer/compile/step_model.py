@@ -39,6 +39,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from trainer.compile.mosaic import GROUPED_MATMULS
 from trainer.compile.schedule import Call, Done, Loop, Schedule, Start, TensorCoreOp, Wait, Work
 from trainer.spec.hardware import Accelerator
 
@@ -401,12 +402,6 @@ def _splash_scores(config, context: int) -> tuple[float, float]:
         splash_scores(s, blocks["block_q"], blocks["block_kv"]),
         splash_scores(s, blocks["block_q_dkv"], blocks["block_kv_dkv"]),
     )
-
-
-# The grouped-matmul kernels by their HLO names: Megablox's gmm and tgmm, tokamax's
-# (pipelined by hand, no blocks to read; 0.0.12: gmm_megablox, tgmm_megablox; 0.0.17:
-# pallas_tpu_ragged_dot_gmm, _tgmm) and libtpu's lowering of XLA's ragged_dot (ragged-dot-*).
-GROUPED_MATMULS = ("gmm", "tgmm", "ragged-dot-", "pallas_tpu_ragged_dot_")
 
 
 def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
