@@ -11,6 +11,7 @@ are MaxText's own log lines.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -187,10 +188,15 @@ def _failed(output: Output, what: str) -> TrialFailure:
 
 
 def compile_trial(
-    config: TrialConfig, program: MaxTextProgram, knobs: dict[str, Any], emitter: Emitter
+    config: TrialConfig,
+    program: MaxTextProgram,
+    knobs: dict[str, Any],
+    emitter: Emitter,
+    keep_hlo: Path | None = None,
 ) -> dict[str, Any]:
     """MaxText's train_compile of the trial for its target: the compiler's memory, and the step
-    time our step model reads from MaxText's optimized HLO."""
+    time our step model reads from MaxText's optimized HLO (gzipped to `keep_hlo` if given:
+    benchmarks.calibration keeps it, to be read again as the model improves)."""
     topology = Topology.parse(config.compile_target or "")
     accel = topology.accelerator
     settings = program_settings(config, program, knobs, "tpu")
@@ -229,6 +235,8 @@ def compile_trial(
                 FailureClass.COMPILE_ERROR, "MaxText train_compile printed no memory analysis"
             )
         hlo = _optimized_hlo(work / "hlo")
+        if keep_hlo is not None:
+            keep_hlo.write_bytes(gzip.compress(hlo.encode()))
         compile_s = output.marks.get(logs.COMPILED, time.time()) - output.marks.get(
             logs.COMPILING, started
         )
