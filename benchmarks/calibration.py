@@ -80,8 +80,8 @@ PUBLISHED = {
 # their own: another program, another compiler than the fit rows'.
 # name: (space, warm start, target, published step s, published tokens/s/chip)
 MAXTEXT = {
-    "qwen3-235b-a22b 4k bf16 256 chips, MaxText's program": ("qwen3_235b_4k_maxtext", 0, "tpu7x:4x8x8", 31.58, 4150.78),
-    "qwen3-235b-a22b 4k fp8 256 chips, MaxText's program": ("qwen3_235b_4k_maxtext", 1, "tpu7x:4x8x8", 27.67, 4736.72),
+    "qwen3-235b-a22b 4k bf16 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 0, "tpu7x:4x8x8", 31.58, 4150.78),
+    "qwen3-235b-a22b 4k fp8 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 1, "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
 # Rows whose published figure is not entered until the model's prediction for them is frozen
 # (`--freeze`, committed with the commit that made it): name: (space, precision, target).

@@ -72,7 +72,7 @@ def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows)
     theirs = [name for name in rows if name in calibration.MAXTEXT]
     assert len(theirs) == 2
     for name in theirs:
-        ours = name.removesuffix(", MaxText's program")
+        ours = name.removesuffix(" on MaxText")
         assert calibration.split(name, rows) == "held out, MaxText's program"
         assert calibration.compiled_by(name)["libtpu"] != calibration.compiled_by(ours)["libtpu"]
         error = calibration.error(rows[name], constants)
