@@ -47,7 +47,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.space import assemble, load_space
+from sweeper.space import assemble, load_space, maxtext_knobs
 from trainer.compile.cost import program_cost
 from trainer.compile.schedule import Schedule
 from trainer.compile.step_model import KernelFlops, kernel_flops, step_time
@@ -162,8 +162,7 @@ def maxtext_recipe(name: str) -> tuple[dict, dict, Any]:
     space = load_space(f"spaces/{space_name}.yaml")
     point = space.search.warm_start[index]
     config = {**assemble(space, point), "compile_target": target}
-    knobs = {k: v for k, v in point.items() if k.startswith("maxtext.")}
-    return config, knobs, space.maxtext_program()
+    return config, maxtext_knobs(point), space.maxtext_program()
 
 
 def compile_maxtext_row(name: str) -> None:
@@ -189,16 +188,15 @@ def compile_maxtext_row(name: str) -> None:
 
 def compiled_cost(name: str, recompile: bool) -> dict:
     """The row's program cost, counted from its kept HLO (compiled first if there is none)."""
-    if name in MAXTEXT and (recompile or not hlo_path(name).exists()):
+    if recompile or not hlo_path(name).exists():
         start = time.time()
-        compile_maxtext_row(name)  # MaxText runs in its own process already
-        print(f"compiled {name} through MaxText in {time.time() - start:.0f} s", flush=True)
-    elif recompile or not hlo_path(name).exists():
-        start = time.time()
-        command = [sys.executable, "-m", "benchmarks.calibration", "--compile-row", name]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(f"{name} did not compile: {proc.stderr[-1500:]}")
+        if name in MAXTEXT:
+            compile_maxtext_row(name)  # MaxText runs in its own process already
+        else:
+            command = [sys.executable, "-m", "benchmarks.calibration", "--compile-row", name]
+            proc = subprocess.run(command, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"{name} did not compile: {proc.stderr[-1500:]}")
         print(f"compiled {name} in {time.time() - start:.0f} s", flush=True)  # minutes each
     return program_cost(gzip.decompress(hlo_path(name).read_bytes()).decode())
 
