@@ -1,5 +1,7 @@
 # Two entry points (README): `make run` sets up and runs the main job, `make test` sets up and runs the tests.
-PYTHON ?= python3
+# A Python 3.12 (flax 0.12.12, the release that runs on MaxText's JAX, needs it): pyenv's 3.12.1
+# where pyenv has it, else python3.12. A venv of another Python is built again.
+PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python 2>/dev/null || command -v python3.12)
 VENV := .venv
 BIN := $(VENV)/bin
 SPACE ?= moe_short
@@ -7,7 +9,9 @@ SPACE ?= moe_short
 .PHONY: setup gpu-compile maxtext run test test-slow lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -n "$(PYTHON)" || { echo "no Python 3.12: install one (pyenv install 3.12) or pass PYTHON=..."; exit 2; }
+	$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null || \
+	  { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,tpu]"
 	touch $@
@@ -29,9 +33,9 @@ gpu-compile: $(GPU_COMPILE)/.installed
 
 # MaxText 0.2.5, the trial program of `program: maxtext` spaces: its own environment (it needs
 # Python >= 3.12 and pins its own JAX and libtpu; never imported by the engine). About 3.5
-# minutes. MAXTEXT_PYTHON: a Python 3.12 (default: pyenv's 3.12.1, else python3.12).
+# minutes. MAXTEXT_PYTHON: a Python 3.12 (default: the one the venv is built with).
 MAXTEXT := .maxtext
-MAXTEXT_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python 2>/dev/null || command -v python3.12)
+MAXTEXT_PYTHON ?= $(PYTHON)
 $(MAXTEXT)/.installed:
 	test -x $(MAXTEXT)/bin/python || $(MAXTEXT_PYTHON) -m venv $(MAXTEXT)
 	$(MAXTEXT)/bin/pip install --quiet --upgrade pip
