@@ -304,28 +304,38 @@ def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
         assert max(_relative_errors(variant, exact)) < 0.1
 
 
-def test_tokamax_tpu_tiles_are_the_knobs_else_tokamaxs_tuned_ones():
-    """The knob's tiles win, for either precision, clamped to the matmul's dims. Without it:
-    tokamax 0.0.12's tile table lists qwen3-235b's grouped matmuls (524,288 routed rows per
-    device, d_model 4096, mlp 1536, 128 experts) for bf16 operands only, and for fp8 ones
-    tokamax would take 128 x 128 x 128, a quarter of TPU7x's MXU: fp8 experts take the bf16
-    entry, bf16 keeps tokamax's own choice. tokamax 0.0.17 has no table (its kernel picks
-    tiles for the shape, fp8 included): both keep its choice."""
+def test_tokamax_tpu_tiles_are_the_knobs_else_tokamaxs_tuned_ones_else_maxtexts():
+    """The knob's tiles win, for either precision, clamped to the matmul's dims. Without it,
+    tokamax 0.0.17 (no tile table; its own choice can overflow libtpu's default scoped VMEM):
+    MaxText 0.2.5's default 512x1024x1024 in every pass and precision, clamped. tokamax
+    0.0.12's tile table lists qwen3-235b's grouped matmuls (524,288 routed rows per device,
+    d_model 4096, mlp 1536, 128 experts) for bf16 operands only, and for fp8 ones tokamax
+    would take 128 x 128 x 128, a quarter of TPU7x's MXU: fp8 experts take the bf16 entry,
+    bf16 keeps tokamax's own choice."""
     from trainer.model.grouped_matmul import _TOKAMAX_TILE_TABLES, tokamax_tpu_configs
     from trainer.spec.config import TokamaxTiles
 
     x = jax.ShapeDtypeStruct((524288, 4096), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((128, 4096, 1536), jnp.bfloat16)
-    fp8 = tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=True)
-    for name, table in _TOKAMAX_TILE_TABLES.items():
-        if not table:  # tokamax 0.0.17
-            assert fp8[name] is None
-            continue
-        assert (524288, 4096, 1536, 128, True) not in table
-        (tm, tk, tn), buffers = table[524288, 4096, 1536, 128, False]
-        assert (fp8[name].tile_m, fp8[name].tile_k, fp8[name].tile_n) == (tm, tk, tn)
-        assert fp8[name].input_buffer_count == buffers
-    assert set(tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=False).values()) == {None}
+    if not any(_TOKAMAX_TILE_TABLES.values()):  # tokamax 0.0.17
+        small = jax.ShapeDtypeStruct((128, 4096, 768), jnp.bfloat16)  # mlp under 1024
+        for fp8 in (True, False):
+            configs = tokamax_tpu_configs(x, w, "wo", TokamaxTiles(), fp8=fp8)
+            tiles = {p: (c.tile_m, c.tile_k, c.tile_n) for p, c in configs.items()}
+            assert set(tiles.values()) == {(512, 1024, 1024)}, tiles
+            configs = tokamax_tpu_configs(x, small, "wi", TokamaxTiles(), fp8=fp8)
+            tiles = {p: (c.tile_m, c.tile_k, c.tile_n) for p, c in configs.items()}
+            # fwd and drhs: rows x d_model x mlp; dlhs: rows x mlp x d_model.
+            assert tiles == {"fwd": (512, 1024, 768), "dlhs": (512, 768, 1024),
+                             "drhs": (512, 1024, 768)}, tiles  # fmt: skip
+    else:  # tokamax 0.0.12
+        fp8 = tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=True)
+        for name, table in _TOKAMAX_TILE_TABLES.items():
+            assert (524288, 4096, 1536, 128, True) not in table
+            (tm, tk, tn), buffers = table[524288, 4096, 1536, 128, False]
+            assert (fp8[name].tile_m, fp8[name].tile_k, fp8[name].tile_n) == (tm, tk, tn)
+            assert fp8[name].input_buffer_count == buffers
+        assert set(tokamax_tpu_configs(x, w, "wi", TokamaxTiles(), fp8=False).values()) == {None}
     knob = TokamaxTiles(wi_dlhs="512x4096x8192")  # contraction 1536, output 4096
     for precision in (True, False):
         dlhs = tokamax_tpu_configs(x, w, "wi", knob, fp8=precision)["dlhs"]

@@ -20,7 +20,7 @@ from trainer.spec.events import (
     TrialFailure,
     classify_exception,
 )
-from trainer.spec.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS
+from trainer.spec.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS, RAGGED_DOT_KERNEL
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -55,10 +55,12 @@ def prepare_environment(config: TrialConfig) -> None:
         rejected = unknown_flag(tuple(flags))
         if rejected:
             raise ConfigError("xla", f"{rejected}; remove or fix the flag")
-    if config.compile_target and BASE_LIBTPU_ARGS not in os.environ:
+    tpu = config.compile_target or config.backend == "tpu"
+    if tpu and BASE_LIBTPU_ARGS not in os.environ:
         # Once: a twin compile's child starts from the base, which holds them already.
         host = os.environ.get("LIBTPU_INIT_ARGS", "")
-        missing = [f for f in COMPILER_STACKS if f not in host.split()]
+        wanted = [RAGGED_DOT_KERNEL, *(COMPILER_STACKS if config.compile_target else ())]
+        missing = [f for f in wanted if f not in host.split()]
         os.environ["LIBTPU_INIT_ARGS"] = " ".join([host, *missing]).strip()
     # What the host had before the trial's flags: a compile trial's twin compiles start there.
     os.environ.setdefault(BASE_LIBTPU_ARGS, os.environ.get("LIBTPU_INIT_ARGS", ""))

@@ -15,7 +15,13 @@ from tokamax._src.ops.ragged_dot import base as ragged_dot_base
 from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
 from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
-from trainer.spec.config import GMM_PASSES, KernelsConfig, PrecisionConfig, TokamaxTiles
+from trainer.spec.config import (
+    GMM_PASSES,
+    MAXTEXT_TILES,
+    KernelsConfig,
+    PrecisionConfig,
+    TokamaxTiles,
+)
 
 # tokamax's grouped-matmul kernels for NVIDIA GPUs, in tokamax's own order of preference.
 # Which of them builds depends on the JAX and tokamax a host carries (seen in deviceless H200
@@ -69,23 +75,27 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
 # 0.0.12 has these tables; 0.0.17 has none: its kernel picks tiles for the shape by its own
 # VMEM budget (`_get_heuristics_config`, fp8 operands included), which can exceed libtpu's
 # default scoped VMEM limit (1024x2048x1024 for a bf16 weight gradient at [8, 2048, 1024]
-# took 35.37 MiB, over 32: seen with libtpu 0.0.52).
+# took 35.37 MiB, over 32: seen with libtpu 0.0.52). So without tables the unset passes take
+# MaxText's default tiles, the program `sweeper export --format maxtext` leaves MaxText to run.
 _TOKAMAX_TILE_TABLES: dict[str, dict] = {
     "fwd": getattr(tokamax_tpu, "GMM_TILING_TUNED_LUT", {}),
     "dlhs": getattr(tokamax_tpu, "GMM_RHS_TRANSPOSE_TILING_TUNED_LUT", {}),
     "drhs": getattr(tokamax_tpu, "TGMM_TILING_TUNED_LUT", {}),
 }
+_UNSET_TILES = None if any(_TOKAMAX_TILE_TABLES.values()) else MAXTEXT_TILES
 
 
 def tokamax_tpu_configs(
     x_MxK, w_GxKxN, weight: str, tiles: TokamaxTiles, fp8: bool
 ) -> dict[str, tokamax_tpu.Config | None]:
     """The tile config of tokamax's TPU kernel for each pass: the knob's (clamped to the
-    pass's dims); else, for fp8 operands where tokamax's table has no fp8 entry, its bf16 one
-    for the shape (tokamax would take 128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles
-    take half the VMEM of bf16 ones); else None, tokamax's own choice."""
+    pass's dims); where tokamax has no tables, MaxText's defaults; else, for fp8 operands
+    where tokamax's table has no fp8 entry, its bf16 one for the shape (tokamax would take
+    128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles take half the VMEM of bf16 ones);
+    else None, tokamax's own choice."""
     (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
-    chosen = tiles.of(weight, {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)})
+    dims = {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)}
+    chosen = tiles.of(weight, dims, default=_UNSET_TILES)
     configs: dict[str, tokamax_tpu.Config | None] = {}
     for name in GMM_PASSES:
         table, buffers = _TOKAMAX_TILE_TABLES[name], 2
@@ -111,8 +121,9 @@ def _tokamax_tpu(config: tokamax_tpu.Config | None, **fields):
 
 def tokamax_tpu_gmm(x_MxK, w_GxKxN, group_sizes_G, weight: str, tiles: TokamaxTiles):
     """tokamax.ragged_dot on TPU with the knob's tiles for each pass (tokamax's own VJP, its
-    gradient kernels given their tiles); without any, tokamax's default."""
-    if tiles.is_default:
+    gradient kernels given their tiles); without any, tokamax's default (its table's tiles,
+    tokamax 0.0.12) or MaxText's (tokamax 0.0.17)."""
+    if tiles.is_default and _UNSET_TILES is None:
         return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, tiles, fp8=False)
     dlhs, drhs = (tokamax_tpu.PallasMosaicTpuRaggedDot(config=configs[p]) for p in ("dlhs", "drhs"))

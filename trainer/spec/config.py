@@ -223,14 +223,21 @@ TILES = r"^\d+x\d+x\d+$"
 GMM_PASSES = ("fwd", "dlhs", "drhs")
 
 
+# MaxText 0.2.5's grouped-matmul tiles when its wi_tile_* / wo_tile_* are not set (base.yml:
+# batch_seq 512, embed_dim 1024, mlp_dim 1024 for every weight and pass), in the kernel's order.
+MAXTEXT_TILES = "512x1024x1024"
+
+
 class TokamaxTiles(Frozen):
     """tokamax's TPU grouped-matmul tiles, "TMxTKxTN", for each expert weight (wi: the two
     input projections, wo: the output one) and pass (MaxText's wi_tile_* / wo_tile_*): in the
     kernel's own order, rows x contraction x output columns; for drhs (tgmm, the weight
     gradient) the contracted rows x the weight's rows x its columns. Each is clamped to the
-    matmul's dims. Unset: tokamax's table for the shape, and for fp8 operands, where its table
-    has none, its bf16 entry for the shape (its default 128 x 128 x 128 fills a quarter of
-    TPU7x's MXU)."""
+    matmul's dims. Unset, with tokamax 0.0.17 (no tuned tables): MaxText 0.2.5's defaults,
+    `MAXTEXT_TILES` for every pass (what MaxText runs when its wi_tile_* / wo_tile_* are left
+    alone; tokamax 0.0.17's own choice can overflow libtpu's default scoped VMEM). With
+    tokamax 0.0.12: its table for the shape, and for fp8 operands, where its table has none,
+    its bf16 entry for the shape (its default 128 x 128 x 128 fills a quarter of TPU7x's MXU)."""
 
     wi_fwd: str | None = Field(default=None, pattern=TILES)
     """wi forward: routed rows x d_model x mlp."""
@@ -257,12 +264,16 @@ class TokamaxTiles(Frozen):
         return not any(self.model_dump().values())
 
     def of(
-        self, weight: str, clamp_to: dict[str, tuple[int, int, int]]
+        self,
+        weight: str,
+        clamp_to: dict[str, tuple[int, int, int]],
+        default: str | None = None,
     ) -> dict[str, tuple[int, ...] | None]:
-        """{pass: (tm, tk, tn) clamped to that pass's (m, k, n), or None} for `weight`."""
+        """{pass: (tm, tk, tn) clamped to that pass's (m, k, n), or None} for `weight`; a pass
+        the knob leaves unset takes `default` (None: no tiles)."""
         out: dict[str, tuple[int, ...] | None] = {}
         for name in GMM_PASSES:
-            tiles = getattr(self, f"{weight}_{name}")
+            tiles = getattr(self, f"{weight}_{name}") or default
             dims = clamp_to[name]
             out[name] = (
                 tuple(min(int(t), d) for t, d in zip(tiles.split("x"), dims, strict=True))

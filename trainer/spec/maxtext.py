@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from trainer.spec.config import SPLASH_BLOCKS, PrecisionConfig, TrialConfig
+from trainer.spec.flags import RAGGED_DOT_KERNEL
 from trainer.spec.hardware import Topology
 from trainer.spec.presets import MODEL_PRESETS
 from trainer.spec.remat import EXPERT_TENSORS, Tensor
@@ -228,7 +229,11 @@ def to_maxtext(config: TrialConfig, platform: str = "tpu") -> MaxTextSettings:
         value = _get(data, name)
         if value != _get(defaults, name):
             unmapped.append(Unmapped(name, value, why))
-    return MaxTextSettings(args, config.xla.libtpu_init_args(), unmapped)
+    flags = config.xla.libtpu_init_args()
+    ragged_dot = args.get("megablox") == args.get("use_tokamax_gmm") == "false"
+    if platform == "tpu" and config.model.is_moe and ragged_dot:
+        flags = [RAGGED_DOT_KERNEL, *flags]  # ragged_dot as our trainer runs it on TPU
+    return MaxTextSettings(args, flags, unmapped)
 
 
 def _model(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
@@ -499,7 +504,7 @@ def _flags_back(flags: list[str]) -> dict[str, Any]:
     the rest as extra flags (`XlaFlagsConfig.libtpu_init_args` inverted)."""
     from trainer.spec.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD
 
-    rest = list(flags)
+    rest = [f for f in flags if f != RAGGED_DOT_KERNEL]  # to_maxtext's, for moe_gmm ragged_dot
     xla: dict[str, Any] = {}
     prefix = "--xla_tpu_scoped_vmem_limit_kib="
     vmem = [f for f in rest if f.startswith(prefix)]
