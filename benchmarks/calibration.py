@@ -287,6 +287,16 @@ def frozen() -> dict[str, dict]:
     return json.loads(FROZEN.read_text()) if FROZEN.exists() else {}
 
 
+# The compiler of every prediction frozen before predictions named theirs (2026-12-04).
+FIRST_COMPILER = "0.0.42.1"
+
+
+def frozen_key(name: str, libtpu: str) -> str:
+    """Where a row's prediction for the program `libtpu` compiled is frozen: a new compiler
+    makes a new program, so its prediction is frozen anew beside the old one, never over it."""
+    return name if libtpu == FIRST_COMPILER else f"{name} | libtpu {libtpu}"
+
+
 REPO = Path(__file__).resolve().parents[1]  # whose commit a frozen prediction names
 
 
@@ -301,18 +311,20 @@ def freeze(name: str) -> None:
     model's code has uncommitted changes (the commit would not be what predicted)."""
     if name not in PUBLISHED and name not in PENDING:
         raise SystemExit(f"no row named {name!r} (PUBLISHED or PENDING in {__file__})")
-    predictions = frozen()
-    if name in predictions:
-        raise SystemExit(f"{name} was frozen at {predictions[name]['commit']}; a frozen "
-                         "prediction is never replaced")  # fmt: skip
     dirty = _git("status", "--porcelain", "trainer", "benchmarks/calibration.py")
     if dirty:
         raise SystemExit(f"commit the model first; uncommitted:\n{dirty}")
     rows = estimate_rows(recompile=False, only=name, recorded=False, pending=True)
+    made_by = compiled_by(name)
+    key, predictions = frozen_key(name, made_by.get("libtpu", "?")), frozen()
+    if key in predictions:
+        raise SystemExit(f"{key} was frozen at {predictions[key]['commit']}; a frozen "
+                         "prediction is never replaced")  # fmt: skip
     constants = fit(rows)
     row = rows[name]
     predicted = predict(row, constants)
-    predictions[name] = {
+    predictions[key] = {
+        "compiler": made_by,
         "tokens_per_sec_per_chip": round(predicted, 2),
         "step_s": round(row["tokens_per_step"] / row["chips"] / predicted, 3),
         "constants": list(constants),
@@ -322,7 +334,7 @@ def freeze(name: str) -> None:
     }
     FROZEN.parent.mkdir(parents=True, exist_ok=True)
     FROZEN.write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
-    print(f"{name}: {predicted:,.0f} tokens/s/chip predicted (frozen in {FROZEN.name}; "
+    print(f"{key}: {predicted:,.0f} tokens/s/chip predicted (frozen in {FROZEN.name}; "
           "commit it before entering the published figure)")  # fmt: skip
 
 
@@ -387,8 +399,9 @@ def main() -> None:
                    "frozen prediction (commit): error", "same per-device program as"):  # fmt: skip
         table.add_column(column)
     made_by = {name: compiled_by(name).get("libtpu", "?") for name in rows}  # read once
+    pinned_for = {n: predictions.get(frozen_key(n, made_by[n])) for n in rows}
     for name, row in rows.items():
-        pinned = predictions.get(name)
+        pinned = pinned_for[name]
         before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
                   f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
                   if pinned else "seen before the rule")  # fmt: skip
@@ -412,12 +425,13 @@ def main() -> None:
             continue
         console.print(f"median absolute error, {name}: {statistics.median(errors):.1%} "
                       f"over {len(errors)} rows")  # fmt: skip
-    pinned_errors = [abs(predictions[n]["tokens_per_sec_per_chip"] / rows[n]["published_tokens"] - 1)
-                     for n in rows if n in predictions]  # fmt: skip
+    pinned_errors = [abs(p["tokens_per_sec_per_chip"] / rows[n]["published_tokens"] - 1)
+                     for n, p in pinned_for.items() if p]  # fmt: skip
     console.print(
-        f"frozen predictions (committed before their comparison): {len(pinned_errors)} rows"
+        f"frozen predictions (committed before their comparison, for the compiler of the row's "
+        f"record): {len(pinned_errors)} rows"
         + (f", median absolute error {statistics.median(pinned_errors):.1%}" if pinned_errors else "")
-        + f"; {sum(n not in predictions for n in rows)} rows were compared before the rule"
+        + f"; {sum(not p for p in pinned_for.values())} rows were compared before the rule"
     )  # fmt: skip
     for bf16, fp8 in ((n, n.replace("bf16", "fp8")) for n in rows if "bf16" in n):
         if fp8 not in rows:
