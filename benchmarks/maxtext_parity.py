@@ -19,9 +19,10 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
 - ours with the loss in 8 vocabulary tiles (`vocab_tiling: 8`);
 - ours with a float32 first moment (the trainer's default before `mu_dtype`);
 - MaxText 0.2.5's own `train_compile` of the same recipe, when `--maxtext-python` names
-  the Python of a MaxText environment, and ours as published compiled in that environment
-  too (its JAX and libtpu: 0.12.0.1 and 0.0.52 where ours pins 0.10.2 and 0.0.42.1), so
-  that one pair differs only in the trainer; without one, the figure recorded on this host kind
+  the Python of a MaxText environment; where that environment's JAX or libtpu is not ours
+  (ours pinned 0.10.2 and 0.0.42.1 until 2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now
+  ours too), ours as published compiled in that environment as well, so that one pair
+  differs only in the trainer; without one, the figure recorded on this host kind
   (2026-12-01, with the recipe's Splash flags; docs/TPU7X.md's 2026-11-30 figure, 0.44 GiB
   less temp, predates them), marked "recorded".
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -202,6 +204,14 @@ def side_by_side(ours: str, theirs: str, results_dir: Path | None) -> Table:
     return table
 
 
+def compiler_of(python: str) -> str:
+    """The JAX and libtpu of `python`'s environment."""
+    code = 'from importlib.metadata import version as v; print(f\'jax {v("jax")}, libtpu {v("libtpu")}\')'
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,8 +239,16 @@ def main() -> None:
         )
     if not args.only:
         if args.maxtext_python:
-            same = compile_trial(trial, target, python=args.maxtext_python)
-            rows.append(("ours: as published, MaxText's JAX", "compile (this run)", _row(*same)))
+            ours_compiler, theirs_compiler = (
+                compiler_of(sys.executable),
+                compiler_of(args.maxtext_python),
+            )
+            print(f"compiler: ours {ours_compiler}; MaxText's {theirs_compiler}")
+            if ours_compiler != theirs_compiler:  # ours again under MaxText's compiler
+                same = compile_trial(trial, target, python=args.maxtext_python)
+                rows.append(
+                    ("ours: as published, MaxText's JAX", "compile (this run)", _row(*same))
+                )
             theirs = maxtext_compile(args.maxtext_python, trial, target)
             rows.append(("MaxText 0.2.5", "compile (this run)", theirs))
         else:
