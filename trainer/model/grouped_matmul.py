@@ -76,7 +76,8 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
 # VMEM budget (`_get_heuristics_config`, fp8 operands included), which can exceed libtpu's
 # default scoped VMEM limit (1024x2048x1024 for a bf16 weight gradient at [8, 2048, 1024]
 # took 35.37 MiB, over 32: seen with libtpu 0.0.52). So without tables the unset passes take
-# MaxText's default tiles, the program `sweeper export --format maxtext` leaves MaxText to run.
+# MaxText's configured default tiles (MAXTEXT_TILES; MaxText 0.2.5's own tokamax path passes
+# none, so there the two default programs differ).
 _TOKAMAX_TILE_TABLES: dict[str, dict] = {
     "fwd": getattr(tokamax_tpu, "GMM_TILING_TUNED_LUT", {}),
     "dlhs": getattr(tokamax_tpu, "GMM_RHS_TRANSPOSE_TILING_TUNED_LUT", {}),

@@ -223,8 +223,9 @@ TILES = r"^\d+x\d+x\d+$"
 GMM_PASSES = ("fwd", "dlhs", "drhs")
 
 
-# MaxText 0.2.5's grouped-matmul tiles when its wi_tile_* / wo_tile_* are not set (base.yml:
+# MaxText 0.2.5's configured grouped-matmul tiles (base.yml's wi_tile_* / wo_tile_* defaults:
 # batch_seq 512, embed_dim 1024, mlp_dim 1024 for every weight and pass), in the kernel's order.
+# Its own tokamax path (use_gmm_v2 false) passes no tiles: tokamax's choice runs there.
 MAXTEXT_TILES = "512x1024x1024"
 
 
@@ -233,9 +234,9 @@ class TokamaxTiles(Frozen):
     input projections, wo: the output one) and pass (MaxText's wi_tile_* / wo_tile_*): in the
     kernel's own order, rows x contraction x output columns; for drhs (tgmm, the weight
     gradient) the contracted rows x the weight's rows x its columns. Each is clamped to the
-    matmul's dims. Unset, with tokamax 0.0.17 (no tuned tables): MaxText 0.2.5's defaults,
-    `MAXTEXT_TILES` for every pass (what MaxText runs when its wi_tile_* / wo_tile_* are left
-    alone; tokamax 0.0.17's own choice can overflow libtpu's default scoped VMEM). With
+    matmul's dims. Unset, with tokamax 0.0.17 (no tuned tables): MaxText 0.2.5's configured
+    defaults, `MAXTEXT_TILES` for every pass (tokamax 0.0.17's own choice, which MaxText
+    0.2.5's tokamax path runs, can overflow libtpu's default scoped VMEM). With
     tokamax 0.0.12: its table for the shape, and for fp8 operands, where its table has none,
     its bf16 entry for the shape (its default 128 x 128 x 128 fills a quarter of TPU7x's MXU)."""
 
