@@ -69,8 +69,10 @@ def test_no_prediction_is_frozen_from_uncommitted_model_code(tmp_path, monkeypat
 def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows):
     """The published qwen3 rows ran MaxText's program; the held-out rows compile ours. Read on
     MaxText's own program (kept from MaxText 0.2.5's train_compile, its libtpu named in the
-    record), each row is reported apart, and comes closer to its published figure than our
-    program of the same recipe does: most of our rows' error is the program."""
+    record: the same as ours since 2026-12-04, so the two rows of a recipe differ in the
+    program only), each row is reported apart. Both programs of each recipe read within 15%
+    of the published figure, ours within 10% (with the grouped matmuls uncounted, MaxText's
+    read +36%)."""
     from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
@@ -79,7 +81,6 @@ def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows)
     for name in theirs:
         ours = name.removesuffix(" on MaxText")
         assert calibration.split(name, rows) == "held out, MaxText's program"
-        assert calibration.compiled_by(name)["libtpu"] != calibration.compiled_by(ours)["libtpu"]
-        error = calibration.error(rows[name], constants)
-        assert abs(error) < abs(calibration.error(rows[ours], constants)), name
-        assert abs(error) < 0.15, name  # its grouped matmuls counted: 0 FLOPs read +36%
+        assert calibration.compiled_by(name)["libtpu"] == calibration.compiled_by(ours)["libtpu"]
+        assert abs(calibration.error(rows[name], constants)) < 0.15, name
+        assert abs(calibration.error(rows[ours], constants)) < 0.10, ours
