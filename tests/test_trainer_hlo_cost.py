@@ -373,7 +373,10 @@ def test_an_offloaded_collective_hides_behind_the_work_scheduled_before_its_done
 @pytest.mark.xfail(
     strict=True,
     reason="the model ranks the pair wrong on libtpu 0.0.52's programs: re-tuned 3,893 below "
-    "the original's 3,912 est. tokens/s/chip, published 4,128 above 3,912 (right on 0.0.42.1's)",
+    "the original's 3,912 est. tokens/s/chip, published 4,128 above 3,912 (right on 0.0.42.1's). "
+    "0.0.52 compiles both recipes' collectives alike (127.5 GiB of all-reduces, no "
+    "reduce-scatter), so the re-tuned flags change nothing the model reads; its Splash blocks "
+    "cost 0.06 s more",
 )
 def test_the_re_tuned_recipe_ranks_above_the_original_fp8_recipe():
     """Published (tpu-recipes), the re-tuned llama3.1-70b fp8 recipe is 5.5% faster than
