@@ -9,7 +9,8 @@ the step model's estimate from the compiled program):
   remade at 2026-12-04's step model, which reads an unrolled loop's trip count from its
   counter's step (ae01a76): the tensor-1 programs' windowed-einsum rings had been counted
   twice over, 23 to 29% below what the compile now says. The tensor-1 rows were compiled
-  again; the tensor-2 rows have no such loop and read the same.
+  again; the tensor-2 rows have no such loop and read the same. Compiled again, every point,
+  on 2026-12-04 under libtpu 0.0.52 and the grid-step floor (sweep 20261204-100851-c7cc).
 - search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
   was last changed, and not read before the screen's predictions for it were committed
   (benchmarks/data/search_table_b_screen.csv).
