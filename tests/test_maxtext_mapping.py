@@ -208,3 +208,24 @@ def test_a_moe_model_maxtext_has_no_name_for_runs_in_a_block_with_routed_experts
     assert "decoder_block" not in to_maxtext(load_config(trial("tiny-dense"))).args
     named = to_maxtext(load_config(trial("qwen3-235b-a22b"))).args
     assert "decoder_block" not in named  # its model config names its own block (qwen3_moe)
+
+
+def test_ragged_dot_on_tpu_takes_libtpus_ragged_dot_kernels_in_maxtext_too():
+    """Our trainer runs moe_gmm ragged_dot on TPU as libtpu's ragged-dot kernels (every TPU
+    trial sets RAGGED_DOT_KERNEL; libtpu 0.0.52 otherwise computes each expert matmul densely
+    over all experts), so MaxText's settings for it carry the flag too; MaxText's kernels
+    (tokamax, Megablox) do not, nor a dense model, nor a CPU run; and it does not come back
+    as an extra flag of ours."""
+    from trainer.spec.flags import RAGGED_DOT_KERNEL
+
+    def flags(model: str, platform: str = "tpu", **kernels) -> list[str]:
+        config = load_config(trial(model, kernels=kernels))
+        return to_maxtext(config, platform).libtpu_init_args
+
+    assert RAGGED_DOT_KERNEL in flags("tiny-moe", moe_gmm="ragged_dot")
+    assert RAGGED_DOT_KERNEL in flags("tiny-moe", moe_gmm="auto")  # auto is ragged_dot on TPU
+    for without in (flags("tiny-moe", moe_gmm="tokamax"), flags("tiny-moe", moe_gmm="megablox"),
+                    flags("tiny-dense"), flags("tiny-moe", "cpu", moe_gmm="ragged_dot")):  # fmt: skip
+        assert RAGGED_DOT_KERNEL not in without
+    back = _round_trip(load_config(trial("tiny-moe", kernels={"moe_gmm": "ragged_dot"})))
+    assert back.xla.extra == []

@@ -15,8 +15,9 @@ from trainer.spec.events import Emitter
 
 # Losses of the first two steps of tiny-dense (1 device, batch 2, seq 64, seed 0) on the
 # stdlib corpus of Python 3.12.1 (the corpus is the running Python's stdlib: on 3.11.7's the
-# same step under jax 0.12.0.1 gave 5.2767, 5.7943, the values under jax 0.10.2). If a deliberate change to the model, init, optimizer or data moves them,
-# re-run this test, check the new values are sane, and paste them here.
+# same step under jax 0.12.0.1 gave 5.2767, 5.7943, the values under jax 0.10.2). If a
+# deliberate change to the model, init, optimizer or data moves them, re-run this test, check
+# the new values are sane, and paste them here.
 GOLDEN_TINY_DENSE = [5.3188, 5.4402]
 
 

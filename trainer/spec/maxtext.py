@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from trainer.spec.config import SPLASH_BLOCKS, PrecisionConfig, TrialConfig
-from trainer.spec.flags import RAGGED_DOT_KERNEL
+from trainer.spec.flags import ASYNC_FUSION, RAGGED_DOT_KERNEL, SPARSECORE_OFFLOAD
 from trainer.spec.hardware import Topology
 from trainer.spec.presets import MODEL_PRESETS
 from trainer.spec.remat import EXPERT_TENSORS, Tensor
@@ -230,8 +230,8 @@ def to_maxtext(config: TrialConfig, platform: str = "tpu") -> MaxTextSettings:
         if value != _get(defaults, name):
             unmapped.append(Unmapped(name, value, why))
     flags = config.xla.libtpu_init_args()
-    ragged_dot = args.get("megablox") == args.get("use_tokamax_gmm") == "false"
-    if platform == "tpu" and config.model.is_moe and ragged_dot:
+    gmm = config.resolved_kernels(platform, config.mesh.context).moe_gmm
+    if platform == "tpu" and config.model.is_moe and gmm == "ragged_dot":
         flags = [RAGGED_DOT_KERNEL, *flags]  # ragged_dot as our trainer runs it on TPU
     return MaxTextSettings(args, flags, unmapped)
 
@@ -502,8 +502,6 @@ def _kernels_back(args: dict[str, str]) -> dict[str, Any]:
 def _flags_back(flags: list[str]) -> dict[str, Any]:
     """LIBTPU_INIT_ARGS as the xla section: the scoped VMEM limit, a whole collective bundle,
     the rest as extra flags (`XlaFlagsConfig.libtpu_init_args` inverted)."""
-    from trainer.spec.flags import ASYNC_FUSION, SPARSECORE_OFFLOAD
-
     rest = [f for f in flags if f != RAGGED_DOT_KERNEL]  # to_maxtext's, for moe_gmm ragged_dot
     xla: dict[str, Any] = {}
     prefix = "--xla_tpu_scoped_vmem_limit_kib="
