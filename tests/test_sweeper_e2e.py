@@ -474,15 +474,17 @@ def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "run", "smoke", "--results-dir", str(tmp_path),
-         "--trials", "1", "--concurrency", "1", "--set", "trial.steps=400",
+         "--trials", "1", "--concurrency", "1", "--set", "trial.steps=1000",
          "--set", "search.remeasure=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    # Interrupt while the trial trains: 1,000 steps take about 40 s on this host's CPU
+    # (jax 0.12), so a signal 4 s after the first "training" line cuts the trial off.
     lines = []
-    for line in proc.stdout:  # wait until a trial has reported steps
+    for line in proc.stdout:
         lines.append(line)
-        if "1 running" in line and len(lines) > 3:
-            time.sleep(8)
+        if "1 running" in line and " training (" in line:
+            time.sleep(4)
             break
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=180)
