@@ -3,7 +3,8 @@ libtpu's compiled memory per device, on TPU7x topologies compiled on this CPU ho
 
     python -m benchmarks.memory_model             # the table from the records
     python -m benchmarks.memory_model --predict   # freeze predictions for rows not compiled yet
-    python -m benchmarks.memory_model --compile   # compile the held-out rows (minutes each)
+    python -m benchmarks.memory_model --compile   # compile the rows without a record (minutes each)
+    python -m benchmarks.memory_model --fit       # the constants that fit the fit rows best
 
 Rows, by what the estimate's two constants (LAYER_WEIGHT_BYTES, LOSS_LAYER_OVERLAP) saw:
 - fit: the rows the constants were set on;
@@ -12,6 +13,10 @@ Rows, by what the estimate's two constants (LAYER_WEIGHT_BYTES, LOSS_LAYER_OVERL
 - held-out: rows whose prediction was committed (results/memory_model/predictions.json,
   with the commit it came from) before they were compiled.
 The table reports the error of each set apart. Fidelity: estimate, against compile.
+
+A new compiler makes new programs: each compiled record and each frozen prediction names the
+libtpu it is for (`NAME | libtpu VERSION`; a plain NAME is libtpu 0.0.42.1's, the first), and
+the table reads the installed compiler's. Rows are predicted and compiled again under it.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from benchmarks.calibration import PUBLISHED, RECORDS, recipe
+from benchmarks.calibration import PUBLISHED, RECORDS, compiled_by, compiler, frozen_key, recipe
 from sweeper.plan import compile_trial
 from sweeper.space import assemble, load_space
+from trainer.estimate import analytic
 from trainer.estimate.analytic import memory_per_device
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import load_config
@@ -101,17 +107,27 @@ def estimate_gib(config: dict[str, Any], target: str) -> float:
     return memory_per_device(trial, degrees, global_batch_size(trial, devices))["total"] / GIB
 
 
+def libtpu() -> str:
+    return compiler()["libtpu"]
+
+
+def record(name: str) -> dict[str, Any]:
+    """The row's compile by the installed libtpu: memory per device, or a failure; {} if none.
+    A calibration row's is its kept record (benchmarks.calibration), if that compiler made it."""
+    calibrated = RECORDS / f"{name.replace(' ', '_')}.json"
+    if calibrated.exists() and compiled_by(name).get("libtpu") == libtpu():
+        return dict(json.loads(calibrated.read_text())["memory_per_device"])
+    memory = _read(COMPILED).get(frozen_key(name, libtpu()))
+    if memory is None and frozen_key(name, libtpu()) == name:
+        memory = TRIAL_ZERO_COMPILED.get(name)
+    return dict(memory or {})
+
+
 def compiled_gib(name: str) -> float | None:
     """Arguments + temporaries per device, as the compiler reported them (host memory apart)."""
-    record = RECORDS / f"{name.replace(' ', '_')}.json"
-    if record.exists():
-        memory = json.loads(record.read_text())["memory_per_device"]
-    else:
-        memory = _read(COMPILED).get(name)
-        if memory is None:
-            memory = TRIAL_ZERO_COMPILED.get(name)
-        if memory is None:
-            return None
+    memory = record(name)
+    if "argument_size_in_bytes" not in memory:
+        return None
     return (memory["argument_size_in_bytes"] + memory["temp_size_in_bytes"]) / GIB
 
 
@@ -131,29 +147,42 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def predict() -> None:
-    """Freeze the estimate of every held-out row not compiled yet, with the commit it came from."""
+    """Freeze the estimate of every held-out row the installed compiler has not compiled yet,
+    with the commit it came from. Refused while the estimate has uncommitted changes."""
+    here = Path(__file__).resolve().parents[1]
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "trainer", "benchmarks/memory_model.py"],
+        cwd=here, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if dirty:
+        raise SystemExit(f"commit the estimate first; uncommitted:\n{dirty}")
     commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
     ).stdout.strip()
-    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
+    frozen = _read(PREDICTIONS)
     for name, (config, target, kind) in rows().items():
-        if kind == "held-out" and name not in compiled and name not in frozen:
-            frozen[name] = {"est_gib": round(estimate_gib(config, target), 3), "commit": commit}
-            print(f"{name}: predicted {frozen[name]['est_gib']:.2f} GiB per device")
+        key = frozen_key(name, libtpu())
+        if kind == "held-out" and not record(name) and key not in frozen:
+            frozen[key] = {"est_gib": round(estimate_gib(config, target), 3), "commit": commit}
+            print(f"{key}: predicted {frozen[key]['est_gib']:.2f} GiB per device")
     HERE.mkdir(parents=True, exist_ok=True)
     PREDICTIONS.write_text(json.dumps(frozen, indent=1) + "\n")
 
 
-def compile_held_out() -> None:
-    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
-    for name, (config, target) in HELD_OUT.items():
-        if name in compiled:
+def compile_rows(kinds: tuple[str, ...]) -> None:
+    """Compile, with the installed libtpu, each row of `kinds` it has not compiled; a
+    held-out row only once its prediction for this compiler is frozen."""
+    frozen = _read(PREDICTIONS)
+    for name, (config, target, kind) in rows().items():
+        key = frozen_key(name, libtpu())
+        if kind not in kinds or record(name):
             continue
-        if name not in frozen:
-            raise SystemExit(f"{name}: no frozen prediction; run --predict and commit it first")
-        print(f"compiling {name} for {target} ...", flush=True)
+        if kind == "held-out" and key not in frozen:
+            raise SystemExit(f"{key}: no frozen prediction; run --predict and commit it first")
+        print(f"compiling {name} for {target} with libtpu {libtpu()} ...", flush=True)
         memory = _compile(config, target)
-        compiled[name] = memory
+        compiled = _read(COMPILED)  # read again: a compile takes minutes
+        compiled[key] = memory
         COMPILED.write_text(json.dumps(compiled, indent=1) + "\n")
 
 
@@ -180,22 +209,28 @@ def _oom_gib(record: dict[str, Any]) -> float | None:
 def table() -> None:
     """Each row's estimate against its compile. A held-out row shows its frozen prediction
     (the error that counts) and today's estimate beside it (made after it was seen)."""
-    frozen, compiled = _read(PREDICTIONS), _read(COMPILED)
+    frozen = _read(PREDICTIONS)
     errors: dict[str, list[float]] = {"fit": [], "seen": [], "held-out": []}
+    print(f"compiler: libtpu {libtpu()} (its compiles and the predictions frozen for them)")
     print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>10s} {'error':>7s}  now")
     for name, (config, target, kind) in rows().items():
         now = estimate_gib(config, target)
-        est = frozen[name]["est_gib"] if kind == "held-out" and name in frozen else now
-        record = compiled.get(name, {})
-        if kind == "held-out" and not record:
+        key = frozen_key(name, libtpu())
+        if kind == "held-out" and key not in frozen:
+            note = "not predicted for this compiler" if record(name) else "not compiled yet"
+            print(f"{name:40s} {kind:9s} {now:8.1f}G {'-':>10s} {'':>7s}  {note}")
+            continue
+        est = frozen[key]["est_gib"] if kind == "held-out" else now
+        compiled = record(name)
+        if not compiled:
             print(f"{name:40s} {kind:9s} {est:8.1f}G {'-':>10s} {'':>7s}  not compiled yet")
             continue
-        if "failure" in record:
-            floor = _oom_gib(record)
-            got_text = f">{floor:.1f}G" if floor else record["failure"]
+        if "failure" in compiled:
+            floor = _oom_gib(compiled)
+            got_text = f">{floor:.1f}G" if floor else compiled["failure"]
             error = est / floor - 1 if floor else math.nan
             print(f"{name:40s} {kind:9s} {est:8.1f}G {got_text:>10s} {error:+7.1%}  "
-                  f"{now:.1f}G ({record['failure']}: the compiler's temporaries alone)")  # fmt: skip
+                  f"{now:.1f}G ({compiled['failure']}: the compiler's temporaries alone)")  # fmt: skip
             if floor:
                 errors[kind].append(abs(error))
             continue
@@ -214,15 +249,55 @@ def table() -> None:
     print("fidelity: estimate against compile (libtpu, TPU7x topologies, on a CPU host)")
 
 
+def fit() -> tuple[float, float]:
+    """LAYER_WEIGHT_BYTES and LOSS_LAYER_OVERLAP that make the fit rows' largest |error| the
+    least (on the installed compiler's compiles); prints them, changes nothing."""
+    fitted = {n: (c, t) for n, (c, t, kind) in rows().items() if kind == "fit"}
+    got = {n: compiled_gib(n) for n in fitted}
+    missing = [n for n, g in got.items() if g is None]
+    if missing:
+        raise SystemExit(f"not compiled by libtpu {libtpu()}: {missing}; run --compile first")
+    kept = analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP
+    best: tuple[float, float, float] = (math.inf, *kept)
+    try:
+        for weight in [x / 2 for x in range(0, 17)]:
+            for overlap in [x / 20 for x in range(0, 21)]:
+                setattr(analytic, "LAYER_WEIGHT_BYTES", weight)  # noqa: B010 (typed int)
+                analytic.LOSS_LAYER_OVERLAP = overlap
+                worst = max(abs(estimate_gib(*fitted[n]) / g - 1) for n, g in got.items())  # type: ignore[operator]
+                best = min(best, (worst, weight, overlap))
+    finally:
+        analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP = kept
+    print(
+        f"fit on {list(fitted)} (libtpu {libtpu()}): LAYER_WEIGHT_BYTES {best[1]}, "
+        f"LOSS_LAYER_OVERLAP {best[2]}, largest |error| {best[0]:.1%}"
+    )
+    return best[1], best[2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--predict", action="store_true")
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the fit and seen rows, and the held-out rows frozen",
+    )
+    parser.add_argument(
+        "--compile-only",
+        choices=("fit", "seen", "held-out"),
+        nargs="+",
+        help="compile only the rows of these sets",
+    )
+    parser.add_argument("--fit", action="store_true")
     args = parser.parse_args()
     if args.predict:
         predict()
-    if args.compile:
-        compile_held_out()
+    if args.compile or args.compile_only:
+        compile_rows(tuple(args.compile_only or ("fit", "seen", "held-out")))
+    if args.fit:
+        fit()
+        return
     table()
 
 
