@@ -13,7 +13,9 @@ the step model's estimate from the compiled program):
   on 2026-12-04 under libtpu 0.0.52 and the grid-step floor (sweep 20261204-100851-c7cc).
 - search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
   was last changed, and not read before the screen's predictions for it were committed
-  (benchmarks/data/search_table_b_screen.csv).
+  (benchmarks/data/search_table_b_screen.csv). Compiled again, every point, on 2026-12-04
+  under libtpu 0.0.52 (sweep 20261204-111827-a938), still read against those predictions:
+  the screen has not changed since they were committed.
 
 Each was made by
 
