@@ -428,7 +428,7 @@ def op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     op = instr.opcode
     if op == "fusion":
         return fusion_hbm_bytes(instr, computations, types)
-    if (op in _NO_DATA or op.endswith(("-start", "-done"))
+    if (op in _NO_DATA or op.endswith(("-start", "-update", "-done"))
             or op in COLLECTIVES):  # fmt: skip
         return 0.0
     if op == "dynamic-update-slice" and len(instr.operands) > 1:

@@ -121,6 +121,9 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
     index = {key: k for k, key in enumerate(kernels)}
     memo: dict[str, dict[str, float]] = {}
     out = Schedule(entry=module.entry)
+    updated = {
+        i.operands[0] for i in module.instructions() if i.opcode.endswith("-update") and i.operands
+    }
 
     def flops_within(name: str) -> dict[str, float]:
         if name not in memo:
@@ -190,6 +193,15 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
                     events.append(Loop(body=body.group(1), trips=trips))
             elif op.endswith("-done"):
                 events.append(Done(name=instr.operands[0] if instr.operands else ""))
+            elif op.endswith("-update"):
+                # An async custom call's work runs once the update hands it its operand; the
+                # done waits on the update (libtpu 0.0.52's SparseCore collectives).
+                start = by_name.get(instr.operands[0]) if instr.operands else None
+                work = work_of(start) if start is not None else Work()
+                events.append(Start(name=instr.name, engine=engine_of(start or instr, types),
+                                    work=work))  # fmt: skip
+            elif op.endswith("-start") and instr.name in updated:
+                continue  # started at its update
             elif op.endswith("-start"):
                 engine = engine_of(instr, types)
                 events.append(Start(name=instr.name, engine=engine, work=work_of(instr)))

@@ -27,7 +27,10 @@ COLLECTIVES = (
     "ragged-all-to-all",  # expert-parallel token dispatch
     "collective-permute",
 )
-ASYNC_CALLS = ("call-start", "async-start")
+# Ops that start a computation running beside the TensorCore. libtpu 0.0.52 (MaxText 0.2.5's)
+# wraps a SparseCore collective in an async custom call: `custom-call-start()` names the body
+# (called_computations), `custom-call-update` hands it its operand, `custom-call-done` waits.
+ASYNC_CALLS = ("call-start", "async-start", "custom-call-start")
 
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
@@ -148,7 +151,8 @@ def called(instr: Instr) -> list[str]:
     computations a custom call runs (newer libtpu wraps a SparseCore collective's body so)."""
     names = [name for how, name in _CALLEES.findall(instr.attrs)
              if how != "to_apply" or instr.opcode in ("call", *ASYNC_CALLS)]  # fmt: skip
-    listed = _CALLED_COMPUTATIONS.search(instr.attrs) if instr.opcode == "custom-call" else None
+    custom = instr.opcode in ("custom-call", "custom-call-start")
+    listed = _CALLED_COMPUTATIONS.search(instr.attrs) if custom else None
     if listed:
         names += re.findall(r"%([\w.-]+)", listed.group(1))
     return names
