@@ -14,8 +14,9 @@ the step model's estimate from the compiled program):
 - search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
   was last changed, and not read before the screen's predictions for it were committed
   (benchmarks/data/search_table_b_screen.csv). Compiled again, every point, on 2026-12-04
-  under libtpu 0.0.52 (sweep 20261204-111827-a938), still read against those predictions:
-  the screen has not changed since they were committed.
+  under libtpu 0.0.52, once the step model read its SparseCore collectives (sweep
+  20261204-123724-759b), still read against those predictions: the screen has not changed
+  since they were committed. search_table's figures predate that reading.
 
 Each was made by
 
