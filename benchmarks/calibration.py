@@ -300,7 +300,7 @@ def frozen_key(name: str, libtpu: str) -> str:
 REPO = Path(__file__).resolve().parents[1]  # whose commit a frozen prediction names
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
@@ -311,7 +311,7 @@ def freeze(name: str) -> None:
     model's code has uncommitted changes (the commit would not be what predicted)."""
     if name not in PUBLISHED and name not in PENDING:
         raise SystemExit(f"no row named {name!r} (PUBLISHED or PENDING in {__file__})")
-    dirty = _git("status", "--porcelain", "trainer", "benchmarks/calibration.py")
+    dirty = git("status", "--porcelain", "trainer", "benchmarks/calibration.py")
     if dirty:
         raise SystemExit(f"commit the model first; uncommitted:\n{dirty}")
     rows = estimate_rows(recompile=False, only=name, recorded=False, pending=True)
@@ -328,7 +328,7 @@ def freeze(name: str) -> None:
         "tokens_per_sec_per_chip": round(predicted, 2),
         "step_s": round(row["tokens_per_step"] / row["chips"] / predicted, 3),
         "constants": list(constants),
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": git("rev-parse", "HEAD"),
         "frozen_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "fidelity": "estimate (from a libtpu compile for the row's target)",
     }

@@ -26,11 +26,18 @@ import json
 import math
 import re
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from benchmarks.calibration import PUBLISHED, RECORDS, compiled_by, compiler, frozen_key, recipe
+from benchmarks.calibration import (
+    PUBLISHED,
+    compiled_by,
+    compiler,
+    frozen_key,
+    git,
+    recipe,
+    record_path,
+)
 from sweeper.plan import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.estimate import analytic
@@ -114,11 +121,12 @@ def libtpu() -> str:
 def record(name: str) -> dict[str, Any]:
     """The row's compile by the installed libtpu: memory per device, or a failure; {} if none.
     A calibration row's is its kept record (benchmarks.calibration), if that compiler made it."""
-    calibrated = RECORDS / f"{name.replace(' ', '_')}.json"
+    calibrated = record_path(name)
     if calibrated.exists() and compiled_by(name).get("libtpu") == libtpu():
         return dict(json.loads(calibrated.read_text())["memory_per_device"])
-    memory = _read(COMPILED).get(frozen_key(name, libtpu()))
-    if memory is None and frozen_key(name, libtpu()) == name:
+    key = frozen_key(name, libtpu())
+    memory = _read(COMPILED).get(key)
+    if memory is None and key == name:
         memory = TRIAL_ZERO_COMPILED.get(name)
     return dict(memory or {})
 
@@ -149,16 +157,12 @@ def _read(path: Path) -> dict[str, Any]:
 def predict() -> None:
     """Freeze the estimate of every held-out row the installed compiler has not compiled yet,
     with the commit it came from. Refused while the estimate has uncommitted changes."""
-    here = Path(__file__).resolve().parents[1]
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "trainer", "benchmarks/memory_model.py"],
-        cwd=here, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    dirty = git("status", "--porcelain", "trainer", "benchmarks/memory_model.py")
     if dirty:
         raise SystemExit(f"commit the estimate first; uncommitted:\n{dirty}")
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        raise SystemExit("no commit to name: run --predict in the project's git checkout")
     frozen = _read(PREDICTIONS)
     for name, (config, target, kind) in rows().items():
         key = frozen_key(name, libtpu())
@@ -262,8 +266,7 @@ def fit() -> tuple[float, float]:
     try:
         for weight in [x / 2 for x in range(0, 17)]:
             for overlap in [x / 20 for x in range(0, 21)]:
-                setattr(analytic, "LAYER_WEIGHT_BYTES", weight)  # noqa: B010 (typed int)
-                analytic.LOSS_LAYER_OVERLAP = overlap
+                analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP = weight, overlap
                 worst = max(abs(estimate_gib(*fitted[n]) / g - 1) for n, g in got.items())  # type: ignore[operator]
                 best = min(best, (worst, weight, overlap))
     finally:

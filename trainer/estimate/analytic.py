@@ -92,7 +92,7 @@ def communication_bytes_per_device(
 # Bytes per layer parameter: the layer's bf16 weights gathered and the next layer's
 # prefetched (2 + 2), and its weight gradient before the reduce-scatter, half of it at once
 # (2 of 4 f32 bytes). Set on the llama3.1-70b 8k recipe (64 chips) and checked on the 405B.
-LAYER_WEIGHT_BYTES = 6
+LAYER_WEIGHT_BYTES: float = 6
 # The loss's working set (logits, their gradient, the gathered unembedding and its f32
 # gradient) peaks while the last layer's backward starts: half of the smaller of the two
 # overlaps the larger. Set on qwen3-235b-a22b 4k's trial 0 (untiled: its logits are 18.5 GiB).
