@@ -6,13 +6,18 @@ libtpu's compiled memory per device, on TPU7x topologies compiled on this CPU ho
     python -m benchmarks.memory_model --compile   # compile the rows without a record (minutes each)
     python -m benchmarks.memory_model --fit       # the constants that fit the fit rows best
 
-Rows, by what the estimate's two constants (LAYER_WEIGHT_BYTES, LOSS_LAYER_OVERLAP) saw:
-- fit: the rows the constants were set on;
-- seen: rows compiled before and looked at while the model's terms were chosen (the
-  calibration rows of benchmarks/calibration.py and the spaces' trial 0);
-- held-out: rows whose prediction was committed (results/memory_model/predictions.json,
-  with the commit it came from) before they were compiled.
-The table reports the error of each set apart. Fidelity: estimate, against compile.
+Rows, by what the estimate's constants saw:
+- fit: every compile recorded when the constants were last fitted (2026-12-04): the
+  calibration rows of benchmarks/calibration.py, the spaces' trial 0, the rows held out from
+  the earlier estimate, and every point of the search tables benchmarks/data/search_table.csv
+  and search_table_b.csv (a table's points weigh as much as one row of the others, ten times:
+  `--fit`);
+- held-out: rows whose prediction was committed (results/memory_model/predictions.json, with
+  the commit it came from) before they were compiled; and every point of the held-out search
+  table benchmarks/data/search_table_c.csv, read against the screen's figures committed
+  before it was compiled (search_table_c_screen.csv).
+A row held out from an earlier estimate shows that estimate's frozen prediction beside
+today's. The table reports the error of each set apart. Fidelity: estimate, against compile.
 
 A new compiler makes new programs: each compiled record and each frozen prediction names the
 libtpu it is for (`NAME | libtpu VERSION`; a plain NAME is libtpu 0.0.42.1's, the first), and
@@ -29,6 +34,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from benchmarks.calibration import (
     PUBLISHED,
     compiled_by,
@@ -38,6 +45,8 @@ from benchmarks.calibration import (
     recipe,
     record_path,
 )
+from benchmarks.search_efficiency import screen_path, space_path, table_path
+from sweeper.ladder import typed_point
 from sweeper.plan import compile_trial
 from sweeper.space import assemble, load_space
 from trainer.estimate import analytic
@@ -49,11 +58,25 @@ from trainer.spec.hardware import GIB, Topology
 HERE = Path(__file__).resolve().parents[1] / "results" / "memory_model"
 PREDICTIONS = HERE / "predictions.json"
 COMPILED = HERE / "compiled.json"
-FIT = ("llama3.1-70b 8k bf16 64 chips", "qwen3-235b-a22b 4k trial 0")
+# The estimate's constants and the range --fit searches for each.
+CONSTANTS = {
+    "LAYER_WEIGHT_BYTES": (0.0, 12.0),
+    "LAYER_ACTIVATION_COPIES": (0.0, 6.0),
+    "ROUTED_COPIES": (0.0, 12.0),
+    "FP8_MLP_COPIES": (0.0, 6.0),
+}
+# Search tables whose every point was compiled: fit on, or held out (read against the screen
+# committed before the compile: benchmarks/data/NAME_screen.csv).
+FIT_TABLES = ("search_table", "search_table_b")
+HELD_OUT_TABLES = ("search_table_c",)
+# In --fit, a row of a search table weighs 1/36, so a table weighs as one row ten times over
+# (each other row weighs 0.1): the tables' 72 small programs do not outvote the recipes.
+ROW_WEIGHT = 0.1
 
 _70B_MINIMAL_CONTEXT = {"policy": "minimal_with_context"}
-# Held out: chosen before their compile, among them `sweeper plan`'s advice for two models.
-HELD_OUT: dict[str, tuple[dict[str, Any], str]] = {
+# Held out from the estimate before 2026-12-04's (their frozen predictions are that estimate's;
+# fitted on since): chosen before their compile, among them `sweeper plan`'s advice.
+EARLIER_HELD_OUT: dict[str, tuple[dict[str, Any], str]] = {
     "llama3.1-70b 8k full remat batch 1": (
         {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 1,
          "mesh": {"fsdp": -1}, "remat": {"policy": "full"}},
@@ -82,6 +105,31 @@ HELD_OUT: dict[str, tuple[dict[str, Any], str]] = {
         "tpu7x:2x2x2",
     ),
 }  # fmt: skip
+# Held out from the estimate fitted on 2026-12-04: chosen, and predicted, before their compile.
+HELD_OUT: dict[str, tuple[dict[str, Any], str]] = {
+    "llama3-8b 8k tensor 2 full batch 4": (
+        {"model": {"preset": "llama3-8b"}, "seq_len": 8192, "per_device_batch": 4,
+         "mesh": {"fsdp": -1, "tensor": 2}, "remat": {"policy": "full"}},
+        "tpu7x:2x2x2",
+    ),
+    "llama3-8b 8k save_dot batch 3 fp8": (
+        {"model": {"preset": "llama3-8b"}, "seq_len": 8192, "per_device_batch": 3,
+         "mesh": {"fsdp": -1}, "remat": {"policy": "save_dot_except_mlp"},
+         "precision": {"mode": "fp8"}},
+        "tpu7x:2x2x2",
+    ),
+    "llama3.1-70b 8k tensor 2 save_dot fp8": (
+        {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 1,
+         "mesh": {"fsdp": -1, "tensor": 2}, "remat": {"policy": "save_dot_except_mlp"},
+         "precision": {"mode": "fp8"}},
+        "tpu7x:4x4x4",
+    ),
+    "mixtral-8x7b 4k full remat batch 8": (
+        {"model": {"preset": "mixtral-8x7b"}, "seq_len": 4096, "per_device_batch": 8,
+         "mesh": {"fsdp": -1}, "remat": {"policy": "full"}},
+        "tpu7x:4x4x4",
+    ),
+}  # fmt: skip
 
 
 def _trial_zero(space_name: str) -> tuple[dict[str, Any], str]:
@@ -94,16 +142,31 @@ def rows() -> dict[str, tuple[dict[str, Any], str, str]]:
     out: dict[str, tuple[dict[str, Any], str, str]] = {}
     for name in PUBLISHED:
         config, target = recipe(name)
-        out[name] = (config, target, "fit" if name in FIT else "seen")
+        out[name] = (config, target, "fit")
     for name, space in (
         ("llama3.1-70b 8k trial 0", "llama31_70b_8k_tpu7x"),
         ("llama3.1-405b 8k trial 0", "llama31_405b_8k_tpu7x"),
         ("qwen3-235b-a22b 4k trial 0", "qwen3_235b_4k_tpu7x"),
     ):
         config, target = _trial_zero(space)
-        out[name] = (config, target, "fit" if name in FIT else "seen")
+        out[name] = (config, target, "fit")
+    for name, (config, target) in EARLIER_HELD_OUT.items():
+        out[name] = (config, target, "fit")
     for name, (config, target) in HELD_OUT.items():
         out[name] = (config, target, "held-out")
+    return out
+
+
+def table_points(name: str) -> list[tuple[dict[str, Any], str, float]]:
+    """Every compiled point of a search table: (trial config, target, compiled GiB per device:
+    the compiler's figure, also for a point over the space's budget)."""
+    space = load_space(space_path(name))
+    frame = pd.read_csv(table_path(name))
+    knobs = [c for c in frame.columns if c.startswith("knob:")]
+    out = []
+    for _, row in frame[frame["hbm_per_device_gib"].notna()].iterrows():
+        point = typed_point(space, row[knobs])
+        out.append((assemble(space, point), str(space.target), float(row["hbm_per_device_gib"])))
     return out
 
 
@@ -210,13 +273,20 @@ def _oom_gib(record: dict[str, Any]) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def _summary(label: str, values: list[float]) -> None:
+    if values:
+        print(f"{label}: {len(values)} rows, median |error| {statistics.median(values):.1%}, "
+              f"max {max(values):.1%}")  # fmt: skip
+
+
 def table() -> None:
     """Each row's estimate against its compile. A held-out row shows its frozen prediction
-    (the error that counts) and today's estimate beside it (made after it was seen)."""
+    (the error that counts) and today's estimate beside it (made after it was seen); a row
+    held out from an earlier estimate shows that estimate's frozen prediction."""
     frozen = _read(PREDICTIONS)
-    errors: dict[str, list[float]] = {"fit": [], "seen": [], "held-out": []}
+    errors: dict[str, list[float]] = {"fit": [], "held-out": [], "earlier": []}
     print(f"compiler: libtpu {libtpu()} (its compiles and the predictions frozen for them)")
-    print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>10s} {'error':>7s}  now")
+    print(f"{'row':40s} {'set':9s} {'estimate':>9s} {'compiled':>10s} {'error':>7s}  beside")
     for name, (config, target, kind) in rows().items():
         now = estimate_gib(config, target)
         key = frozen_key(name, libtpu())
@@ -234,7 +304,7 @@ def table() -> None:
             got_text = f">{floor:.1f}G" if floor else compiled["failure"]
             error = est / floor - 1 if floor else math.nan
             print(f"{name:40s} {kind:9s} {est:8.1f}G {got_text:>10s} {error:+7.1%}  "
-                  f"{now:.1f}G ({compiled['failure']}: the compiler's temporaries alone)")  # fmt: skip
+                  f"{compiled['failure']}: the compiler's temporaries alone")  # fmt: skip
             if floor:
                 errors[kind].append(abs(error))
             continue
@@ -242,40 +312,86 @@ def table() -> None:
         assert got is not None, name
         error = est / got - 1
         errors[kind].append(abs(error))
-        after = f"{now:.1f}G ({now / got - 1:+.1%})" if kind == "held-out" else ""
-        print(f"{name:40s} {kind:9s} {est:8.1f}G {got:9.1f}G {error:+7.1%}  {after}")
-    for kind, values in errors.items():
-        if values:
-            print(
-                f"{kind}: {len(values)} rows, median |error| {statistics.median(values):.1%}, "
-                f"max {max(values):.1%}"
+        beside = ""
+        if kind == "held-out":
+            beside = f"now {now:.1f}G ({now / got - 1:+.1%})"
+        elif name in EARLIER_HELD_OUT and key in frozen:
+            earlier = frozen[key]["est_gib"] / got - 1
+            errors["earlier"].append(abs(earlier))
+            beside = (
+                f"frozen by the earlier estimate: {frozen[key]['est_gib']:.1f}G ({earlier:+.1%})"
             )
+        print(f"{name:40s} {kind:9s} {est:8.1f}G {got:9.1f}G {error:+7.1%}  {beside}")
+    for name in (*FIT_TABLES, *HELD_OUT_TABLES):
+        kind = "fit" if name in FIT_TABLES else "held-out"
+        table_errors = table_errors(name, frozen_screen=kind == "held-out")
+        if table_errors is None:
+            print(f"{name:40s} {kind:9s} not compiled yet")
+            continue
+        errors[kind] += table_errors
+        signed = sorted(table_errors)
+        print(f"{name:40s} {kind:9s} {len(signed)} points: median |error| "
+              f"{statistics.median(signed):.1%}, max {max(signed):.1%}")  # fmt: skip
+    _summary("fit", errors["fit"])
+    _summary("held-out", errors["held-out"])
+    _summary("held out from the earlier estimate (its frozen predictions)", errors["earlier"])
     print("fidelity: estimate against compile (libtpu, TPU7x topologies, on a CPU host)")
 
 
-def fit() -> tuple[float, float]:
-    """LAYER_WEIGHT_BYTES and LOSS_LAYER_OVERLAP that make the fit rows' largest |error| the
-    least (on the installed compiler's compiles); prints them, changes nothing."""
-    fitted = {n: (c, t) for n, (c, t, kind) in rows().items() if kind == "fit"}
-    got = {n: compiled_gib(n) for n in fitted}
-    missing = [n for n, g in got.items() if g is None]
+def table_errors(name: str, frozen_screen: bool) -> list[float] | None:
+    """|error| of each compiled point of a search table: today's estimate, or for a held-out
+    table the screen's figure committed before its compile."""
+    if not table_path(name).exists():
+        return None
+    points = table_points(name)
+    if not frozen_screen:
+        return [abs(estimate_gib(config, target) / got - 1) for config, target, got in points]
+    screen = pd.read_csv(screen_path(name))
+    table = pd.read_csv(table_path(name))
+    knobs = [c for c in table.columns if c.startswith("knob:")]
+    both = table.astype(dict.fromkeys(knobs, str)).merge(
+        screen.astype(dict.fromkeys(knobs, str)), on=knobs
+    )
+    both = both[both["hbm_per_device_gib"].notna()]
+    return list((both["est_hbm_per_device_gib"] / both["hbm_per_device_gib"] - 1).abs())
+
+
+def fit() -> dict[str, float]:
+    """The constants (CONSTANTS) that make the fit rows' errors least in the weighted least
+    squares (a search table's point 1/36, another row ROW_WEIGHT), on the installed
+    compiler's compiles; prints them and the errors, changes nothing."""
+    from scipy.optimize import least_squares
+
+    fit_rows = {n: (c, t) for n, (c, t, k) in rows().items() if k == "fit"}
+    missing = [n for n in fit_rows if not record(n)]
     if missing:
         raise SystemExit(f"not compiled by libtpu {libtpu()}: {missing}; run --compile first")
-    kept = analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP
-    best: tuple[float, float, float] = (math.inf, *kept)
+    got = {n: compiled_gib(n) for n in fit_rows}
+    fitted = [(*fit_rows[n], g, ROW_WEIGHT) for n, g in got.items() if g is not None]
+    floors = [n for n, g in got.items() if g is None]  # out of HBM: a floor, no figure to fit
+    for name in FIT_TABLES:
+        points = table_points(name)
+        fitted += [(c, t, got, 1 / len(points)) for c, t, got in points]
+    kept = {k: getattr(analytic, k) for k in CONSTANTS}
+
+    def residuals(values: list[float]) -> list[float]:
+        for k, v in zip(CONSTANTS, values, strict=True):
+            setattr(analytic, k, float(v))
+        return [(estimate_gib(c, t) / got - 1) * w**0.5 for c, t, got, w in fitted]
+
     try:
-        for weight in [x / 2 for x in range(0, 17)]:
-            for overlap in [x / 20 for x in range(0, 21)]:
-                analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP = weight, overlap
-                worst = max(abs(estimate_gib(*fitted[n]) / g - 1) for n, g in got.items())  # type: ignore[operator]
-                best = min(best, (worst, weight, overlap))
+        lower, upper = zip(*CONSTANTS.values(), strict=True)
+        best = least_squares(residuals, list(kept.values()), bounds=(lower, upper))
+        values = {k: round(float(v), 2) for k, v in zip(CONSTANTS, best.x, strict=True)}
+        residuals(list(values.values()))
+        errors = [abs(estimate_gib(c, t) / got - 1) for c, t, got, _ in fitted]
     finally:
-        analytic.LAYER_WEIGHT_BYTES, analytic.LOSS_LAYER_OVERLAP = kept
-    print(
-        f"fit on {list(fitted)} (libtpu {libtpu()}): LAYER_WEIGHT_BYTES {best[1]}, "
-        f"LOSS_LAYER_OVERLAP {best[2]}, largest |error| {best[0]:.1%}"
-    )
-    return best[1], best[2]
+        for k, v in kept.items():
+            setattr(analytic, k, v)
+    print(f"fit on {len(fitted)} compiles (libtpu {libtpu()}; not {floors}: out of HBM): "
+          + ", ".join(f"{k} {v}" for k, v in values.items()))  # fmt: skip
+    _summary("fit", errors)
+    return values
 
 
 def main() -> None:
@@ -284,11 +400,11 @@ def main() -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="compile the fit and seen rows, and the held-out rows frozen",
+        help="compile the fit rows, and the held-out rows frozen",
     )
     parser.add_argument(
         "--compile-only",
-        choices=("fit", "seen", "held-out"),
+        choices=("fit", "held-out"),
         nargs="+",
         help="compile only the rows of these sets",
     )
@@ -297,7 +413,7 @@ def main() -> None:
     if args.predict:
         predict()
     if args.compile or args.compile_only:
-        compile_rows(tuple(args.compile_only or ("fit", "seen", "held-out")))
+        compile_rows(tuple(args.compile_only or ("fit", "held-out")))
     if args.fit:
         fit()
         return

@@ -56,12 +56,12 @@ import pandas as pd
 
 from sweeper.ladder import BY_EDGE, BY_RANK, choose
 from sweeper.results import KNOB_PREFIX
-from sweeper.screen import screen
+from sweeper.screen import FITS, OVER_HBM, screen
 from sweeper.search import make_sampler, to_distribution
 from sweeper.space import Space, count_points, load_space
 
 HERE = Path(__file__).resolve().parent
-TABLES = ("search_table", "search_table_b")
+TABLES = ("search_table", "search_table_b", "search_table_c")
 
 
 def space_path(name: str) -> Path:
@@ -70,6 +70,11 @@ def space_path(name: str) -> Path:
 
 def table_path(name: str) -> Path:
     return HERE / "data" / f"{name}.csv"
+
+
+def screen_path(name: str) -> Path:
+    """The screen's figures for a held-out table, committed before any point was compiled."""
+    return HERE / "data" / f"{name}_screen.csv"
 
 
 METRIC = "est_tokens_per_sec_per_chip"
@@ -120,10 +125,12 @@ def screened(name: str) -> pd.DataFrame:
     return frame[kept].sort_values(knobs).reset_index(drop=True)
 
 
-def agreement(name: str, table: pd.DataFrame) -> dict[str, float]:
-    """The screen against the compile: Spearman over the points both call fitting, and the
-    memory verdicts the compile overturned."""
-    predicted = screened(name)
+def agreement(name: str, table: pd.DataFrame, today: bool = False) -> dict[str, float]:
+    """The screen (a held-out table's committed one, unless `today`) against the compile:
+    Spearman over the points both call fitting, and the memory verdicts the compile
+    overturned."""
+    committed = None if today else frozen_screen(name)
+    predicted = screened(name) if committed is None else committed
     knobs = [c for c in table.columns if c.startswith(KNOB_PREFIX)]
     as_text = {k: str for k in knobs}
     both = table.astype(as_text).merge(
@@ -177,17 +184,25 @@ class Replay:
         return len(order) + 1  # never reached: more than the space
 
 
-def ladder_order(space: Space, seed: int) -> list[dict[str, Any]]:
-    """The ladder's compile order: verify set first (best that fit, then the edge), then the
-    rest of what fits and what lies near the edge, by the screen's figure; ties by the seed."""
-    frame = screen(space)
+def ladder_order(
+    space: Space, seed: int, frame: pd.DataFrame | None = None, fits_first: bool = False
+) -> list[dict[str, Any]]:
+    """The ladder's compile order, as a sweep runs it: its verify rung (the space's `verify`
+    best that fit by the screen, then the points near the memory edge whose est. tokens/s
+    would place them among those), then the rest of what fits, then what the screen calls
+    over the memory, each by the screen's figure, then the invalid; ties by the seed. `fits_first`: every point the
+    screen calls fitting before any near the edge (the order replayed before 2026-12-04).
+    The screen is today's, or `frame`: the one committed for a held-out table."""
+    frame = screen(space) if frame is None else frame
     frame = frame.sample(frac=1, random_state=seed)  # shuffle ties, then a stable sort
-    big = space.model_copy(
-        update={"search": space.search.model_copy(
-            update={"ladder": space.search.ladder.model_copy(update={"verify": len(frame)})})}  # type: ignore[union-attr]
-    )  # fmt: skip
-    chosen = choose(frame, big)
-    tier = chosen["compiled_for"].map({BY_RANK: 0, BY_EDGE: 1}).fillna(2)
+    if fits_first:
+        space = space.model_copy(
+            update={"search": space.search.model_copy(
+                update={"ladder": space.search.ladder.model_copy(update={"verify": len(frame)})})}  # type: ignore[union-attr]
+        )  # fmt: skip
+    chosen = choose(frame, space)
+    rest = chosen["verdict"].map({FITS: 2, OVER_HBM: 3}).fillna(4)
+    tier = chosen["compiled_for"].map({BY_RANK: 0, BY_EDGE: 1}).fillna(rest)
     chosen = chosen.assign(tier=tier, score=chosen[METRIC].fillna(-1.0))
     chosen = chosen.sort_values(["tier", "score"], ascending=[True, False], kind="stable")
     knobs = [c for c in chosen.columns if c.startswith(KNOB_PREFIX)]
@@ -225,17 +240,35 @@ def sampler_order(space: Space, replay: Replay, sampler: str, seed: int) -> list
     return order
 
 
-def measure(seeds: int, within: float, name: str = "search_table") -> pd.DataFrame:
+def frozen_screen(name: str) -> pd.DataFrame | None:
+    """A held-out table's committed screen, its knob values typed as the space's (or None)."""
+    if not screen_path(name).exists():
+        return None
+    frame = pd.read_csv(screen_path(name))
+    space = load_space(space_path(name))
+    for column in [c for c in frame.columns if c.startswith(KNOB_PREFIX)]:
+        values = space.knobs[column.removeprefix(KNOB_PREFIX)].values or []
+        frame[column] = frame[column].map(lambda cell, vs=values: next(
+            (v for v in vs if str(v) == str(cell)), cell))  # fmt: skip
+    return frame
+
+
+def measure(
+    seeds: int, within: float, name: str = "search_table", today: bool = False
+) -> pd.DataFrame:
+    """Each search's compiles to the target over `seeds` seeds. The ladder reads a held-out
+    table's committed screen, or today's screen with `today` (or for a table without one)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = pd.read_csv(table_path(name))
     replay = Replay(table, within)
     space = load_space(space_path(name), {"search.ladder": {"verify": 8}})
+    committed = None if today else frozen_screen(name)
     rows = []
-    for method in ("ladder", "tpe", "random"):
+    for method in ("ladder", "fits-first", "tpe", "random"):
         costs = []
         for seed in range(seeds):
-            if method == "ladder":
-                order = ladder_order(space, seed)
+            if method in ("ladder", "fits-first"):
+                order = ladder_order(space, seed, committed, fits_first=method == "fits-first")
             else:
                 order = sampler_order(space, replay, method, seed)
             costs.append(replay.cost(order))
@@ -245,7 +278,8 @@ def measure(seeds: int, within: float, name: str = "search_table") -> pd.DataFra
     frame = pd.DataFrame(rows)
     frame["vs_random"] = frame["mean"] / frame.loc[frame["search"] == "random", "mean"].iloc[0]
     frame.attrs.update(points=len(replay.rows), ok=int((table["status"] == "ok").sum()),
-                       best=replay.best, target=replay.target)  # fmt: skip
+                       best=replay.best, target=replay.target,
+                       screen="committed" if committed is not None else "today's")  # fmt: skip
     return frame
 
 
@@ -266,7 +300,9 @@ def main() -> None:
         if len(names) != 1:
             raise SystemExit("--build and --predict take one --table")
         if args.predict:
-            out = HERE / "data" / f"{names[0]}_screen.csv"
+            out = screen_path(names[0])
+            if out.exists():
+                raise SystemExit(f"{out} is committed: a held-out table's screen is made once")
             screened(names[0]).to_csv(out, index=False)
             print(f"wrote {out}")
             return
@@ -289,15 +325,27 @@ def report(name: str, seeds: int, within: float) -> None:
         f"best {METRIC} {a['best']:,.0f} (fidelity compile, TPU7x estimate); target within "
         f"{within:.0%}: {a['target']:,.0f}"
     )
-    print(f"compiles to reach the target, over {seeds} seeds:")
-    print(f"{'search':<8} {'mean':>6} {'stdev':>6} {'min':>4} {'max':>4} {'x random':>9}  per seed")
+    print(f"compiles to reach the target, over {seeds} seeds (the ladder on {a['screen']} screen):")
+    print(
+        f"{'search':<10} {'mean':>6} {'stdev':>6} {'min':>4} {'max':>4} {'x random':>9}  per seed"
+    )
     for _, r in frame.iterrows():
-        print(f"{r['search']:<8} {r['mean']:>6.1f} {r['stdev']:>6.1f} {r['min']:>4} {r['max']:>4} "
+        print(f"{r['search']:<10} {r['mean']:>6.1f} {r['stdev']:>6.1f} {r['min']:>4} {r['max']:>4} "
               f"{r['vs_random']:>9.2f}  {r['costs']}")  # fmt: skip
-    g = agreement(name, pd.read_csv(table_path(name)))
-    print(f"screen against compile: Spearman {g['spearman']:+.2f} over the {g['pairs']} points both "
-          f"call fitting; memory Spearman {g['memory_spearman']:+.2f}; memory verdicts agree on "
-          f"{g['verdicts_agree']} of {g['points']}")  # fmt: skip
+    table = pd.read_csv(table_path(name))
+    _agreement_line(f"{a['screen']} screen", agreement(name, table))
+    if a["screen"] == "committed":  # the same table read by today's screen (fitted since?)
+        now = measure(seeds, within, name, today=True)
+        ladder = now[now["search"] == "ladder"].iloc[0]
+        print(f"today's screen: ladder {ladder['mean']:.1f} compiles ({ladder['vs_random']:.2f}x "
+              f"random) {ladder['costs']}")  # fmt: skip
+        _agreement_line("today's screen", agreement(name, table, today=True))
+
+
+def _agreement_line(label: str, g: dict[str, float]) -> None:
+    print(f"{label} against compile: Spearman {g['spearman']:+.2f} over the {g['pairs']} points "
+          f"both call fitting; memory Spearman {g['memory_spearman']:+.2f}; memory verdicts agree "
+          f"on {g['verdicts_agree']} of {g['points']}")  # fmt: skip
 
 
 if __name__ == "__main__":

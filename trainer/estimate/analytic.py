@@ -87,16 +87,23 @@ def communication_bytes_per_device(
     return comm
 
 
-# What one layer holds while its backward runs, beyond the saved activations (estimate
-# constants, stated with the compiles they were set against: benchmarks/memory_model.py).
-# Bytes per layer parameter: the layer's bf16 weights gathered and the next layer's
-# prefetched (2 + 2), and its weight gradient before the reduce-scatter, half of it at once
-# (2 of 4 f32 bytes). Set on the llama3.1-70b 8k recipe (64 chips) and checked on the 405B.
-LAYER_WEIGHT_BYTES: float = 6
-# The loss's working set (logits, their gradient, the gathered unembedding and its f32
-# gradient) peaks while the last layer's backward starts: half of the smaller of the two
-# overlaps the larger. Set on qwen3-235b-a22b 4k's trial 0 (untiled: its logits are 18.5 GiB).
-LOSS_LAYER_OVERLAP = 0.5
+# What the step holds at its peak beyond the parameters, optimizer state, gradients and saved
+# activations: the larger of the loss's working set and one layer's backward. Their parts are
+# what libtpu 0.0.52 reports live at its peak (XLA's live-range dump) on a 4-layer model at
+# tensor 1 and 2, llama3.1-70b 8k and qwen3-235b-a22b 4k (docs/trainer.md); the four constants
+# are fitted on every compile recorded by 2026-12-04 (`python -m benchmarks.memory_model --fit`):
+# Bytes per layer parameter in its backward: its bf16 weights gathered, the next layer's
+# prefetched and its weight gradient, in part.
+LAYER_WEIGHT_BYTES: float = 3.46
+# Copies of the layer's tensors (named and unnamed: trainer.spec.remat's and the norms'
+# outputs and the gated activation) alive at the peak of its backward, its MLP's.
+LAYER_ACTIVATION_COPIES: float = 1.62
+# An MoE layer's routed rows of d_model (each token's top-k slots) alive at that peak: the
+# dispatched input, the combine's operands and their gradients.
+ROUTED_COPIES: float = 4.19
+# FP8 with the MLP sharded over `tensor`: quantized copies of the MLP's up-projections kept
+# beside the bf16 ones (at tensor 1 the compiles show none).
+FP8_MLP_COPIES: float = 2.0
 
 
 def layer_tensor_bytes(
@@ -170,23 +177,36 @@ def memory_per_device(
     placed = _placed(config)
     saved = m.num_layers * sum(sizes[n] for n in placed["device"])
     host = m.num_layers * sum(sizes[n] for n in placed["offload"])
-    # One layer's backward: its weights gathered over fsdp (a device's own experts only), and
-    # every tensor it names alive twice (the recomputed forward and its gradient), plus the
-    # unnamed ones: the normalized inputs of attention and MLP, the MLP's gated activation
-    # and, in an MoE layer, the routed copy of its input.
+    # One layer's backward (the constants above): its weights gathered over fsdp (a device's
+    # own experts only), its tensors, an MoE layer's routed rows, fp8's quantized copies.
     experts = expert_parameter_count(config) / m.num_layers
     layer_params = (
         (parameter_count(config) - 2 * m.vocab_size * m.d_model) / m.num_layers - experts
     ) / degrees["tensor"] + experts / (degrees["tensor"] * degrees["expert"])
-    unnamed = 2 * tokens_local * m.d_model * BF16 + sizes[Tensor.MLPWI_0.value]
+    residual = tokens_local * m.d_model * BF16
+    unnamed = 2 * residual + sizes[Tensor.MLPWI_0.value]
     if m.is_moe:
         unnamed += sizes[Tensor.MLPWO.value]  # routed rows x d_model, as the MLP's output
-    layer = LAYER_WEIGHT_BYTES * layer_params + 2 * (sum(sizes.values()) + unnamed)
-    # The loss: bf16 logits and their gradient (one tile of them when tiled), the gathered
-    # bf16 unembedding and its float32 gradient.
-    logits = tokens_local * m.vocab_size / degrees["tensor"] * BF16 * 2 / config.vocab_tiling
-    loss = logits + m.vocab_size * m.d_model / degrees["tensor"] * (BF16 + F32)
-    working = max(layer, loss) + LOSS_LAYER_OVERLAP * min(layer, loss)
+    routed = sizes[Tensor.MLPWO.value] if m.is_moe else 0.0
+    fp8 = config.precision.mode == "fp8" and degrees["tensor"] > 1
+    # The loss: the bf16 logits (one tile when tiled) and, where the vocabulary is not sharded
+    # over `tensor`, their gradient (sharded, libtpu fuses it into the gradient matmuls); the
+    # gathered bf16 unembedding twice (the forward's and the gradient matmul's copy); the
+    # final norm's output and its gradient.
+    vocab_whole = degrees["tensor"] == 1
+    logits = tokens_local * m.vocab_size / degrees["tensor"] * BF16 / config.vocab_tiling
+    unembedding = m.vocab_size * m.d_model / degrees["tensor"] * BF16
+    loss = logits * (2 if vocab_whole else 1) + 2 * unembedding + 2 * residual
+    layer = (
+        LAYER_WEIGHT_BYTES * layer_params
+        + LAYER_ACTIVATION_COPIES * (sum(sizes.values()) + unnamed)
+        + ROUTED_COPIES * routed
+        + FP8_MLP_COPIES * sizes[Tensor.MLPWI_0.value] * fp8
+        # the logits, kept until the unembedding's weight gradient, which libtpu runs beside
+        # the layers' backward when the vocabulary is whole (qwen3's 18.5 GiB stay live there)
+        + logits * vocab_whole
+    )
+    working = max(layer, loss)
     mu_bytes = BF16 if config.mu_dtype == "bfloat16" else F32
     memory = {
         "params_f32": params * F32,
