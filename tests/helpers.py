@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -15,6 +16,15 @@ from typing import Any
 from trainer.spec.events import parse_event, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def hlo_excerpt(name: str) -> str:
+    """An HLO text kept in tests/data (gzipped when it ends in .gz), less its `#` header
+    lines (where it came from)."""
+    raw = (DATA / name).read_bytes()
+    text = (gzip.decompress(raw) if name.endswith(".gz") else raw).decode()
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
 
 def trial(model: str = "tiny-dense", **overrides: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from sweeper.cli import app
 from sweeper.programs import program_of
 from sweeper.space import SpaceError, load_space, static_check
+from tests.helpers import hlo_excerpt
 from trainer.maxtext import logs
 from trainer.spec.events import FailureClass
 from trainer.spec.maxtext import MaxTextProgram, program_settings
@@ -234,8 +235,7 @@ def test_a_collective_newer_libtpu_offloads_to_the_sparsecores_is_counted():
     it reads ours (without this, MaxText's 70B program showed 0 s of ICI time)."""
     from trainer.compile.cost import program_cost
 
-    text = (DATA / "sparsecore_all_gather.hlo").read_text()
-    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    hlo = hlo_excerpt("maxtext_0.2.5/sparsecore_all_gather.hlo")
     (op,) = program_cost(hlo)["collective_ops"]
     assert (op["kind"], op["group"], op["torus_dims"], op["engine"]) == (
         "all-gather", 128, 3, "sparsecore",
@@ -251,8 +251,7 @@ def test_a_grouped_matmul_whose_config_has_no_cost_estimate_is_counted_from_its_
     from trainer.compile.cost import program_cost
     from trainer.compile.step_model import grouped_matmul_flops
 
-    text = (DATA / "tokamax_gmm.hlo").read_text()
-    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    hlo = hlo_excerpt("maxtext_0.2.5/tokamax_gmm.hlo")
     gmm, tgmm = program_cost(hlo)["kernel_calls"]
     m, k, n = 524288, 4096, 1536  # routed rows, d_model, the experts' width
     assert (gmm["name"], gmm["flops"], gmm["tiling"]) == (
@@ -272,7 +271,6 @@ def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network
     step model prices them over the chip's DCN bandwidth (100 Gb/s, a device's half), apart
     from ICI, and the program's collectives list them."""
     import dataclasses
-    import gzip
 
     from trainer.compile.cost import program_cost
     from trainer.compile.step_model import step_time
@@ -281,8 +279,7 @@ def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network
     from trainer.spec.config import load_config
     from trainer.spec.hardware import ACCELERATORS
 
-    text = gzip.decompress((DATA / "two_slices.hlo.gz").read_bytes()).decode()
-    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    hlo = hlo_excerpt("maxtext_0.2.5/two_slices.hlo.gz")
     cost = program_cost(hlo)
     config = load_config({"model": {"preset": "llama3-8b", "num_layers": 2}, "seq_len": 2048})
     shard = parameter_count(config) * 2 / 8  # bf16 gradients, FSDP over a slice's 8 devices

@@ -3,6 +3,7 @@ tuple elements named in place (`%param#3`) and a loop XLA peeled for host offloa
 
 import pytest
 
+from tests.helpers import hlo_excerpt
 from trainer.compile.cost import program_cost
 from trainer.spec.config import SPLASH_BLOCKS
 
@@ -377,13 +378,11 @@ def test_a_sparsecore_collective_in_an_async_custom_call_is_counted_and_overlaps
     all-reduces and 127.5 GiB of reduce-scatters); the update moves no TensorCore HBM bytes;
     the schedule starts the work at the update on the SparseCores and the done waits for it
     alone, not for every engine."""
-    from pathlib import Path
 
     from trainer.compile.step_model import step_time
     from trainer.spec.hardware import ACCELERATORS
 
-    text = (Path(__file__).parent / "data" / "sparsecore_async_all_reduce.hlo").read_text()
-    hlo = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    hlo = hlo_excerpt("sparsecore_async_all_reduce.hlo")
     cost = program_cost(hlo)
     (op,) = cost["collective_ops"]
     weight = 8192 * 64 * 128 * 2  # the query projection's bf16 weight, gathered whole
