@@ -324,12 +324,12 @@ def table() -> None:
         print(f"{name:40s} {kind:9s} {est:8.1f}G {got:9.1f}G {error:+7.1%}  {beside}")
     for name in (*FIT_TABLES, *HELD_OUT_TABLES):
         kind = "fit" if name in FIT_TABLES else "held-out"
-        table_errors = table_errors(name, frozen_screen=kind == "held-out")
-        if table_errors is None:
+        found = table_errors(name, frozen_screen=kind == "held-out")
+        if found is None:
             print(f"{name:40s} {kind:9s} not compiled yet")
             continue
-        errors[kind] += table_errors
-        signed = sorted(table_errors)
+        errors[kind] += found
+        signed = sorted(found)
         print(f"{name:40s} {kind:9s} {len(signed)} points: median |error| "
               f"{statistics.median(signed):.1%}, max {max(signed):.1%}")  # fmt: skip
     _summary("fit", errors["fit"])

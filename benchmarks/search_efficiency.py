@@ -18,6 +18,12 @@ the step model's estimate from the compiled program):
   20261204-123724-759b), still read against those predictions: the screen has not changed
   since they were committed. search_table's figures predate that reading.
 
+- search_table_c: a 4-layer d1280 model at 3k with a 50k vocabulary, held out from the
+  memory estimate refitted on 2026-12-04 (fitted on the two tables above among others): its
+  screen (search_table_c_screen.csv) was committed at 2dbee99, before any point was compiled.
+
+A held-out table's ladder reads its committed screen (and the report adds today's beside).
+
 Each was made by
 
     sweeper run benchmarks/spaces/NAME.yaml --results-dir /tmp/NAME
@@ -33,8 +39,11 @@ reused result, no compile). Its cost is the number of compiles until one lands w
 - random: Optuna's RandomSampler (the engine's `random`);
 - tpe: Optuna's TPE as the engine configures it (`sweeper.search.make_sampler`), told as the
   engine tells it (an infeasible point: value 0 and a violated constraint);
-- ladder: the ladder's order (sweeper/ladder.py): the screen's points that fit best-first,
-  then those near the memory edge, then the rest; ties in the screen broken by the seed.
+- ladder: the ladder's order as a sweep runs it (sweeper/ladder.py, verify 8): the screen's
+  8 best that fit, then those near the memory edge that would rank among them, then the
+  rest of what fits, then what the screen calls over the memory; ties broken by the seed;
+- fits-first: every point the screen calls fitting, best first, before any near the edge
+  (the ladder's order as replayed before 2026-12-04).
 
 Beside each table: the screen's rank correlation (Spearman) with the compile over the points
 both call fitting, and how many memory verdicts the compile overturned.
