@@ -10,13 +10,14 @@ the step model's estimate from the compiled program):
   counter's step (ae01a76): the tensor-1 programs' windowed-einsum rings had been counted
   twice over, 23 to 29% below what the compile now says. The tensor-1 rows were compiled
   again; the tensor-2 rows have no such loop and read the same. Compiled again, every point,
-  on 2026-12-04 under libtpu 0.0.52 and the grid-step floor (sweep 20261204-100851-c7cc).
+  on 2026-12-04 under libtpu 0.0.52 and the grid-step floor (sweep 20261204-100851-c7cc), and
+  again once the step model read its SparseCore work (sweep 20261204-154820-5de4).
 - search_table_b: a 4-layer d1536 model at 4k, held out: compiled after the screen's formula
   was last changed, and not read before the screen's predictions for it were committed
   (benchmarks/data/search_table_b_screen.csv). Compiled again, every point, on 2026-12-04
   under libtpu 0.0.52, once the step model read its SparseCore collectives (sweep
   20261204-123724-759b), still read against those predictions: the screen has not changed
-  since they were committed. search_table's figures predate that reading.
+  since they were committed (the memory estimate was refitted on this table afterwards).
 
 - search_table_c: a 4-layer d1280 model at 3k with a 50k vocabulary, held out from the
   memory estimate refitted on 2026-12-04 (fitted on the two tables above among others): its
