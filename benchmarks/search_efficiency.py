@@ -16,8 +16,8 @@ the step model's estimate from the compiled program):
   was last changed, and not read before the screen's predictions for it were committed
   (benchmarks/data/search_table_b_screen.csv). Compiled again, every point, on 2026-12-04
   under libtpu 0.0.52, once the step model read its SparseCore collectives (sweep
-  20261204-123724-759b), still read against those predictions: the screen has not changed
-  since they were committed (the memory estimate was refitted on this table afterwards).
+  20261204-123724-759b), read against those committed predictions (the memory estimate, and with it
+  today's screen, was refitted on this table afterwards).
 
 - search_table_c: a 4-layer d1280 model at 3k with a 50k vocabulary, held out from the
   memory estimate refitted on 2026-12-04 (fitted on the two tables above among others): its
