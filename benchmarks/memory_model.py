@@ -329,9 +329,8 @@ def table() -> None:
             print(f"{name:40s} {kind:9s} not compiled yet")
             continue
         errors[kind] += found
-        signed = sorted(found)
-        print(f"{name:40s} {kind:9s} {len(signed)} points: median |error| "
-              f"{statistics.median(signed):.1%}, max {max(signed):.1%}")  # fmt: skip
+        print(f"{name:40s} {kind:9s} {len(found)} points: median |error| "
+              f"{statistics.median(found):.1%}, max {max(found):.1%}")  # fmt: skip
     _summary("fit", errors["fit"])
     _summary("held-out", errors["held-out"])
     _summary("held out from the earlier estimate (its frozen predictions)", errors["earlier"])

@@ -16,8 +16,8 @@ the step model's estimate from the compiled program):
   was last changed, and not read before the screen's predictions for it were committed
   (benchmarks/data/search_table_b_screen.csv). Compiled again, every point, on 2026-12-04
   under libtpu 0.0.52, once the step model read its SparseCore collectives (sweep
-  20261204-123724-759b), read against those committed predictions (the memory estimate, and with it
-  today's screen, was refitted on this table afterwards).
+  20261204-123724-759b), read against those committed predictions (the memory estimate,
+  and with it today's screen, was refitted on this table afterwards).
 
 - search_table_c: a 4-layer d1280 model at 3k with a 50k vocabulary, held out from the
   memory estimate refitted on 2026-12-04 (fitted on the two tables above among others): its
@@ -64,7 +64,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from sweeper.ladder import BY_EDGE, BY_RANK, choose
+from sweeper.ladder import BY_EDGE, BY_RANK, choose, typed_point
 from sweeper.results import KNOB_PREFIX
 from sweeper.screen import FITS, OVER_HBM, screen
 from sweeper.search import make_sampler, to_distribution
@@ -200,8 +200,9 @@ def ladder_order(
     """The ladder's compile order, as a sweep runs it: its verify rung (the space's `verify`
     best that fit by the screen, then the points near the memory edge whose est. tokens/s
     would place them among those), then the rest of what fits, then what the screen calls
-    over the memory, each by the screen's figure, then the invalid; ties by the seed. `fits_first`: every point the
-    screen calls fitting before any near the edge (the order replayed before 2026-12-04).
+    over the memory, each by the screen's figure, then the invalid; ties by the seed.
+    `fits_first`: every point the screen calls fitting before any near the edge (the order
+    replayed before 2026-12-04).
     The screen is today's, or `frame`: the one committed for a held-out table."""
     frame = screen(space) if frame is None else frame
     frame = frame.sample(frac=1, random_state=seed)  # shuffle ties, then a stable sort
@@ -256,25 +257,33 @@ def frozen_screen(name: str) -> pd.DataFrame | None:
         return None
     frame = pd.read_csv(screen_path(name))
     space = load_space(space_path(name))
-    for column in [c for c in frame.columns if c.startswith(KNOB_PREFIX)]:
-        values = space.knobs[column.removeprefix(KNOB_PREFIX)].values or []
-        frame[column] = frame[column].map(lambda cell, vs=values: next(
-            (v for v in vs if str(v) == str(cell)), cell))  # fmt: skip
+    knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
+    for i, row in frame.iterrows():
+        for knob, value in typed_point(space, row[knobs]).items():
+            frame.at[i, f"{KNOB_PREFIX}{knob}"] = value
     return frame
 
 
+SEARCHES = ("ladder", "fits-first", "tpe", "random")
+
+
 def measure(
-    seeds: int, within: float, name: str = "search_table", today: bool = False
+    seeds: int,
+    within: float,
+    name: str = "search_table",
+    today: bool = False,
+    searches: tuple[str, ...] = SEARCHES,
 ) -> pd.DataFrame:
-    """Each search's compiles to the target over `seeds` seeds. The ladder reads a held-out
-    table's committed screen, or today's screen with `today` (or for a table without one)."""
+    """Each of `searches`' compiles to the target over `seeds` seeds (`vs_random` where
+    random is among them). The ladder reads a held-out table's committed screen, or today's
+    screen with `today` (or for a table without one)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = pd.read_csv(table_path(name))
     replay = Replay(table, within)
     space = load_space(space_path(name), {"search.ladder": {"verify": 8}})
     committed = None if today else frozen_screen(name)
     rows = []
-    for method in ("ladder", "fits-first", "tpe", "random"):
+    for method in searches:
         costs = []
         for seed in range(seeds):
             if method in ("ladder", "fits-first"):
@@ -286,7 +295,8 @@ def measure(
                      "stdev": statistics.stdev(costs) if len(costs) > 1 else 0.0,
                      "min": min(costs), "max": max(costs), "costs": costs})  # fmt: skip
     frame = pd.DataFrame(rows)
-    frame["vs_random"] = frame["mean"] / frame.loc[frame["search"] == "random", "mean"].iloc[0]
+    if "random" in searches:
+        frame["vs_random"] = frame["mean"] / frame.loc[frame["search"] == "random", "mean"].iloc[0]
     frame.attrs.update(points=len(replay.rows), ok=int((table["status"] == "ok").sum()),
                        best=replay.best, target=replay.target,
                        screen="committed" if committed is not None else "today's")  # fmt: skip
@@ -345,9 +355,9 @@ def report(name: str, seeds: int, within: float) -> None:
     table = pd.read_csv(table_path(name))
     _agreement_line(f"{a['screen']} screen", agreement(name, table))
     if a["screen"] == "committed":  # the same table read by today's screen (fitted since?)
-        now = measure(seeds, within, name, today=True)
-        ladder = now[now["search"] == "ladder"].iloc[0]
-        print(f"today's screen: ladder {ladder['mean']:.1f} compiles ({ladder['vs_random']:.2f}x "
+        ladder = measure(seeds, within, name, today=True, searches=("ladder",)).iloc[0]
+        random = frame.loc[frame["search"] == "random", "mean"].iloc[0]
+        print(f"today's screen: ladder {ladder['mean']:.1f} compiles ({ladder['mean'] / random:.2f}x "
               f"random) {ladder['costs']}")  # fmt: skip
         _agreement_line("today's screen", agreement(name, table, today=True))
 
