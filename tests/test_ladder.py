@@ -117,3 +117,28 @@ def test_a_ladder_screens_every_point_compiles_the_best_and_writes_the_run_rung(
     assert any("wait for tpu7x:2x2x1 slices" in n for n in result.notes)
     written = yaml.safe_load((result.sweep_dir / RUN_RUNG).read_text())
     assert written["trial"] == LADDER["trial"]  # the space as written, not the compile rung's
+
+
+def test_the_replayed_ladder_compiles_a_near_edge_point_within_its_verify_rung():
+    """benchmarks.search_efficiency replays the ladder as a sweep runs it: the `verify` best
+    that fit, then a point near the memory edge that would rank among them, then the rest;
+    `fits_first` (the order replayed before) puts every fitting point ahead of the edge."""
+    from benchmarks.search_efficiency import ladder_order, space_path
+
+    space = load_space(space_path("search_table_c"), {"search.ladder": {"verify": 8}})
+    budget = space.constraints.max_memory_per_device_gib
+    rows = [
+        {"knob:per_device_batch": i, "verdict": FITS, "est_hbm_per_device_gib": 1.0,
+         "est_tokens_per_sec_per_chip": 100.0 - i, "rank": float(i + 1)}
+        for i in range(12)
+    ]  # fmt: skip
+    edge = {"knob:per_device_batch": 99, "verdict": OVER_HBM,
+            "est_hbm_per_device_gib": budget * 1.05, "est_tokens_per_sec_per_chip": 500.0}  # fmt: skip
+    far = {"knob:per_device_batch": 98, "verdict": OVER_HBM,
+           "est_hbm_per_device_gib": budget * 2, "est_tokens_per_sec_per_chip": 900.0}  # fmt: skip
+    frame = pd.DataFrame([*rows, edge, far])
+    order = [p["per_device_batch"] for p in ladder_order(space, 0, frame)]
+    assert order[:8] == list(range(8)) and order[8] == 99
+    assert order[9:13] == [8, 9, 10, 11] and order[13] == 98  # the rest fits before the far
+    first = [p["per_device_batch"] for p in ladder_order(space, 0, frame, fits_first=True)]
+    assert first[:12] == list(range(12)) and first[12] == 99
