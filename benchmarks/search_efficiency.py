@@ -71,7 +71,7 @@ from sweeper.search import make_sampler, to_distribution
 from sweeper.space import Space, count_points, load_space
 
 HERE = Path(__file__).resolve().parent
-TABLES = ("search_table", "search_table_b", "search_table_c")
+TABLES = ("search_table", "search_table_b", "search_table_c", "search_table_d")
 
 
 def space_path(name: str) -> Path:

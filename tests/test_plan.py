@@ -85,7 +85,7 @@ def test_memory_follows_the_placements_a_custom_policy_names():
 def test_the_intensity_line_and_the_bound_use_one_ridge():
     """ICI-bound exactly when the FLOPs per link byte fall below the hardware's figure."""
     seen = set()
-    for tensor in (1, 2, 4, 8):
+    for tensor in (1, 2, 4, 8, 16):
         for batch in (1 / tensor, 4 / tensor, 16 / tensor):
             config = load_config({"model": {"preset": "llama3.1-70b"}, "seq_len": 8192,
                                   "per_device_batch": batch, "mesh": {"fsdp": -1, "tensor": tensor}})  # fmt: skip

@@ -351,6 +351,30 @@ def grid_steps(
     return _grid_product(call)
 
 
+def splash_work(
+    config, global_batch: int, num_devices: int, context: int = 1, mxu_width: int = 0
+) -> dict[str, float]:
+    """Per device, for one layer, without a compiled program: the FLOPs the MXU spends on a
+    Splash forward and on its backward (its blocks' causal work, over the MXU share they fill:
+    `kernel_flops`'s formula) and the grid steps of each (`grid_steps`'s count)."""
+    forward, backward = _splash_scores(config, context)
+    fill_fwd, fill_dkv, _ = _splash_fills(config, context, mxu_width)
+    per_score = _per_score(config, global_batch, num_devices)
+    s = config.seq_len // context
+    blocks = config.resolved_kernels("tpu", context).blocks(s, config.seq_len)
+    sequences_heads = per_score / (2 * config.model.head_dim)
+    return {
+        "forward_flops": 2 * per_score * forward / fill_fwd,
+        "backward_flops": 4 * per_score * backward / fill_dkv,
+        "forward_steps": sequences_heads
+        * math.ceil(s / blocks["block_q"])
+        * math.ceil(config.seq_len / blocks["block_kv"]),
+        "backward_steps": sequences_heads
+        * math.ceil(s / blocks["block_q_dkv"])
+        * math.ceil(config.seq_len / blocks["block_kv_dkv"]),
+    }
+
+
 def _grid_product(call: dict) -> float:
     """The static size of a kernel call's grid (a dynamic axis counts once); 1 without one."""
     return float(math.prod(b or 1 for b in call.get("grid") or ()))

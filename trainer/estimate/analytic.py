@@ -13,12 +13,11 @@ from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import TrialConfig
 from trainer.spec.flops import training_flops_by_kind
 from trainer.spec.hardware import Accelerator
-from trainer.spec.remat import POLICIES, Tensor, placements
+from trainer.spec.remat import Tensor, placements
 
 BF16, F32 = 2, 4
 
 
-# Share of a layer's forward FLOPs recomputed in the backward pass, by what a policy saves.
 def parameter_count(config: TrialConfig) -> int:
     m = config.model
     attention = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
@@ -61,13 +60,18 @@ def communication_bytes_per_device(
         shard // expert
     )
     weights_local = params / tensor
+    # What libtpu 0.0.52's compiles move (the search tables' programs, fidelity compile): FP8
+    # weights gathered quantized, a byte each; gradients reduce-scattered in bf16; under FP8
+    # the row-parallel matmuls' partial sums all-reduced in f32.
+    fp8 = config.precision.mode == "fp8"
+    partial = F32 if fp8 else BF16  # bytes of a row-parallel output's partial sum
     comm = {
         # weights all-gathered in forward and again in backward; gradients reduce-scattered
-        "fsdp_all_gather": 2 * gathered * BF16,
-        "fsdp_reduce_scatter": gathered * F32,
+        "fsdp_all_gather": 2 * gathered * (1 if fp8 else BF16),
+        "fsdp_reduce_scatter": gathered * BF16,
         "data_all_reduce": 2 * weights_local / shard * F32 * ring(degrees["data"]),
-        # two activation all-reduces per layer forward, two backward
-        "tensor_all_reduce": 4 * m.num_layers * tokens_local * m.d_model * BF16 * 2 * ring(tensor),
+        # two activation all-reduces per layer forward, two backward (each 2x: a ring's)
+        "tensor_all_reduce": 8 * m.num_layers * tokens_local * m.d_model * partial * ring(tensor),
         "expert_all_to_all": (
             4 * m.num_layers * tokens_local * m.experts_per_token * m.d_model * BF16 * ring(expert)
         )
@@ -220,84 +224,177 @@ def memory_per_device(
     return memory
 
 
-def recompute_share(config: TrialConfig) -> float:
-    """Share of a layer's forward FLOPs the backward recomputes: the policy's figure, or for
-    custom placements the matmuls whose outputs it does not keep (attention's core unless
-    the context is kept; the projections unless their outputs are)."""
-    if config.remat.policy != "custom":
-        return POLICIES[config.remat.policy].recompute_share
-    m = config.model
+def recomputed(config: TrialConfig) -> dict[str, bool]:
+    """Which of a layer's forward matmuls the backward runs again: those whose outputs the
+    remat policy (or its custom placements) neither keeps nor offloads. A dense MLP's output
+    projection never is: the backward reads its input, not its output (the compiles: full
+    remat runs the layers' matmuls 1.24x, not 4/3x, on search_table's model). Saving the
+    context spares the attention core."""
     kept = {n.removeprefix("moe_") for where in placements(config.remat).values() for n in where}
+    qkv = {Tensor.QUERY_PROJ.value, Tensor.KEY_PROJ.value, Tensor.VALUE_PROJ.value}
+    return {
+        "qkv": not (qkv <= kept or Tensor.QKV_PROJ.value in kept),
+        "attention": Tensor.CONTEXT.value not in kept,
+        "out": Tensor.OUT_PROJ.value not in kept,
+        "wi": not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
+        # an MoE layer's expert outputs feed the router weights' gradient (see _placed)
+        "wo": config.model.is_moe and Tensor.MLPWO.value not in kept,
+    }
+
+
+def forward_flops_per_token(config: TrialConfig) -> dict[str, float]:
+    """A layer's forward FLOPs per token, by matmul (causal attention: half of 4 x seq)."""
+    m = config.model
     experts = m.experts_per_token if m.is_moe else 1
-    flops = {  # per token, forward
+    return {
         "qkv": 2 * m.d_model * m.head_dim * (m.num_heads + 2 * m.num_kv_heads),
-        "attention": 2 * config.seq_len * m.num_heads * m.head_dim,  # causal: half of 4 x seq
+        "attention": 2 * config.seq_len * m.num_heads * m.head_dim,
         "out": 2 * m.num_heads * m.head_dim * m.d_model,
         "wi": 4 * m.d_model * m.mlp_dim * experts,
         "wo": 2 * m.d_model * m.mlp_dim * experts,
     }
-    qkv = {Tensor.QUERY_PROJ.value, Tensor.KEY_PROJ.value, Tensor.VALUE_PROJ.value}
-    saved = {
-        "qkv": qkv <= kept or Tensor.QKV_PROJ.value in kept,
-        "attention": Tensor.CONTEXT.value in kept,
-        "out": Tensor.OUT_PROJ.value in kept,
-        "wi": {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
-        "wo": Tensor.MLPWO.value in kept,
+
+
+def recompute_share(config: TrialConfig) -> float:
+    """Share of a layer's forward FLOPs the backward recomputes (`recomputed`)."""
+    flops, again = forward_flops_per_token(config), recomputed(config)
+    return sum(f for k, f in flops.items() if again[k]) / sum(flops.values())
+
+
+# The screen's step (`estimate`): the TensorCore's work in turn, with communication hidden
+# under it but for what the structure exposes. Each constant multiplies a term named by it;
+# fitted by `python -m benchmarks.step_estimate --fit` (non-negative least squares) on the
+# step model's figures for every point of the three compiled search tables (fidelity compile,
+# libtpu 0.0.52; benchmarks/data/search_table*.csv), 2026-12-04:
+STEP_CONSTANTS: dict[str, float] = {
+    # Splash grid steps at the step model's GRID_STEP_S (trainer.compile.step_model): the
+    # share not hidden under the kernels' own work.
+    "grid_steps": 0.615,
+    # Passes of non-matmul ops (norms, rotary embedding, gating, residual adds, casts) over a
+    # layer's tensors, per layer pass (forward, recompute, backward).
+    "layer_passes": 4.039,
+    # Passes over the f32 logits (softmax, its gradient, the casts).
+    "loss_passes": 2.735,
+    # Passes over the saved activations (written in the forward, read in the backward, and
+    # the scan's stacking of them).
+    "saved_passes": 8.153,
+    # FP8: quantizing the layers' matmul inputs (scales, casts), as passes over their tensors.
+    "fp8_passes": 2.51,
+    # The first layer's weights gathered and the last reduce-scatter: nothing to hide under.
+    "edge_gathers": 1.638,
+    # FP8 with the model sharded over `tensor`: the share of the row-parallel outputs'
+    # all-reduces that stalls the TensorCore (their partial sums are f32).
+    "fp8_tensor_all_reduce": 0.2,
+}
+
+
+def step_terms(
+    config: TrialConfig, accel: Accelerator, num_devices: int, global_batch: int
+) -> dict[str, float]:
+    """Seconds of each term of the screen's step on one device, each at a constant of 1
+    (`STEP_CONSTANTS` weighs them; `compute` and `update` are not fitted)."""
+    from trainer.compile.step_model import (
+        FP8_MXU_EFFICIENCY,
+        GRID_STEP_S,
+        MXU_EFFICIENCY,
+        splash_work,
+    )
+
+    m = config.model
+    degrees = check_static(config, num_devices)
+    per_device = accel.devices_per_chip
+    peak = accel.peak_tflops["bf16"] * 1e12 / per_device
+    fp8_peak = accel.peak_tflops.get("fp8", accel.peak_tflops["bf16"]) * 1e12 / per_device
+    hbm = accel.hbm_bytes_per_s / per_device
+    ici = accel.ici_axis_bytes_per_s / per_device
+    tokens = global_batch * config.seq_len
+    again = recomputed(config)
+    per_token = forward_flops_per_token(config)
+    layer_matmuls = sum(f for k, f in per_token.items() if k != "attention")
+    layer = tokens * m.num_layers * (3 * layer_matmuls + sum(
+        f for k, f in per_token.items() if k != "attention" and again[k])) / num_devices  # fmt: skip
+    logits = 3 * 2 * tokens * m.d_model * m.vocab_size / num_devices
+    context = degrees["context"]
+    grid = 0.0
+    if config.resolved_kernels("tpu", context).attention == "splash":
+        splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
+        runs = 2 if again["attention"] else 1
+        attention = m.num_layers * (runs * splash["forward_flops"] + splash["backward_flops"])
+        grid = m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
+    else:  # the XLA reference: the causal half, forward and backward, and again if recomputed
+        attention = tokens * m.num_layers * per_token["attention"] * (
+            3 + again["attention"]) / num_devices  # fmt: skip
+    fp8 = config.precision.mode == "fp8"
+    compute = layer / (fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY) + (
+        logits + attention
+    ) / (peak * MXU_EFFICIENCY)
+    tokens_local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * context)
+    layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
+    passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
+    mem = memory_per_device(config, degrees, global_batch)
+    update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
+    comm = communication_bytes_per_device(config, degrees, global_batch)
+    shard = degrees["fsdp"] * context * degrees["expert"]
+    layer_params = (parameter_count(config) - 2 * m.vocab_size * m.d_model) / m.num_layers
+    edge = (
+        (layer_params + m.vocab_size * m.d_model) / degrees["tensor"] * BF16 * (shard - 1) / shard
+    ) / ici
+    return {
+        "compute": compute,
+        "update": update,
+        "grid_steps": grid * GRID_STEP_S,
+        "layer_passes": passes * layer_bytes / hbm,
+        "loss_passes": tokens_local * m.vocab_size / degrees["tensor"] * F32 / hbm,
+        # offloaded ones pass through HBM on their way to the host and back
+        "saved_passes": (mem["activations"] + mem["host_activations"]) / hbm,
+        "fp8_passes": passes * layer_bytes / hbm * fp8,
+        "edge_gathers": edge if shard > 1 else 0.0,
+        "fp8_tensor_all_reduce": comm["tensor_all_reduce"] / ici * fp8,
     }
-    return sum(f for k, f in flops.items() if not saved[k]) / sum(flops.values())
 
 
 def estimate(
     config: TrialConfig, accel: Accelerator, num_devices: int, memory_bytes: float | None = None
 ) -> dict[str, Any]:
-    """Roofline step estimate on `num_devices` devices of `accel`.
+    """Step estimate on `num_devices` devices of `accel` (fidelity: estimate).
 
-    Compute, HBM and ICI overlap, except what a step cannot overlap by its structure: the
-    optimizer's update (it reads and writes every parameter, moment and gradient once the
-    last gradient is reduced) and, with the weights gathered layer by layer, the first
-    layer's gather and the last layer's reduce-scatter (nothing to compute under them). In
-    FP8 the layers' projections and FFN run at the FP8 peak; the attention core (Splash, bf16)
-    and the logits at the bf16 peak.
+    The TensorCore's work runs in turn (`step_terms`, weighed by `STEP_CONSTANTS`): the
+    matmuls at the step model's MXU efficiencies (in FP8 the layers' projections and FFN at
+    the FP8 peak; Splash's attention, by its blocks, and the logits at bf16), Splash's grid
+    steps, non-matmul HBM traffic and the optimizer's update. Communication and host
+    transfers run beside it; what the structure exposes (the first gather and last
+    reduce-scatter of the layer loop; fp8's tensor-parallel all-reduces) adds to the step, and
+    either stream longer than the TensorCore's work sets the step instead.
     """
     degrees = check_static(config, num_devices)
     global_batch = global_batch_size(config, num_devices)
     chips = num_devices / accel.devices_per_chip
     kinds = training_flops_by_kind(config.model, global_batch, config.seq_len)
     model_flops = sum(kinds.values())
-    # The backward recomputes this share of each layer's forward (matmuls and attention alike).
     share = recompute_share(config)
     recompute = (kinds["layer_matmul"] + kinds["attention"]) / 3 * share
     precision = config.precision.peak
     peak = accel.peak_tflops[precision] * 1e12
-    fast = kinds["layer_matmul"] * (1 + share / 3) if precision == "fp8" else 0.0
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
+    terms = step_terms(config, accel, num_devices, global_batch)
+    weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
+    exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
+    busy = sum(v for k, v in weighed.items() if k not in exposed_terms)
+    exposed = sum(weighed[k] for k in exposed_terms)
     flops_per_chip = (model_flops + recompute) / chips
-    update_bytes_per_chip = (
-        accel.devices_per_chip
-        * 2
-        * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"])
-    )
-    hbm_bytes_per_chip = update_bytes_per_chip + accel.devices_per_chip * (
-        mem["params_f32"] / F32 * BF16 * 3 + 2 * mem["activations"]
-    )
+    hbm_s = busy - weighed["compute"] - weighed["grid_steps"]
+    hbm_bytes_per_chip = hbm_s * accel.hbm_bytes_per_s
     ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
-    ici_s = ici_bytes_per_chip / accel.ici_axis_bytes_per_s  # a ring over one torus axis
-    edge = (
-        2 / config.model.num_layers if degrees["fsdp"] > 1 and config.model.num_layers > 2 else 0.0
-    )
     times = {
-        "compute": (fast / (accel.peak_tflops.get("fp8", accel.peak_tflops["bf16"]) * 1e12)
-                    + (model_flops + recompute - fast) / (accel.peak_tflops["bf16"] * 1e12)) / chips,
-        "hbm": hbm_bytes_per_chip / accel.hbm_bytes_per_s,
-        "ici": ici_s,
+        "compute": weighed["compute"] + weighed["grid_steps"],
+        "hbm": hbm_s,
+        "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
         # offloaded activations go to the host in the forward and come back in the backward
         "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
-    }  # fmt: skip
-    update_s = update_bytes_per_chip / accel.hbm_bytes_per_s
-    serial = update_s + ici_s * edge
-    overlapped = {**times, "hbm": times["hbm"] - update_s, "ici": ici_s * (1 - edge)}
-    step_time = max(overlapped.values()) + serial
+    }
+    step_time = max(busy, times["ici"], times["host"]) + exposed
+    achieved = flops_per_chip / times["compute"] / peak  # the share of the peak computed at
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]
     return {
@@ -305,23 +402,29 @@ def estimate(
         "hardware": accel.name,
         "chips": chips,
         "model_flops_per_step": model_flops,
-        "est_serial_s": serial,
+        "est_serial_s": exposed + weighed["update"],
         "recompute_flops_per_step": recompute,
         "est_step_time_s": step_time,
         "est_compute_s": times["compute"],
         "est_hbm_s": times["hbm"],
         "est_ici_s": times["ici"],
+        "est_busy_s": busy,
+        "est_exposed_comm_s": exposed,
         "bound": max(times, key=lambda name: times[name]),
         "est_tokens_per_sec_per_chip": tokens / step_time / chips,
         "est_mfu": model_flops / chips / step_time / peak,
-        # Per byte over each of the ring's two links, as the hardware figure is per link:
-        # below the hardware's figure exactly when the ICI time exceeds the compute time.
+        # Per byte over each of the ring's two links, as the hardware figure is per link. The
+        # hardware's figure at the rate the estimate computes (the MXU efficiencies, Splash's
+        # blocks, the grid steps) rather than the peak: below it exactly when the ICI time
+        # exceeds the compute time.
         "arithmetic_intensity_ici": flops_per_chip / (ici_bytes_per_chip / 2)
         if ici_bytes_per_chip
         else float("inf"),
-        "hardware_intensity_ici": accel.intensity_flops_per_ici_byte(precision),
-        "arithmetic_intensity_hbm": flops_per_chip / hbm_bytes_per_chip,
-        "hardware_intensity_hbm": accel.intensity_flops_per_hbm_byte(precision),
+        "hardware_intensity_ici": accel.intensity_flops_per_ici_byte(precision) * achieved,
+        "arithmetic_intensity_hbm": flops_per_chip / hbm_bytes_per_chip
+        if hbm_bytes_per_chip
+        else float("inf"),
+        "hardware_intensity_hbm": accel.intensity_flops_per_hbm_byte(precision) * achieved,
         "communication_bytes_per_device": comm,
         "est_memory_per_device": mem,
         "est_host_s": times["host"],

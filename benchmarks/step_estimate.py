@@ -1,0 +1,125 @@
+"""The screen's step estimate (trainer/estimate/analytic.py: `estimate`, fidelity estimate)
+against the step model read from each compiled program (fidelity compile, libtpu on this CPU
+host) over every point of the compiled search tables: the error in est. tokens/s and the
+rank correlation, per table.
+
+    python -m benchmarks.step_estimate           # the table, by today's constants
+    python -m benchmarks.step_estimate --fit     # the constants that fit the fit tables best
+
+Tables, by what the constants saw (benchmarks/search_efficiency.py says how each was made):
+- fit: search_table, search_table_b and search_table_c, all compiled before the constants
+  were fitted (2026-12-04);
+- held out: the tables in HELD_OUT, whose screen (benchmarks/data/NAME_screen.csv, with
+  these constants) was committed before any point of them was compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+import pandas as pd
+from scipy.optimize import nnls
+from scipy.stats import spearmanr
+
+from benchmarks.search_efficiency import METRIC, frozen_screen, space_path, table_path
+from sweeper.ladder import typed_point
+from sweeper.results import KNOB_PREFIX
+from sweeper.space import load_space, static_check
+from trainer.estimate import analytic
+from trainer.spec.checks import global_batch_size
+from trainer.spec.hardware import Topology
+
+FIT = ("search_table", "search_table_b", "search_table_c")
+HELD_OUT: tuple[str, ...] = ("search_table_d",)
+FIXED = ("compute", "update")  # not fitted: the MXU efficiencies and the update's bytes
+
+
+def points(name: str) -> pd.DataFrame:
+    """Each compiled point of a table that fits: its knobs, the compile's step (from its
+    tokens/s) and the screen's terms at a constant of 1."""
+    space = load_space(space_path(name))
+    topology = Topology.parse(space.target)
+    table = pd.read_csv(table_path(name))
+    table = table[table["status"] == "ok"].reset_index(drop=True)
+    rows = []
+    for _, row in table.iterrows():
+        config = static_check(space, typed_point(space, row), topology.devices)
+        batch = global_batch_size(config, topology.devices)
+        chips = topology.devices / topology.accelerator.devices_per_chip
+        tokens = batch * config.seq_len
+        terms = analytic.step_terms(config, topology.accelerator, topology.devices, batch)
+        estimated = analytic.estimate(config, topology.accelerator, topology.devices)
+        rows.append({
+            **{k: row[k] for k in table.columns if k.startswith(KNOB_PREFIX)},
+            "table": name,
+            "compiled": row[METRIC],
+            "step": tokens / row[METRIC] / chips,
+            "screen": estimated[METRIC],
+            **terms,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def fit(frame: pd.DataFrame) -> dict[str, float]:
+    """Non-negative least squares of the fitted terms' constants on the step, each point by
+    its relative error (the fixed terms at 1)."""
+    fitted = [k for k in analytic.STEP_CONSTANTS]
+    weight = 1 / frame["step"].to_numpy()
+    rest = frame["step"].to_numpy() - frame[list(FIXED)].sum(axis=1).to_numpy()
+    coef, _ = nnls(frame[fitted].to_numpy() * weight[:, None], rest * weight)
+    return {k: round(float(c), 3) for k, c in zip(fitted, coef, strict=True)}
+
+
+def summary(frame: pd.DataFrame, screen: pd.Series) -> dict[str, Any]:
+    error = screen / frame["compiled"] - 1
+    best = frame["compiled"].idxmax()
+    ranks = screen.rank(ascending=False)
+    return {
+        "points": len(frame),
+        "median |error|": statistics.median(error.abs()),
+        "max |error|": error.abs().max(),
+        "spearman": spearmanr(frame["compiled"], screen).statistic,
+        "best's screen rank": int(ranks[best]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true")
+    args = parser.parse_args()
+    frames = {name: points(name) for name in FIT if table_path(name).exists()}
+    if args.fit:
+        constants = fit(pd.concat(frames.values(), ignore_index=True))
+        print("STEP_CONSTANTS fitted on", ", ".join(frames), constants)
+        return
+    print("screen's est. tokens/s against the compile's, every point that compiled and fits")
+    lines = []
+    for name, frame in frames.items():
+        lines.append(("fit", name, summary(frame, frame["screen"])))
+    for name in HELD_OUT:
+        if not table_path(name).exists():
+            print(f"held out {name}: not compiled yet")
+            continue
+        frame = points(name)
+        frozen = frozen_screen(name)
+        if frozen is None:
+            raise SystemExit(f"{name} is held out but has no committed screen")
+        knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
+        committed = (
+            frame[knobs]
+            .astype(str)
+            .merge(
+                frozen.assign(**{k: frozen[k].astype(str) for k in knobs}), on=knobs, how="left"
+            )[METRIC]
+        )
+        lines.append(("held out (committed screen)", name, summary(frame, committed)))
+        lines.append(("held out (today's screen)", name, summary(frame, frame["screen"])))
+    table = pd.DataFrame([{"split": s, "table": n, **v} for s, n, v in lines])
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("constants:", analytic.STEP_CONSTANTS)
+
+
+if __name__ == "__main__":
+    main()
