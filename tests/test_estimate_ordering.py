@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from trainer.estimate.analytic import estimate
-from trainer.spec.config import load_config
+from trainer.estimate.analytic import (
+    estimate,
+    forward_flops_per_token,
+    recompute_share,
+    recomputed,
+)
+from trainer.spec.config import SPLASH_BLOCKS, load_config
 from trainer.spec.hardware import Topology
 
 TARGET = Topology.parse("tpu7x:4x4x4")
@@ -85,3 +90,34 @@ def test_host_offload_of_the_layer_input_saves_device_memory_and_costs_no_flops(
     assert offload[memory[0]][memory[1]] < device[memory[0]][memory[1]]
     assert offload["est_memory_per_device"]["host_activations"] > 0
     assert offload["est_step_time_s"] >= device["est_step_time_s"]  # never faster for moving data
+
+
+def test_the_screen_ranks_splash_blocks_of_2048_ahead_of_256():
+    """The published 70B recipe's 2048-wide blocks: 256-wide ones skip more of the causal
+    mask's diagonal but run 64 grid steps per sequence and head where 2048 run one, and hold a
+    128-wide head in half the MXU either way."""
+    tokens = {
+        block: _tokens(kernels={"attention": "splash", **dict.fromkeys(SPLASH_BLOCKS, block)})
+        for block in (256, 512, 2048)
+    }
+    assert tokens[256] < tokens[512] < tokens[2048]
+
+
+def test_remat_recomputes_what_it_does_not_keep_and_never_a_dense_output_projection():
+    """The backward runs again the matmuls whose outputs the policy neither keeps nor offloads,
+    except a dense MLP's output projection, whose output it never reads (the compiles: full
+    remat runs search_table's layer matmuls 1.24x, not 4/3x); an MoE layer's expert outputs
+    feed the router weights' gradient, so they are run again."""
+    dense = {"model": {"preset": "llama3-8b"}, "seq_len": 8192}
+
+    def again(policy: str, **extra: Any) -> dict[str, bool]:
+        return recomputed(load_config({**dense, **extra, "remat": {"policy": policy}}))
+
+    assert again("full") == {"qkv": True, "attention": True, "out": True, "wi": True, "wo": False}
+    assert again("save_dot_except_mlp") == {"qkv": False, "attention": True, "out": False,
+                                            "wi": True, "wo": False}  # fmt: skip
+    assert not any(v for k, v in again("minimal").items() if k != "attention")
+    assert again("full", model={"preset": "mixtral-8x7b"})["wo"] is True
+    config = load_config({**dense, "remat": {"policy": "full"}})
+    flops = forward_flops_per_token(config)
+    assert recompute_share(config) == pytest.approx(1 - flops["wo"] / sum(flops.values()))

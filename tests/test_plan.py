@@ -174,3 +174,18 @@ def test_the_memory_estimate_reads_each_compiled_search_table_near_the_compiler(
         pytest.skip(f"{name} is not compiled yet")
     assert len(errors) == 36
     assert sorted(errors)[len(errors) // 2] <= 0.10 and max(errors) <= 0.20, name
+
+
+@pytest.mark.parametrize("name", ["search_table", "search_table_b", "search_table_c"])
+def test_the_screen_reads_each_compiled_search_table_near_the_step_model(name):
+    """The screen's est. tokens/s against the step model read from each compiled program of a
+    search table its constants were fitted on (benchmarks/step_estimate.py): median |error|
+    within 5%, none beyond 15%, and ranked the same way more often than not (Spearman above
+    0.4; the earlier screen: +0.00, +0.62 and +0.09)."""
+    from benchmarks.step_estimate import points, summary
+
+    frame = points(name)
+    got = summary(frame, frame["screen"])
+    assert got["points"] >= 24
+    assert got["median |error|"] <= 0.05 and got["max |error|"] <= 0.15, got
+    assert got["spearman"] > 0.4, got
