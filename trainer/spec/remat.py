@@ -48,8 +48,6 @@ class Policy:
 
     saved: tuple[Tensor, ...]
     offloaded: tuple[Tensor, ...] = ()
-    # Share of the forward pass recomputed in the backward pass (the estimate's figure).
-    recompute_share: float = 0.0
 
     @property
     def remat_twin(self) -> tuple[Tensor, ...]:
@@ -61,20 +59,18 @@ _QKV = (Tensor.QUERY_PROJ, Tensor.KEY_PROJ, Tensor.VALUE_PROJ, Tensor.QKV_PROJ)
 _MINIMAL = (*_QKV, Tensor.OUT_PROJ, *EXPERT_TENSORS)
 
 POLICIES: dict[str, Policy] = {
-    "full": Policy((), recompute_share=1.0),
-    "minimal": Policy(_MINIMAL, recompute_share=0.15),
-    "minimal_with_context": Policy((*_MINIMAL, Tensor.CONTEXT), recompute_share=0.1),
-    "save_dot_with_context_except_mlp": Policy(
-        (*_QKV, Tensor.CONTEXT, Tensor.OUT_PROJ), recompute_share=0.6
-    ),
-    "save_dot_except_mlpwi": Policy((*_QKV, Tensor.OUT_PROJ, Tensor.MLPWO), recompute_share=0.45),
-    "save_dot_except_mlp": Policy((*_QKV, Tensor.OUT_PROJ), recompute_share=0.65),
-    "save_qkv_proj": Policy(_QKV, recompute_share=0.75),
-    "save_out_proj": Policy((Tensor.OUT_PROJ,), recompute_share=0.9),
-    "qkv_proj_offloaded": Policy((), offloaded=_QKV, recompute_share=0.75),
-    "minimal_offloaded": Policy((), offloaded=_MINIMAL, recompute_share=0.15),
-    # Per-tensor placements (RematConfig.custom); half recomputed is the estimate's prior.
-    "custom": Policy((), recompute_share=0.5),
+    "full": Policy(()),
+    "minimal": Policy(_MINIMAL),
+    "minimal_with_context": Policy((*_MINIMAL, Tensor.CONTEXT)),
+    "save_dot_with_context_except_mlp": Policy((*_QKV, Tensor.CONTEXT, Tensor.OUT_PROJ)),
+    "save_dot_except_mlpwi": Policy((*_QKV, Tensor.OUT_PROJ, Tensor.MLPWO)),
+    "save_dot_except_mlp": Policy((*_QKV, Tensor.OUT_PROJ)),
+    "save_qkv_proj": Policy(_QKV),
+    "save_out_proj": Policy((Tensor.OUT_PROJ,)),
+    "qkv_proj_offloaded": Policy((), offloaded=_QKV),
+    "minimal_offloaded": Policy((), offloaded=_MINIMAL),
+    # Per-tensor placements (RematConfig.custom): what they do not keep is recomputed.
+    "custom": Policy(()),
 }
 REMAT_POLICIES = tuple(POLICIES)
 # Offload policies and the policy they compile to when host placement is dropped.
