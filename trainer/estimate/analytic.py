@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.compile.step_model import (
+    FP8_MXU_EFFICIENCY,
+    GRID_STEP_S,
+    MXU_EFFICIENCY,
+    splash_work,
+)
 from trainer.spec.capacity import receive_buffer_groups
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import TrialConfig
@@ -293,15 +299,22 @@ def step_terms(
 ) -> dict[str, float]:
     """Seconds of each term of the screen's step on one device, each at a constant of 1
     (`STEP_CONSTANTS` weighs them; `compute` and `update` are not fitted)."""
-    from trainer.compile.step_model import (
-        FP8_MXU_EFFICIENCY,
-        GRID_STEP_S,
-        MXU_EFFICIENCY,
-        splash_work,
-    )
-
-    m = config.model
     degrees = check_static(config, num_devices)
+    mem = memory_per_device(config, degrees, global_batch)
+    comm = communication_bytes_per_device(config, degrees, global_batch)
+    return _terms(config, accel, num_devices, global_batch, degrees, mem, comm)
+
+
+def _terms(
+    config: TrialConfig,
+    accel: Accelerator,
+    num_devices: int,
+    global_batch: int,
+    degrees: dict[str, int],
+    mem: dict[str, float],
+    comm: dict[str, float],
+) -> dict[str, float]:
+    m = config.model
     per_device = accel.devices_per_chip
     peak = accel.peak_tflops["bf16"] * 1e12 / per_device
     fp8_peak = accel.peak_tflops.get("fp8", accel.peak_tflops["bf16"]) * 1e12 / per_device
@@ -331,9 +344,7 @@ def step_terms(
     tokens_local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * context)
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
-    mem = memory_per_device(config, degrees, global_batch)
     update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
-    comm = communication_bytes_per_device(config, degrees, global_batch)
     shard = degrees["fsdp"] * context * degrees["expert"]
     layer_params = (parameter_count(config) - 2 * m.vocab_size * m.d_model) / m.num_layers
     edge = (
@@ -377,7 +388,7 @@ def estimate(
     peak = accel.peak_tflops[precision] * 1e12
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
-    terms = step_terms(config, accel, num_devices, global_batch)
+    terms = _terms(config, accel, num_devices, global_batch, degrees, mem, comm)
     weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
     exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
     busy = sum(v for k, v in weighed.items() if k not in exposed_terms)
