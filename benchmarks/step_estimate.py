@@ -11,6 +11,10 @@ Tables, by what the constants saw (benchmarks/search_efficiency.py says how each
   were fitted (2026-12-04);
 - held out: the tables in HELD_OUT, whose screen (benchmarks/data/NAME_screen.csv, with
   these constants) was committed before any point of them was compiled.
+
+Beside them, the screen against the published Ironwood rows (benchmarks/calibration.py's
+PUBLISHED: measured on TPU7x, fidelity run): none of them shaped the seven constants; the
+step model's two MXU efficiencies the screen borrows were fitted on the two 70B 64-chip rows.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import pandas as pd
 from scipy.optimize import nnls
 from scipy.stats import spearmanr
 
+from benchmarks.calibration import FIT as CALIBRATION_FIT
+from benchmarks.calibration import PUBLISHED, recipe
 from benchmarks.search_efficiency import METRIC, frozen_screen, space_path, table_path
 from sweeper.ladder import typed_point
 from sweeper.results import KNOB_PREFIX
 from sweeper.space import load_space, static_check
 from trainer.estimate import analytic
 from trainer.spec.checks import global_batch_size
+from trainer.spec.config import load_config
 from trainer.spec.hardware import Topology
 
 FIT = ("search_table", "search_table_b", "search_table_c")
@@ -85,6 +92,24 @@ def summary(frame: pd.DataFrame, screen: pd.Series) -> dict[str, Any]:
     }
 
 
+def published() -> pd.DataFrame:
+    """The screen's est. tokens/s per chip for each published recipe, against the published
+    figure (measured on TPU7x)."""
+    rows = []
+    for name, row in PUBLISHED.items():
+        config, target = recipe(name)
+        topology = Topology.parse(target)
+        est = analytic.estimate(load_config(config), topology.accelerator, topology.devices)
+        rows.append({
+            "row": name,
+            "MXU efficiencies fitted on it": name in CALIBRATION_FIT,
+            "published": row[4],
+            "screen": est[METRIC],
+            "error": est[METRIC] / row[4] - 1,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true")
@@ -119,6 +144,13 @@ def main() -> None:
     table = pd.DataFrame([{"split": s, "table": n, **v} for s, n, v in lines])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("constants:", analytic.STEP_CONSTANTS)
+    print("\nscreen against the published Ironwood rows (fidelity run, TPU7x):")
+    rows = published()
+    print(rows.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
+    dense = rows[~rows["row"].str.startswith("qwen3")]
+    print(f"median |error|, dense rows: {dense['error'].abs().median():.1%} over {len(dense)}; "
+          f"MoE rows: {rows.loc[~rows.index.isin(dense.index), 'error'].abs().median():.1%} "
+          "(the routing's cost is not in the screen)")  # fmt: skip
 
 
 if __name__ == "__main__":
