@@ -23,6 +23,11 @@ the step model's estimate from the compiled program):
   memory estimate refitted on 2026-12-04 (fitted on the two tables above among others): its
   screen (search_table_c_screen.csv) was committed at 2dbee99, before any point was compiled.
 
+- search_table_d: a 4-layer d1792 model at 2k with a 64k vocabulary, held out from the
+  screen's step estimate fitted on 2026-12-04 (on the three tables above) and from the memory
+  estimate: its screen (search_table_d_screen.csv) was committed at 01de8e4, before any
+  point was compiled (sweep 20261204-175852-e03d).
+
 A held-out table's ladder reads its committed screen (and the report adds today's beside).
 
 Each was made by

@@ -92,6 +92,16 @@ def summary(frame: pd.DataFrame, screen: pd.Series) -> dict[str, Any]:
     }
 
 
+def committed_screen(name: str, frame: pd.DataFrame) -> pd.Series:
+    """A held-out table's committed screen figures for `frame`'s points, in its order."""
+    frozen = frozen_screen(name)
+    if frozen is None:
+        raise SystemExit(f"{name} is held out but has no committed screen")
+    knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
+    typed = frozen.assign(**{k: frozen[k].astype(str) for k in knobs})
+    return frame[knobs].astype(str).merge(typed, on=knobs, how="left")[METRIC]
+
+
 def published() -> pd.DataFrame:
     """The screen's est. tokens/s per chip for each published recipe, against the published
     figure (measured on TPU7x)."""
@@ -128,17 +138,7 @@ def main() -> None:
             print(f"held out {name}: not compiled yet")
             continue
         frame = points(name)
-        frozen = frozen_screen(name)
-        if frozen is None:
-            raise SystemExit(f"{name} is held out but has no committed screen")
-        knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
-        committed = (
-            frame[knobs]
-            .astype(str)
-            .merge(
-                frozen.assign(**{k: frozen[k].astype(str) for k in knobs}), on=knobs, how="left"
-            )[METRIC]
-        )
+        committed = committed_screen(name, frame)
         lines.append(("held out (committed screen)", name, summary(frame, committed)))
         lines.append(("held out (today's screen)", name, summary(frame, frame["screen"])))
     table = pd.DataFrame([{"split": s, "table": n, **v} for s, n, v in lines])
