@@ -1,4 +1,5 @@
-"""Analytic step model: FLOPs, bytes, communication, memory, roofline time (fidelity: estimate).
+"""Analytic step model: FLOPs, bytes, communication, memory and a step time built like the
+step model a compile reads (trainer/compile/step_model.py), from formulas (fidelity: estimate).
 
 Every figure here is an estimate from formulas and a datasheet; none is a measurement.
 Compile trials reuse it with the compiler's real memory in place of the estimated one.
