@@ -76,7 +76,7 @@ from sweeper.search import make_sampler, to_distribution
 from sweeper.space import Space, count_points, load_space
 
 HERE = Path(__file__).resolve().parent
-TABLES = ("search_table", "search_table_b", "search_table_c", "search_table_d")
+TABLES = ("search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e")
 
 
 def space_path(name: str) -> Path:

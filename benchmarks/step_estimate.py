@@ -39,7 +39,7 @@ from trainer.spec.config import load_config
 from trainer.spec.hardware import Topology
 
 FIT = ("search_table", "search_table_b", "search_table_c")
-HELD_OUT: tuple[str, ...] = ("search_table_d",)
+HELD_OUT: tuple[str, ...] = ("search_table_d", "search_table_e")
 FIXED = ("compute", "update")  # not fitted: the MXU efficiencies and the update's bytes
 
 
