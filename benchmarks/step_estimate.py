@@ -150,7 +150,7 @@ def main() -> None:
     dense = rows[~rows["row"].str.startswith("qwen3")]
     print(f"median |error|, dense rows: {dense['error'].abs().median():.1%} over {len(dense)}; "
           f"MoE rows: {rows.loc[~rows.index.isin(dense.index), 'error'].abs().median():.1%} "
-          "(the routing's cost is not in the screen)")  # fmt: skip
+          "(the communication their compiles expose, the routing's among it, is not in the screen)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -121,3 +121,46 @@ def test_remat_recomputes_what_it_does_not_keep_and_never_a_dense_output_project
     config = load_config({**dense, "remat": {"policy": "full"}})
     flops = forward_flops_per_token(config)
     assert recompute_share(config) == pytest.approx(1 - flops["wo"] / sum(flops.values()))
+
+
+def _every_tile(config: dict[str, Any], tiles: str) -> dict[str, Any]:
+    """`config` with tokamax's grouped-matmul tiles `tiles` for every weight and pass."""
+    every = {f"{w}_{p}": tiles for w in ("wi", "wo") for p in ("fwd", "dlhs", "drhs")}
+    return {**config, "kernels": {**config["kernels"], "tokamax_tiles": every}}
+
+
+def test_the_screen_prices_grouped_matmul_tiles_by_their_padding():
+    """qwen3-235b-a22b 4k's recipe (tokamax's kernels, MaxText's 512x1024x1024 tiles): its
+    experts' 1536-wide MLP pads to 2048 in 1024-wide tiles and not in 512-wide ones; 128-row
+    tiles pad the fewest rows but half-fill TPU7x's 256-wide MXU in the weight gradient, whose
+    held tile is rows x columns."""
+    from benchmarks.calibration import recipe
+
+    config, target = recipe("qwen3-235b-a22b 4k bf16 256 chips")
+    topology = Topology.parse(target)
+
+    def tokens(tiles: str) -> float:
+        est = estimate(load_config(_every_tile(config, tiles)), topology.accelerator,
+                       topology.devices)  # fmt: skip
+        return est["est_tokens_per_sec_per_chip"]
+
+    assert tokens("512x512x512") > tokens("512x1024x1024") > tokens("128x1024x1024")
+
+
+def test_the_screen_floors_small_grouped_matmul_tiles_at_their_grid_steps():
+    """64 small experts (d_model and MLP 512): a 256x512x512 tile's matmul takes 0.16 us at
+    the MXU efficiency, under the 0.36 us a grid step takes (GRID_STEP_S); 512-row tiles pad
+    more rows but run half the steps, so they are the faster (without the floor, the 256-row
+    ones)."""
+    model = {"vocab_size": 32768, "d_model": 512, "num_layers": 4, "num_heads": 4,
+             "num_kv_heads": 4, "head_dim": 128, "mlp_dim": 512, "num_experts": 64,
+             "experts_per_token": 2}  # fmt: skip
+    config = {"model": model, "seq_len": 2048, "per_device_batch": 4,
+              "kernels": {"attention": "splash", "moe_gmm": "tokamax"}}  # fmt: skip
+    target = Topology.parse("tpu7x:2x2x1")
+
+    def tokens(tiles: str) -> float:
+        est = estimate(load_config(_every_tile(config, tiles)), target.accelerator, target.devices)
+        return est["est_tokens_per_sec_per_chip"]
+
+    assert tokens("512x512x512") > tokens("256x512x512")

@@ -7,17 +7,19 @@ Compile trials reuse it with the compiler's real memory in place of the estimate
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainer.compile.step_model import (
     FP8_MXU_EFFICIENCY,
     GRID_STEP_S,
     MXU_EFFICIENCY,
+    mxu_fill,
     splash_work,
 )
 from trainer.spec.capacity import receive_buffer_groups
 from trainer.spec.checks import check_static, global_batch_size
-from trainer.spec.config import TrialConfig
+from trainer.spec.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
 from trainer.spec.flops import training_flops_by_kind
 from trainer.spec.hardware import Accelerator
 from trainer.spec.remat import Tensor, placements
@@ -134,18 +136,23 @@ def layer_tensor_bytes(
         Tensor.QKV_PROJ: heads * (m.num_heads + 2 * m.num_kv_heads) if m.fused_qkv else 0.0,
         Tensor.OUT_PROJ: residual,
     }
-    rows = tokens_local
-    if m.is_moe:  # routed rows: each token's top-k slots, received into the EP buffer
-        slots = tokens_local * m.experts_per_token
-        groups = receive_buffer_groups(
-            round(slots), m.num_experts, degrees["expert"], m.capacity_factor
-        )
-        rows = slots * groups
+    rows = routed_rows(config, degrees, tokens_local) if m.is_moe else tokens_local
     sizes[Tensor.MLPWI_0] = sizes[Tensor.MLPWI_1] = rows * m.mlp_dim * BF16 / tensor
     # An expert's output row is a partial sum over the tensor shards of the mlp dimension
     # (summed after the combine): every device holds whole d_model rows.
     sizes[Tensor.MLPWO] = rows * m.d_model * BF16 / (1 if m.is_moe else tensor)
     return {t.value: v for t, v in sizes.items()}
+
+
+def routed_rows(config: TrialConfig, degrees: dict[str, int], tokens_local: float) -> float:
+    """An MoE layer's routed rows per device: each token's top-k slots, received into the
+    expert-parallel buffer."""
+    m = config.model
+    slots = tokens_local * m.experts_per_token
+    groups = receive_buffer_groups(
+        round(slots), m.num_experts, degrees["expert"], m.capacity_factor
+    )
+    return slots * groups
 
 
 def _placed(config: TrialConfig) -> dict[str, tuple[str, ...]]:
@@ -268,6 +275,47 @@ def recompute_share(config: TrialConfig) -> float:
     return sum(f for k, f in flops.items() if again[k]) / sum(flops.values())
 
 
+def expert_tiles(
+    config: TrialConfig, degrees: dict[str, int], rows: float, mxu_width: int = 0
+) -> tuple[float, float]:
+    """(The MXU work of an MoE layer's expert matmuls over their FLOPs; the tiles, the
+    kernels' grid steps, of one layer's forward and backward), as the grouped-matmul
+    kernels compute them (`trainer.compile.step_model.grouped_matmul_flops` reads the same
+    from a compiled program): whole (tm, tk, tn) tiles over at most rows/tm + G - 1 row tiles
+    (a tile two experts share runs for each), the other dims padded to whole tiles, over the
+    MXU share the held tile fills (`mxu_width`, the chip's; 0: not counted). `rows`: routed
+    rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's knob or MaxText's defaults;
+    1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program)."""
+    m = config.model
+    kernels = config.resolved_kernels("tpu", degrees["context"])
+    if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax") or rows < 1:
+        return 1.0, 0.0
+    groups = m.num_experts // degrees["expert"]
+    d, mlp = m.d_model, m.mlp_dim // degrees["tensor"]
+    shapes = {  # weight: {pass: (rows, contracted, columns)}, the kernel's order; wi runs twice
+        "wi": {"fwd": (rows, d, mlp), "dlhs": (rows, mlp, d), "drhs": (rows, d, mlp)},
+        "wo": {"fwd": (rows, mlp, d), "dlhs": (rows, d, mlp), "drhs": (rows, mlp, d)},
+    }
+    computed = useful = steps = 0.0
+    for weight, passes in shapes.items():
+        dims = {p: (round(r), round(k), round(n)) for p, (r, k, n) in passes.items()}
+        if kernels.moe_gmm == "tokamax":
+            tiles = kernels.tokamax_tiles.of(weight, dims, default=MAXTEXT_TILES)
+        else:
+            tiles = {p: (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn) for p in GMM_PASSES}
+        for name in GMM_PASSES:
+            r, k, n = passes[name]
+            tm, tk, tn = tiles[name] or (1, 1, 1)
+            row_tiles = math.ceil(r / tm) + groups - 1
+            held = (tm, tn) if name == "drhs" else (tk, tn)
+            count = row_tiles * math.ceil(k / tk) * math.ceil(n / tn)
+            times = 2 if weight == "wi" else 1
+            computed += times * count * tm * tk * tn / mxu_fill(mxu_width, *held)
+            useful += times * r * k * n
+            steps += times * count
+    return computed / useful, steps
+
+
 # The screen's step (`estimate`): the TensorCore's work in turn, with communication hidden
 # under it but for what the structure exposes. Each constant multiplies a term named by it;
 # fitted by `python -m benchmarks.step_estimate --fit` (non-negative least squares) on the
@@ -324,9 +372,16 @@ def _terms(
     tokens = global_batch * config.seq_len
     again = recomputed(config)
     per_token = forward_flops_per_token(config)
-    layer_matmuls = sum(f for k, f in per_token.items() if k != "attention")
-    layer = tokens * m.num_layers * (3 * layer_matmuls + sum(
-        f for k, f in per_token.items() if k != "attention" and again[k])) / num_devices  # fmt: skip
+    tokens_local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * degrees[
+        "context"])  # fmt: skip
+    # the expert matmuls in whole tiles (a dense MLP: 1)
+    rows = routed_rows(config, degrees, tokens_local) if m.is_moe else 0.0
+    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width)
+    matmuls = {k: f * (3 + again[k]) for k, f in per_token.items() if k != "attention"}
+    experts = (matmuls["wi"] + matmuls["wo"]) * waste if m.is_moe else 0.0
+    dense = sum(matmuls.values()) - (matmuls["wi"] + matmuls["wo"] if m.is_moe else 0.0)
+    layer = tokens * m.num_layers * dense / num_devices
+    expert = tokens * m.num_layers * experts / num_devices
     logits = 3 * 2 * tokens * m.d_model * m.vocab_size / num_devices
     context = degrees["context"]
     grid = 0.0
@@ -339,10 +394,10 @@ def _terms(
         attention = tokens * m.num_layers * per_token["attention"] * (
             3 + again["attention"]) / num_devices  # fmt: skip
     fp8 = config.precision.mode == "fp8"
-    compute = layer / (fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY) + (
-        logits + attention
-    ) / (peak * MXU_EFFICIENCY)
-    tokens_local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * context)
+    layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
+    # the grouped-matmul kernels take at least their grid steps (the step model's floor)
+    expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
+    compute = layer / layer_rate + expert_s + (logits + attention) / (peak * MXU_EFFICIENCY)
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
     update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
