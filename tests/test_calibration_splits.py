@@ -90,7 +90,7 @@ def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows)
 def test_both_programs_of_each_moe_recipe_read_near_the_published_figure(rows):
     """Both programs of each qwen3 recipe read within 15% of the published figure, ours
     within 10% (with the grouped matmuls uncounted, MaxText's read +36%)."""
-    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
     for name in (n for n in rows if n in calibration.MAXTEXT):

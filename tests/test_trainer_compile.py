@@ -99,7 +99,8 @@ def test_a_splash_forward_the_backward_recomputes_counts_twice(remat_pair):
     backward: the compiled program makes two Splash forward calls a layer and one fused
     backward. The kernel FLOPs count the calls it makes, as their blocks compute them: a
     forward 2 matmuls a score, the backward 5."""
-    from trainer.compile.step_model import kernel_flops, splash_scores
+    from trainer.compile.step_model import kernel_flops
+    from trainer.spec.mxu import splash_scores
 
     seq, batch, devices = 1024, 2, 8
     config = load_config({"model": SMALL, "seq_len": seq, "per_device_batch": batch})
@@ -495,8 +496,8 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     group metadata): 1,024 routed rows per device over 8 experts are 2 + 7 tiles of 512
     rows (4.5x the rows) but 8 + 7 tiles of 128 (1.875x). The estimate reads each call's
     tiles from its Mosaic module in the compiled program, and counts the calls it makes."""
-    from trainer.compile.step_model import MXU_EFFICIENCY
     from trainer.spec.hardware import Topology
+    from trainer.spec.mxu import MXU_EFFICIENCY
 
     summaries = {}
     for tm in (512, 128):

@@ -407,7 +407,7 @@ def test_the_re_tuned_recipe_ranks_above_the_original_fp8_recipe():
     programs and on 0.0.52's once their SparseCore collectives are read (in async custom
     calls: unread, the two programs looked alike and the pair ranked wrong)."""
     from benchmarks.calibration import estimate_rows, predict
-    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     rows = estimate_rows(recompile=False, only="fp8 re-tuned 64", recorded=True)
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
@@ -426,7 +426,7 @@ def test_the_qwen3_fp8_recipe_ranks_above_its_bf16_one():
     bf16 ones (compiled with tokamax's default 128-wide tiles they filled a quarter of the
     MXU, and the model put fp8 1.36x slower)."""
     from benchmarks.calibration import estimate_rows, predict
-    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     rows = estimate_rows(recompile=False, only="qwen3", recorded=True)
     bf16, fp8 = (rows[f"qwen3-235b-a22b 4k {p} 256 chips"] for p in ("bf16", "fp8"))
@@ -442,7 +442,7 @@ def test_splash_computes_every_block_the_causal_mask_touches(block_q, block_kv):
     counted against the blocks of an explicit mask."""
     import numpy as np
 
-    from trainer.compile.step_model import splash_scores
+    from trainer.spec.mxu import splash_scores
 
     seq = 1024
     causal = np.tril(np.ones((seq, seq), bool))
@@ -471,8 +471,8 @@ def test_splash_blocks_change_the_kernel_flops():
 def test_a_kernel_matmul_fills_the_mxu_by_its_held_tile(contracted, columns, fill):
     """TPU7x's MXU is 256 wide (JAX's TpuInfo): a kernel matmul holding a 128-deep operand
     keeps half the array busy; each dim is padded up to whole widths."""
-    from trainer.compile.step_model import mxu_fill
     from trainer.spec.hardware import ACCELERATORS
+    from trainer.spec.mxu import mxu_fill
 
     width = ACCELERATORS["tpu7x"].mxu_width
     assert mxu_fill(width, contracted, columns) == pytest.approx(fill)
@@ -564,9 +564,10 @@ def _recipe_at_blocks(block: int) -> float:
     with its Splash calls counted at `block` for every block size: the program's other ops are
     the recipe's (a compile at other blocks differs in its kernel calls)."""
     from benchmarks.calibration import _BLOCKS, estimate_rows, predict, recipe
-    from trainer.compile.step_model import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY, kernel_flops
+    from trainer.compile.step_model import kernel_flops
     from trainer.spec.config import load_config
     from trainer.spec.hardware import ACCELERATORS, Topology
+    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     name = "llama3.1-70b 8k bf16 64 chips"
     row = dict(estimate_rows(recompile=False, only=name, recorded=True)[name])

@@ -10,18 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainer.compile.step_model import (
-    FP8_MXU_EFFICIENCY,
-    GRID_STEP_S,
-    MXU_EFFICIENCY,
-    mxu_fill,
-    splash_work,
-)
 from trainer.spec.capacity import receive_buffer_groups
 from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
 from trainer.spec.flops import training_flops_by_kind
 from trainer.spec.hardware import Accelerator
+from trainer.spec.mxu import FP8_MXU_EFFICIENCY, GRID_STEP_S, MXU_EFFICIENCY, mxu_fill, splash_work
 from trainer.spec.remat import Tensor, placements
 
 BF16, F32 = 2, 4
@@ -322,7 +316,7 @@ def expert_tiles(
 # step model's figures for every point of the three compiled search tables (fidelity compile,
 # libtpu 0.0.52; benchmarks/data/search_table*.csv), 2026-12-04:
 STEP_CONSTANTS: dict[str, float] = {
-    # Splash grid steps at the step model's GRID_STEP_S (trainer.compile.step_model): the
+    # Splash grid steps at GRID_STEP_S (trainer.spec.mxu, the step model's too): the
     # share not hidden under the kernels' own work.
     "grid_steps": 0.615,
     # Passes of non-matmul ops (norms, rotary embedding, gating, residual adds, casts) over a
