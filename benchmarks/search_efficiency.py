@@ -27,6 +27,9 @@ the step model's estimate from the compiled program):
   screen's step estimate fitted on 2026-12-04 (on the three tables above) and from the memory
   estimate: its screen (search_table_d_screen.csv) was committed at 01de8e4, before any
   point was compiled (sweep 20261204-175852-e03d).
+- search_table_e: a 4-layer d2048 model at 1k with a 48k vocabulary, held out like
+  search_table_d from the same screen: its screen (search_table_e_screen.csv) was committed
+  at cc222c1, before any point was compiled (sweep 20261204-190257-c517).
 
 A held-out table's ladder reads its committed screen (and the report adds today's beside).
 
