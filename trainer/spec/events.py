@@ -256,12 +256,14 @@ class Summary(_Event):
     )
     est_serial_s: float | None = Field(
         default=None,
-        description="formula roofline: what a step cannot overlap (optimizer update, first "
-        "gather and last reduce-scatter of the layer loop)",
+        description="estimate fidelity: what a step cannot overlap (the optimizer's update, "
+        "the first gather and last reduce-scatter of the layer loop, fp8's exposed "
+        "tensor-parallel all-reduces)",
     )
     est_busy_s: float | None = Field(
         default=None,
-        description="TensorCore time: the program's ops one at a time, in its schedule",
+        description="TensorCore time: the program's ops one at a time, in its schedule (the "
+        "formula's TensorCore work at estimate fidelity)",
     )
     est_grid_steps_s: float | None = Field(
         default=None,
@@ -269,10 +271,12 @@ class Summary(_Event):
         "under their compute time (small blocks)",
     )
     est_exposed_comm_s: float | None = Field(
-        default=None, description="step time less busy time: async work the schedule waits for"
+        default=None,
+        description="step time less busy time: async work the schedule waits for (the "
+        "formula's exposed communication at estimate fidelity)",
     )
     est_model: str | None = Field(
-        default=None, description="hlo: read from the compiled program; else the formula roofline"
+        default=None, description="hlo: read from the compiled program; else the analytic formula"
     )
     program_cost: dict[str, Any] | None = Field(
         default=None, description="per device per step, counted in the optimized HLO"
