@@ -51,6 +51,8 @@ from trainer.spec.mxu import (
     mxu_fill,
     splash_fills,
     splash_score_counts,
+    splash_work,
+    whole_tiles,
 )
 
 _MOVED = {  # bytes a device sends per byte counted (result for all-gather, else operand)
@@ -258,11 +260,8 @@ def kernel_flops(
     kernels = config.resolved_kernels("tpu", context)
     flops = 0.0
     if kernels.attention == "splash":
-        forward, backward = splash_score_counts(config, context)
-        fill_fwd, fill_dkv, _ = splash_fills(config, context, mxu_width)
-        per_score = flops_per_score(config, global_batch, num_devices)
-        flops += 2 * per_score * (forward / fill_fwd + 2 * backward / fill_dkv)
-        flops *= m.num_layers
+        splash = splash_work(config, global_batch, num_devices, context, mxu_width)
+        flops += m.num_layers * (splash["forward_flops"] + splash["backward_flops"])
     if m.is_moe and kernels.moe_gmm in ("megablox", "tokamax"):
         tokens = global_batch * config.seq_len
         expert_mlp = 2 * tokens * m.mlp_dim * m.d_model * 3 * m.experts_per_token
@@ -317,17 +316,8 @@ def grid_steps(
     it has none)."""
     name = call["name"]
     if name.startswith("splash_") and context == 1:
-        s = config.seq_len
-        blocks = config.resolved_kernels("tpu", context).blocks(s, s)
-        q, kv = (
-            (blocks["block_q"], blocks["block_kv"])
-            if "_fwd" in name
-            else (blocks["block_q_dkv"], blocks["block_kv_dkv"])
-        )
-        sequences_heads = flops_per_score(config, global_batch, num_devices) / (
-            2 * config.model.head_dim
-        )
-        return sequences_heads * math.ceil(s / q) * math.ceil(s / kv)
+        splash = splash_work(config, global_batch, num_devices)
+        return splash["forward_steps" if "_fwd" in name else "backward_steps"]
     if name.startswith(GROUPED_MATMULS) and call["flops"] and _tiles(call):
         m = config.model
         return _grouped_tiles(call, m.num_experts // expert if m.is_moe else 1)[1]
@@ -366,8 +356,7 @@ def _grouped_tiles(call: dict, groups: int) -> tuple[float, int, tuple[int, int]
         rows, n = call["out"]
         k = call["flops"] / (2 * rows * n)
         held = (tk, tn)
-    row_tiles = math.ceil(rows / tm) + groups - 1
-    tiles = row_tiles * math.ceil(k / tk) * math.ceil(n / tn)
+    tiles = whole_tiles(rows, k, n, (tm, tk, tn), groups)
     return 2.0 * tiles * tm * tk * tn, tiles, held
 
 

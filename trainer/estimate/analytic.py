@@ -7,7 +7,6 @@ Compile trials reuse it with the compiler's real memory in place of the estimate
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from trainer.spec.capacity import receive_buffer_groups
@@ -15,7 +14,14 @@ from trainer.spec.checks import check_static, global_batch_size
 from trainer.spec.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
 from trainer.spec.flops import training_flops_by_kind
 from trainer.spec.hardware import Accelerator
-from trainer.spec.mxu import FP8_MXU_EFFICIENCY, GRID_STEP_S, MXU_EFFICIENCY, mxu_fill, splash_work
+from trainer.spec.mxu import (
+    FP8_MXU_EFFICIENCY,
+    GRID_STEP_S,
+    MXU_EFFICIENCY,
+    mxu_fill,
+    splash_work,
+    whole_tiles,
+)
 from trainer.spec.remat import Tensor, placements
 
 BF16, F32 = 2, 4
@@ -300,9 +306,8 @@ def expert_tiles(
         for name in GMM_PASSES:
             r, k, n = passes[name]
             tm, tk, tn = tiles[name] or (1, 1, 1)
-            row_tiles = math.ceil(r / tm) + groups - 1
             held = (tm, tn) if name == "drhs" else (tk, tn)
-            count = row_tiles * math.ceil(k / tk) * math.ceil(n / tn)
+            count = whole_tiles(r, k, n, (tm, tk, tn), groups)
             times = 2 if weight == "wi" else 1
             computed += times * count * tm * tk * tn / mxu_fill(mxu_width, *held)
             useful += times * r * k * n
@@ -409,7 +414,7 @@ def _terms(
         # offloaded ones pass through HBM on their way to the host and back
         "saved_passes": (mem["activations"] + mem["host_activations"]) / hbm,
         "fp8_passes": passes * layer_bytes / hbm * fp8,
-        "edge_gathers": edge if shard > 1 else 0.0,
+        "edge_gathers": edge,  # 0 unsharded: (shard - 1) / shard
         "fp8_tensor_all_reduce": comm["tensor_all_reduce"] / ici * fp8,
     }
 

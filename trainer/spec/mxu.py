@@ -124,3 +124,15 @@ def splash_work(
         * math.ceil(s / blocks["block_q_dkv"])
         * math.ceil(config.seq_len / blocks["block_kv_dkv"]),
     }
+
+
+def whole_tiles(
+    rows: float, contracted: float, columns: float, tiles: tuple[int, int, int], groups: int
+) -> int:
+    """The (tm, tk, tn) tiles a grouped matmul of `rows` routed rows over `groups` experts
+    computes (its grid steps): at most rows/tm + groups - 1 row tiles (a row tile two
+    experts share runs once for each: the kernels' group metadata; routed rows rarely end on
+    a tile edge), its contraction and columns padded to whole tiles."""
+    tm, tk, tn = tiles
+    row_tiles = math.ceil(rows / tm) + groups - 1
+    return row_tiles * math.ceil(contracted / tk) * math.ceil(columns / tn)
