@@ -79,21 +79,33 @@ def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows)
         assert calibration.compiled_by(name)["libtpu"] == calibration.compiled_by(ours)["libtpu"]
 
 
+def test_both_qwen3_rows_read_within_10_percent_of_the_published_figure(rows):
+    """The routing libtpu 0.0.52 offloads to the SparseCores (gather_offload and
+    scatter_offload async custom calls, and their layout conversions) runs at the SparseCores'
+    published gather rate, not the HBM rate (at the HBM rate: +7.2% bf16, +13.2% fp8), and a
+    gather reads every row it fetches. Not fitted: the rate is the JAX SparseCore guide's
+    benchmark on TPU 7x (trainer/spec/hardware.py); these rows were seen before it."""
+    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+
+    constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
+    for precision in ("bf16", "fp8"):
+        name = f"qwen3-235b-a22b 4k {precision} 256 chips"
+        assert abs(calibration.error(rows[name], constants)) < 0.10, name
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="the step model has no cost for the MoE routing libtpu 0.0.52 offloads to the "
-    "SparseCores (gather_offload/scatter_offload async custom calls, priced as HBM bytes at "
-    "the HBM rate beside the TensorCore): MaxText's qwen3 programs read +32% (bf16) and "
-    "+45% (fp8), ours +7% and +13%. Within 15%/10% before 2026-12-04 only because those "
-    "calls were misread: the TensorCore was charged their bytes and waited for every engine",
+    reason="MaxText's own qwen3 programs read +14% (bf16) and +24% (fp8) with the SparseCore "
+    "rate: they compute less than ours in the model (their grouped matmuls in 128-row tiles: "
+    "8.1 PFLOP a step against ours 11.2, every tile at full MXU efficiency) and the fp8 "
+    "program gains 1.23x on bf16 where the published runs gain 1.14x. What the model lacks "
+    "for them is not known: docs/trainer.md",
 )
-def test_both_programs_of_each_moe_recipe_read_near_the_published_figure(rows):
-    """Both programs of each qwen3 recipe read within 15% of the published figure, ours
-    within 10% (with the grouped matmuls uncounted, MaxText's read +36%)."""
+def test_maxtexts_own_programs_of_the_moe_recipes_read_within_15_percent(rows):
+    """MaxText's own program of each qwen3 recipe (what the published runs ran) reads within
+    15% of the published figure."""
     from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
     for name in (n for n in rows if n in calibration.MAXTEXT):
-        ours = name.removesuffix(" on MaxText")
         assert abs(calibration.error(rows[name], constants)) < 0.15, name
-        assert abs(calibration.error(rows[ours], constants)) < 0.10, ours

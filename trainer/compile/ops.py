@@ -273,12 +273,17 @@ def _bytes_read(value: str, body: list[Instr], computations: dict[str, list[Inst
                 types: dict[str, str], depth: int = 0) -> float:  # fmt: skip
     """HBM bytes a fusion reads of one of its inputs: a stacked buffer it only slices
     (dynamic-slice) costs the slices, one it updates in place (dynamic-update-slice)
-    costs nothing to read; anything else reads it whole."""
+    costs nothing to read; a gather reads the rows it fetches, once per index (more than
+    the buffer where rows repeat: top-k routing fetches each token's row k times); anything
+    else reads it whole."""
     whole = nbytes(types.get(value, ""), VMEM_SPACE)
     if depth > 8:
         return whole
+    users = [i for i in body if value in i.operands]
+    gathers = [u for u in users if u.opcode == "gather" and u.operands[0] == value]
+    gathered = sum(nbytes(u.type) for u in gathers)
     read = 0.0
-    for user in (i for i in body if value in i.operands):
+    for user in (u for u in users if u not in gathers):
         if user.opcode == "dynamic-slice" and user.operands[0] == value:
             read += nbytes(user.type)
         elif user.opcode == "dynamic-update-slice" and user.operands[0] == value:
@@ -292,7 +297,7 @@ def _bytes_read(value: str, body: list[Instr], computations: dict[str, list[Inst
                 if len(params) != 1 or not any(
                     i.opcode in _PASS_THROUGH or i.opcode == "fusion" for i in inner
                 ):
-                    return whole
+                    return whole + gathered
             read += _bytes_read(user.name, body, computations, types, depth + 1)
         elif user.opcode == "fusion":
             inner = computations.get(callee(user) or "", [])
@@ -300,11 +305,11 @@ def _bytes_read(value: str, body: list[Instr], computations: dict[str, list[Inst
             param = next((i.name for i in inner if i.opcode == "parameter"
                           and i.args.strip() == str(index)), None)  # fmt: skip
             if param is None:
-                return whole
+                return whole + gathered
             read += _bytes_read(param, inner, computations, types, depth + 1)
         else:
-            return whole
-    return min(read, whole)
+            return whole + gathered
+    return min(read, whole) + gathered
 
 
 def _bytes_written(instr: Instr, by_name: dict[str, Instr], depth: int = 0) -> float:
@@ -338,8 +343,8 @@ def fusion_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     for index, operand in enumerate(instr.operands):
         whole = nbytes(types.get(operand, ""), VMEM_SPACE)
         param = params.get(str(index))
-        read += whole if param is None else min(whole, _bytes_read(param, body, computations,
-                                                                   types))  # fmt: skip
+        # At most the whole input, and the rows a gather fetches (_bytes_read).
+        read += whole if param is None else _bytes_read(param, body, computations, types)
     by_name = {i.name: i for i in body}
     return read + min(_bytes_written(root, by_name), nbytes(instr.type, VMEM_SPACE))
 
@@ -431,6 +436,8 @@ def op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     if (op in _NO_DATA or op.endswith(("-start", "-update", "-done"))
             or op in COLLECTIVES):  # fmt: skip
         return 0.0
+    if op == "custom-call" and "called_computations=" in instr.attrs:
+        return 0.0  # a wrapper (a SparseCore call's): its callee's ops move the bytes
     if op == "dynamic-update-slice" and len(instr.operands) > 1:
         return 2 * nbytes(types.get(instr.operands[1], ""), VMEM_SPACE)
     if op in ("dynamic-slice", "slice"):

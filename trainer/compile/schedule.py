@@ -151,7 +151,9 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
                                  bytes=between.bytes))  # fmt: skip
         if instr.opcode == "copy-start" and not work.host:
             work.hbm += 2 * sum(nbytes(types.get(o, "")) for o in instr.operands)
-        if instr.opcode in ASYNC_CALLS:
+        # An async call runs its callee; inside, a call or a custom call may run its own
+        # (MaxText's programs wrap a SparseCore collective or copy in more such calls).
+        if instr.opcode in (*ASYNC_CALLS, "call", "custom-call"):
             for target in called(instr):
                 for inner in computations.get(target, []):
                     if inner.opcode in ("parameter", "tuple", "get-tuple-element"):
@@ -159,8 +161,9 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
                     done = work_of(inner)
                     work.ici += done.ici
                     work.host += done.host
+                    moves = not done.ici and not done.host  # else the link moves the bytes
                     work.hbm += done.hbm + (
-                        op_hbm_bytes(inner, computations, types) if not done.ici else 0.0
+                        op_hbm_bytes(inner, computations, types) if moves else 0.0
                     )
         return work
 
@@ -203,8 +206,11 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
             elif op.endswith("-start") and instr.name in updated:
                 continue  # started at its update
             elif op.endswith("-start"):
+                work = work_of(instr)
                 engine = engine_of(instr, types)
-                events.append(Start(name=instr.name, engine=engine, work=work_of(instr)))
+                if engine == "async" and work.host:  # an async call that moves to or from host
+                    engine = "host"
+                events.append(Start(name=instr.name, engine=engine, work=work))
             elif megascale_kind(instr):
                 # A cross-slice collective: the send hands the operand to the data center
                 # network, in turn with the others; its recv's result is there once the

@@ -133,6 +133,7 @@ class _Rates:
         self.ici_axis = accel.ici_axis_bytes_per_s / per_device
         self.host = accel.host_link_bytes_per_s / per_device
         self.dcn_per_device = accel.dcn_bytes_per_s_per_chip / per_device
+        self.sparsecore = (accel.sparsecore_bytes_per_s or accel.hbm_bytes_per_s) / per_device
 
     def compute(self, fp8: float, bf16: float, f32: float) -> float:
         peak = self.peak["bf16"]
@@ -155,12 +156,13 @@ class _Rates:
         moved = _MOVED.get(kind, _MOVED["collective-permute"])(group)
         return counted * moved / self.dcn_per_device
 
-    def work(self, work: Work) -> float:
-        """An asynchronous or waited-for op: its collectives, then its HBM and host bytes."""
+    def work(self, work: Work, engine: str = "") -> float:
+        """An asynchronous or waited-for op: its collectives, then its HBM and host bytes
+        (on the SparseCores, HBM bytes at the rate they gather and scatter)."""
         return (
             sum(self.ici(r.kind, r.group, r.torus_dims, r.bytes) for r in work.ici)
             + sum(self.dcn(r.kind, r.group, r.bytes) for r in work.dcn)
-            + work.hbm / self.hbm
+            + work.hbm / (self.sparsecore if engine == "sparsecore" else self.hbm)
             + work.host / self.host
         )
 
@@ -205,7 +207,8 @@ def _run(
                     clock["tc"] += rates.work(event.work)
                 case Start():
                     begin = max(clock["tc"], free.get(event.engine, 0.0))
-                    free[event.engine] = finish[event.name] = begin + rates.work(event.work)
+                    ends = begin + rates.work(event.work, event.engine)
+                    free[event.engine] = finish[event.name] = ends
                 case Done():  # one whose start is not in sight: wait for every engine
                     ends = finish.pop(event.name, max(free.values(), default=0.0))
                     clock["tc"] = max(clock["tc"], ends)

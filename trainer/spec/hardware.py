@@ -34,6 +34,9 @@ class Accelerator:
     torus_rank: int = 0
     # Data center network between slices, per chip, one direction (0: not known)
     dcn_bytes_per_s_per_chip: float = 0.0
+    # HBM bytes a chip's SparseCores gather, scatter or relay per second (read and written
+    # counted; 0: no SparseCores, their work at the HBM rate)
+    sparsecore_bytes_per_s: float = 0.0
     sources: dict[str, str] | None = None
 
     @property
@@ -72,7 +75,16 @@ ACCELERATORS: dict[str, Accelerator] = {
         host_offload_per_device=94.5 * GIB,
         torus_rank=3,
         dcn_bytes_per_s_per_chip=100e9 / 8,
+        # 2 devices x (2 GiB of rows read + 2 GiB written + 16 MiB of indices) / 4.07 ms
+        sparsecore_bytes_per_s=2 * (2 * 2**31 + 2**24) / 4.07e-3,
         sources={
+            "sparsecore": "docs.jax.dev/en/latest/pallas/tpu/sparsecore.html ('Benchmark "
+            "against TensorCore', measured on TPU 7x): one device's SparseCores (get_tpu_info: "
+            "num_cores=2) gather 4,194,304 rows of 512 bytes (2 GiB) in 4.07 ms, 1.06e12 bytes "
+            "read and written per second; the TensorCore's gather takes 18.1 ms. Per chip: two "
+            "devices, each with its own (assumed from num_cores=2 per device). One figure, for "
+            "one row size; applied to every byte the SparseCores move (layout conversions "
+            "too, assumed: no other figure is published)",
             "dcn": "docs.cloud.google.com/tpu/docs/tpu7x: data center network (DCN) bandwidth "
             "per chip 100 Gb/s; read as each direction (assumed: the page does not say)",
             "peak_tflops": "docs.cloud.google.com/tpu/docs/tpu7x: 2307 (BF16), 4614 (FP8) per chip",
