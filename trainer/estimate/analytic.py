@@ -408,6 +408,7 @@ def _terms(
     return {
         "compute": compute,
         "update": update,
+        "routing": routing_bytes(config, again, rows) / _sparsecore_rate(accel),
         "grid_steps": grid * GRID_STEP_S,
         "layer_passes": passes * layer_bytes / hbm,
         "loss_passes": tokens_local * m.vocab_size / degrees["tensor"] * F32 / hbm,
@@ -417,6 +418,25 @@ def _terms(
         "edge_gathers": edge,  # 0 unsharded: (shard - 1) / shard
         "fp8_tensor_all_reduce": comm["tensor_all_reduce"] / ici * fp8,
     }
+
+
+def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> float:
+    """HBM bytes an MoE step's routing moves per device: each layer gathers its tokens' rows
+    into the routed order (`rows` of them, bf16 in fp8 programs too) and back (the combine),
+    in the forward, again in the backward, and again where the policy recomputes the experts'
+    input or output; each gather reads the rows it fetches and writes them (the compiled
+    qwen3 recipe: 6 gathers of 4 GiB a layer, 4,514 GiB a step, as here)."""
+    m = config.model
+    if not m.is_moe:
+        return 0.0
+    gathers = 4 + again["wi"] + again["wo"]
+    return m.num_layers * gathers * rows * m.d_model * BF16 * 2
+
+
+def _sparsecore_rate(accel: Accelerator) -> float:
+    """Bytes a second one device's SparseCores gather (TPU: the routing runs there); the
+    HBM rate where the chip has none."""
+    return (accel.sparsecore_bytes_per_s or accel.hbm_bytes_per_s) / accel.devices_per_chip
 
 
 def estimate(
@@ -446,8 +466,11 @@ def estimate(
     terms = _terms(config, accel, num_devices, global_batch, degrees, mem, comm)
     weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
     exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
-    busy = sum(v for k, v in weighed.items() if k not in exposed_terms)
+    busy = sum(v for k, v in weighed.items() if k not in (*exposed_terms, "routing"))
     exposed = sum(weighed[k] for k in exposed_terms)
+    # MoE routing runs on the SparseCores, beside the TensorCore; the expert matmuls wait
+    # for its rows
+    routing = weighed["routing"]
     flops_per_chip = (model_flops + recompute) / chips
     hbm_s = busy - weighed["compute"] - weighed["grid_steps"]
     hbm_bytes_per_chip = hbm_s * accel.hbm_bytes_per_s
@@ -459,7 +482,7 @@ def estimate(
         # offloaded activations go to the host in the forward and come back in the backward
         "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
     }
-    step_time = max(busy, times["ici"], times["host"]) + exposed
+    step_time = max(busy, times["ici"], times["host"]) + exposed + routing
     achieved = flops_per_chip / times["compute"] / peak  # the share of the peak computed at
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]
@@ -468,7 +491,7 @@ def estimate(
         "hardware": accel.name,
         "chips": chips,
         "model_flops_per_step": model_flops,
-        "est_serial_s": exposed + weighed["update"],
+        "est_serial_s": exposed + routing + weighed["update"],
         "recompute_flops_per_step": recompute,
         "est_step_time_s": step_time,
         "est_compute_s": times["compute"],
@@ -476,6 +499,7 @@ def estimate(
         "est_ici_s": times["ici"],
         "est_busy_s": busy,
         "est_exposed_comm_s": exposed,
+        "est_routing_s": routing,
         "bound": max(times, key=lambda name: times[name]),
         "est_tokens_per_sec_per_chip": tokens / step_time / chips,
         "est_mfu": model_flops / chips / step_time / peak,

@@ -258,7 +258,13 @@ class Summary(_Event):
         default=None,
         description="estimate fidelity: what a step cannot overlap (the optimizer's update, "
         "the first gather and last reduce-scatter of the layer loop, fp8's exposed "
-        "tensor-parallel all-reduces)",
+        "tensor-parallel all-reduces, MoE routing)",
+    )
+    est_routing_s: float | None = Field(
+        default=None,
+        description="estimate fidelity, MoE: the routing's gathers (each token's row per expert, "
+        "there and back, in the forward, backward and recompute) at the SparseCores' gather "
+        "rate; the expert matmuls wait for them",
     )
     est_busy_s: float | None = Field(
         default=None,
