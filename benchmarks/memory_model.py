@@ -45,7 +45,7 @@ from benchmarks.calibration import (
     recipe,
     record_path,
 )
-from benchmarks.search_efficiency import screen_path, space_path, table_path
+from benchmarks.search_efficiency import on_knobs, screen_path, space_path, table_path
 from sweeper.ladder import typed_point
 from sweeper.plan import compile_trial
 from sweeper.space import assemble, load_space
@@ -345,12 +345,7 @@ def table_errors(name: str, frozen_screen: bool) -> list[float] | None:
     points = table_points(name)
     if not frozen_screen:
         return [abs(estimate_gib(config, target) / got - 1) for config, target, got in points]
-    screen = pd.read_csv(screen_path(name))
-    table = pd.read_csv(table_path(name))
-    knobs = [c for c in table.columns if c.startswith("knob:")]
-    both = table.astype(dict.fromkeys(knobs, str)).merge(
-        screen.astype(dict.fromkeys(knobs, str)), on=knobs
-    )
+    both = on_knobs(pd.read_csv(table_path(name)), pd.read_csv(screen_path(name)))
     both = both[both["hbm_per_device_gib"].notna()]
     return list((both["est_hbm_per_device_gib"] / both["hbm_per_device_gib"] - 1).abs())
 

@@ -143,17 +143,24 @@ def screened(name: str) -> pd.DataFrame:
     return frame[kept].sort_values(knobs).reset_index(drop=True)
 
 
+def on_knobs(
+    left: pd.DataFrame, right: pd.DataFrame, how: str = "inner", suffixes=("", "_screen")
+) -> pd.DataFrame:
+    """`left`'s points joined with `right`'s figures for the same point: matched on the knob
+    columns as text (a table read from CSV and a screen typed by the space spell a value
+    alike only as text)."""
+    knobs = [c for c in left.columns if c.startswith(KNOB_PREFIX)]
+    as_text = dict.fromkeys(knobs, str)
+    return left.astype(as_text).merge(right.astype(as_text), on=knobs, how=how, suffixes=suffixes)
+
+
 def agreement(name: str, table: pd.DataFrame, today: bool = False) -> dict[str, float]:
     """The screen (a held-out table's committed one, unless `today`) against the compile:
     Spearman over the points both call fitting, and the memory verdicts the compile
     overturned."""
     committed = None if today else frozen_screen(name)
     predicted = screened(name) if committed is None else committed
-    knobs = [c for c in table.columns if c.startswith(KNOB_PREFIX)]
-    as_text = {k: str for k in knobs}
-    both = table.astype(as_text).merge(
-        predicted.astype(as_text), on=knobs, suffixes=("", "_screen")
-    )
+    both = on_knobs(table, predicted)
     fits = both["status"] == "ok"
     said_fits = both["verdict"] == "fits"
     pair = both[fits & said_fits]

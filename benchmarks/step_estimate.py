@@ -29,7 +29,13 @@ from scipy.stats import spearmanr
 
 from benchmarks.calibration import FIT as CALIBRATION_FIT
 from benchmarks.calibration import PUBLISHED, recipe
-from benchmarks.search_efficiency import METRIC, frozen_screen, space_path, table_path
+from benchmarks.search_efficiency import (
+    METRIC,
+    frozen_screen,
+    on_knobs,
+    space_path,
+    table_path,
+)
 from sweeper.ladder import typed_point
 from sweeper.results import KNOB_PREFIX
 from sweeper.space import load_space, static_check
@@ -99,8 +105,7 @@ def committed_screen(name: str, frame: pd.DataFrame) -> pd.Series:
     if frozen is None:
         raise SystemExit(f"{name} is held out but has no committed screen")
     knobs = [c for c in frame.columns if c.startswith(KNOB_PREFIX)]
-    typed = frozen.assign(**{k: frozen[k].astype(str) for k in knobs})
-    return frame[knobs].astype(str).merge(typed, on=knobs, how="left")[METRIC]
+    return on_knobs(frame[knobs], frozen, how="left")[METRIC]
 
 
 def published() -> pd.DataFrame:
