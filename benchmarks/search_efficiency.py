@@ -31,6 +31,12 @@ the step model's estimate from the compiled program):
   search_table_d from the same screen: its screen (search_table_e_screen.csv) was committed
   at cc222c1, before any point was compiled (sweep 20261204-190257-c517).
 
+- search_table_moe: a 4-layer MoE model (16 experts, top 4, tokamax's grouped matmuls) d1024
+  at 2k, the first compiled MoE table, held out from the screen's MoE terms (whole expert
+  tiles, the routing at the SparseCores' rate: shaped on the two qwen3 rows) and from the
+  step constants (fitted on dense tables): its screen (search_table_moe_screen.csv) was
+  committed before any point was compiled.
+
 A held-out table's ladder reads its committed screen (and the report adds today's beside).
 
 Each was made by
@@ -79,7 +85,14 @@ from sweeper.search import make_sampler, to_distribution
 from sweeper.space import Space, count_points, load_space
 
 HERE = Path(__file__).resolve().parent
-TABLES = ("search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e")
+TABLES = (
+    "search_table",
+    "search_table_b",
+    "search_table_c",
+    "search_table_d",
+    "search_table_e",
+    "search_table_moe",
+)
 
 
 def space_path(name: str) -> Path:
