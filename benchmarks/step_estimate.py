@@ -45,7 +45,7 @@ from trainer.spec.config import load_config
 from trainer.spec.hardware import Topology
 
 FIT = ("search_table", "search_table_b", "search_table_c")
-HELD_OUT: tuple[str, ...] = ("search_table_d", "search_table_e")
+HELD_OUT: tuple[str, ...] = ("search_table_d", "search_table_e", "search_table_moe")
 # not fitted: the MXU efficiencies, the update's bytes, the routing at the SparseCores' rate
 FIXED = ("compute", "update", "routing")
 

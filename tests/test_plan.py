@@ -162,8 +162,22 @@ def test_the_memory_estimate_is_within_10_percent_of_the_recipes_compiles(name):
     assert estimate_gib(config, target) == pytest.approx(got, rel=0.10), name
 
 
+MOE_MEMORY = pytest.param("search_table_moe", marks=pytest.mark.xfail(strict=True, reason=(
+    "held out, the first MoE table (16 experts, top 4): the memory estimate reads every point "
+    "high, median +22%, max +32% (4 of 36 verdicts overturned, all said over budget and fit); "
+    "not refitted on it: docs/trainer.md")))  # fmt: skip
+MOE_STEP = pytest.param("search_table_moe", marks=pytest.mark.xfail(strict=True, reason=(
+    "held out, the first MoE table: the screen ranks it like the compile (Spearman +0.88) but "
+    "reads it 10% fast at the median, up to 33% under tensor 2, where the compile exposes 7-11 "
+    "ms of a 13-30 ms step and the screen 3-7: docs/trainer.md")))  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "name", ["search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e"]
+    "name",
+    [
+        *["search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e"],
+        MOE_MEMORY,
+    ],
 )
 def test_the_memory_estimate_reads_each_compiled_search_table_near_the_compiler(name):
     """Every point of a search table compiled by libtpu (fitted on: search_table and
@@ -180,7 +194,11 @@ def test_the_memory_estimate_reads_each_compiled_search_table_near_the_compiler(
 
 
 @pytest.mark.parametrize(
-    "name", ["search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e"]
+    "name",
+    [
+        *["search_table", "search_table_b", "search_table_c", "search_table_d", "search_table_e"],
+        MOE_STEP,
+    ],
 )
 def test_the_screen_reads_each_compiled_search_table_near_the_step_model(name):
     """The screen's est. tokens/s against the step model read from each compiled program of a
@@ -242,3 +260,20 @@ def test_the_screens_moe_routing_moves_what_the_compiled_recipe_gathers():
     errors = published().set_index("row")["error"]
     for precision in ("bf16", "fp8"):
         assert abs(errors[f"qwen3-235b-a22b 4k {precision} 256 chips"]) < 0.10, precision
+
+
+def test_the_screen_ranks_the_held_out_moe_table_and_the_ladder_finds_its_best_first():
+    """search_table_moe (16 experts, top 4, tokamax; its screen committed before any point was
+    compiled, the screen's MoE terms shaped on the qwen3 rows only): the committed screen, and
+    today's, rank its 26 fitting points like the compile (Spearman above 0.8; +0.88), and the
+    ladder reaches
+    within 2% of the table's best with its first compile, on every seed (random: 13.7)."""
+    from benchmarks.search_efficiency import measure
+    from benchmarks.step_estimate import committed_screen, points, summary
+
+    frame = points("search_table_moe")
+    for screen in (committed_screen("search_table_moe", frame), frame["screen"]):  # and today's
+        got = summary(frame, screen)
+        assert got["points"] == 26 and got["spearman"] > 0.8, got
+    replay = measure(10, 0.02, "search_table_moe", searches=("ladder", "random"))
+    assert replay.set_index("search")["vs_random"]["ladder"] <= 0.3, replay
