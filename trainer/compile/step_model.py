@@ -19,6 +19,10 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   torus dimensions its rings use at once (libtpu's backend config: 3 where colors rotate
   over X, Y and Z, 1 for a single ring).
 - host: bytes moved to or from pinned host memory (offload), over the host link.
+- SparseCores: the HBM bytes of the work libtpu runs there (MoE routing's gathers and
+  scatters, layout conversions) at the SparseCores' gather rate (`Accelerator.
+  sparsecore_bytes_per_s`: TPU7x's is the JAX SparseCore guide's measurement, 0.29 of the HBM
+  rate); their collectives at the ICI rate. One op at a time, as every engine here.
 - DCN (multi-slice programs): bytes each cross-slice collective hands the data center
   network per device (libtpu's megascale `send`s), ring-corrected by the slices it spans,
   over the device's share of its chip's DCN bandwidth (datasheet), one collective at a time.
