@@ -443,7 +443,7 @@ def test_a_routing_gather_reads_the_rows_it_fetches_at_the_sparsecores_rate():
     assert (started["engine"], started["work"]["hbm"], done["name"]) == (
         "sparsecore", moved, started["name"],
     )  # fmt: skip
-    per_device = tpu7x.sparsecore_bytes_per_s / tpu7x.devices_per_chip
+    per_device = tpu7x.sparsecore_bytes_per_s_per_device
     assert per_device == pytest.approx(2 * 2**31 / 4.07e-3, rel=0.01)
     step = step_time(cost, tpu7x)
     assert step["est_step_time_s"] == pytest.approx(moved / per_device)

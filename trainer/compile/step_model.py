@@ -137,7 +137,7 @@ class _Rates:
         self.ici_axis = accel.ici_axis_bytes_per_s / per_device
         self.host = accel.host_link_bytes_per_s / per_device
         self.dcn_per_device = accel.dcn_bytes_per_s_per_chip / per_device
-        self.sparsecore = (accel.sparsecore_bytes_per_s or accel.hbm_bytes_per_s) / per_device
+        self.sparsecore = accel.sparsecore_bytes_per_s_per_device
 
     def compute(self, fp8: float, bf16: float, f32: float) -> float:
         peak = self.peak["bf16"]

@@ -408,7 +408,7 @@ def _terms(
     return {
         "compute": compute,
         "update": update,
-        "routing": routing_bytes(config, again, rows) / _sparsecore_rate(accel),
+        "routing": routing_bytes(config, again, rows) / accel.sparsecore_bytes_per_s_per_device,
         "grid_steps": grid * GRID_STEP_S,
         "layer_passes": passes * layer_bytes / hbm,
         "loss_passes": tokens_local * m.vocab_size / degrees["tensor"] * F32 / hbm,
@@ -431,12 +431,6 @@ def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> f
         return 0.0
     gathers = 4 + again["wi"] + again["wo"]
     return m.num_layers * gathers * rows * m.d_model * BF16 * 2
-
-
-def _sparsecore_rate(accel: Accelerator) -> float:
-    """Bytes a second one device's SparseCores gather (TPU: the routing runs there); the
-    HBM rate where the chip has none."""
-    return (accel.sparsecore_bytes_per_s or accel.hbm_bytes_per_s) / accel.devices_per_chip
 
 
 def estimate(

@@ -48,6 +48,12 @@ class Accelerator:
     def hbm_bytes_per_device(self) -> float:
         return self.hbm_bytes_per_chip / self.devices_per_chip
 
+    @property
+    def sparsecore_bytes_per_s_per_device(self) -> float:
+        """What one device's SparseCores gather and scatter a second (read and written); the
+        HBM rate where the chip has none."""
+        return (self.sparsecore_bytes_per_s or self.hbm_bytes_per_s) / self.devices_per_chip
+
     def intensity_flops_per_ici_byte(self, precision: str = "bf16") -> float:
         """Peak FLOPs per byte over one ICI link, both directions: the guide's 'about 11.5k'
         for TPU7x."""
