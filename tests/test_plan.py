@@ -266,8 +266,8 @@ def test_the_screen_ranks_the_held_out_moe_table_and_the_ladder_finds_its_best_f
     """search_table_moe (16 experts, top 4, tokamax; its screen committed before any point was
     compiled, the screen's MoE terms shaped on the qwen3 rows only): the committed screen, and
     today's, rank its 26 fitting points like the compile (Spearman above 0.8; +0.88), and the
-    ladder reaches
-    within 2% of the table's best with its first compile, on every seed (random: 13.7)."""
+    ladder reaches within 2% of the table's best with its first compile, on every seed
+    (random: 13.7)."""
     from benchmarks.search_efficiency import measure
     from benchmarks.step_estimate import committed_screen, points, summary
 

@@ -20,6 +20,7 @@ from trainer.program.hlo import (
     Instr,
     array_bytes,
     arrays,
+    called,
     callee,
     megascale_kind,
     nbytes,
@@ -436,7 +437,7 @@ def op_hbm_bytes(instr: Instr, computations: dict[str, list[Instr]],
     if (op in _NO_DATA or op.endswith(("-start", "-update", "-done"))
             or op in COLLECTIVES):  # fmt: skip
         return 0.0
-    if op == "custom-call" and "called_computations=" in instr.attrs:
+    if op == "custom-call" and called(instr):
         return 0.0  # a wrapper (a SparseCore call's): its callee's ops move the bytes
     if op == "dynamic-update-slice" and len(instr.operands) > 1:
         return 2 * nbytes(types.get(instr.operands[1], ""), VMEM_SPACE)
