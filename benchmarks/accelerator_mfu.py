@@ -179,7 +179,7 @@ def child_gmm_check() -> dict[str, Any]:
     import numpy as np
 
     from trainer.model.grouped_matmul import default_device, experts_run_as, grouped_matmul
-    from trainer.spec.config import KernelsConfig
+    from trainer.trial.config import KernelsConfig
 
     platform = jax.devices()[0].platform
     m, k, n = 4096, 2048, 1024
@@ -218,7 +218,7 @@ def child_fp8_hlo() -> dict[str, Any]:
 
     from trainer.program.build import build_program, compile_step
     from trainer.program.hlo import count_matmuls
-    from trainer.spec.config import load_config
+    from trainer.trial.config import load_config
 
     config = load_config(trial("dense-3b-fp8", 2, jax.devices()[0].platform == "cpu"))
     config = config.model_copy(update={"model": config.model.model_copy(update={"num_layers": 2})})
@@ -243,8 +243,8 @@ def child_case(name: str, steps: int) -> dict[str, Any]:
 
     from trainer.model.grouped_matmul import experts_run_as
     from trainer.run.train import train
-    from trainer.spec.config import load_config
-    from trainer.spec.events import Emitter
+    from trainer.trial.config import load_config
+    from trainer.trial.events import Emitter
 
     device = jax.devices()[0]
     cpu = device.platform == "cpu"

@@ -12,7 +12,7 @@ import optax
 
 from trainer.model.attention import reference_attention as causal_attention
 from trainer.model.transformer import apply_rope
-from trainer.spec.config import ModelConfig
+from trainer.trial.config import ModelConfig
 
 BF16 = jnp.bfloat16
 

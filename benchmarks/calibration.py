@@ -47,12 +47,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.space import assemble, load_space, maxtext_knobs
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble, maxtext_knobs
 from trainer.compile.cost import program_cost
 from trainer.compile.schedule import Schedule
 from trainer.compile.step_model import KernelFlops, kernel_flops, step_time
-from trainer.spec.config import load_config
-from trainer.spec.hardware import ACCELERATORS, Topology
+from trainer.trial.config import load_config
+from trainer.trial.hardware import ACCELERATORS, Topology
 
 RECORDS = Path(__file__).resolve().parents[1] / "results" / "calibration"
 # The table as of AI-Hypercomputer/tpu-recipes@39ff447 (training/ironwood/README.md), whose
@@ -169,7 +170,7 @@ def compile_maxtext_row(name: str) -> None:
     """MaxText's train_compile of the row (through the engine's MaxText driver), its optimized
     HLO and memory kept as for our rows, with the JAX and libtpu of MaxText's environment."""
     from trainer.maxtext.driver import compile_trial
-    from trainer.spec.events import Emitter
+    from trainer.trial.events import Emitter
 
     config, knobs, program = maxtext_recipe(name)
     RECORDS.mkdir(parents=True, exist_ok=True)

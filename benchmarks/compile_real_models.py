@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.program.hlo import COLLECTIVES
-from trainer.spec.config import SPLASH_BLOCKS
-from trainer.spec.hardware import GIB
+from trainer.trial.config import SPLASH_BLOCKS
+from trainer.trial.hardware import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from ray import tune
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.sweep import run_sweep
+from sweeper.sweep.run import run_sweep
 
 
 class FirstStep(tune.Callback):

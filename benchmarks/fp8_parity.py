@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.run.train import train
-from trainer.spec.config import load_config
-from trainer.spec.events import Emitter
+from trainer.trial.config import load_config
+from trainer.trial.events import Emitter
 
 VARIANTS = {
     "bf16": {},

@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainer.spec.hardware import GIB
+from trainer.trial.hardware import GIB
 
 # The H200 as XLA's GPU compiler sees it (xla/stream_executor/device_description.proto),
 # with the figures NVIDIA publishes and those the device reported (ACCELERATORS.md).
@@ -123,8 +123,8 @@ def compile_case(name: str) -> dict[str, Any]:
     from benchmarks.accelerator_mfu import split_case, trial
     from trainer.model.grouped_matmul import experts_run_as
     from trainer.program.build import build_program, compile_step, lower_step, memory_per_device
-    from trainer.spec.config import load_config
-    from trainer.spec.flops import training_flops_per_step
+    from trainer.trial.config import load_config
+    from trainer.trial.flops import training_flops_per_step
 
     recipe = trial(split_case(name)[0], steps=2, cpu=False)
     # cuDNN attention compiles only against the device's cuDNN: XLA attention stands in.

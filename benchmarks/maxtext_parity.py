@@ -56,12 +56,13 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
-from sweeper.space import assemble, load_space
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble
 from trainer.maxtext import logs
 from trainer.maxtext.driver import maxtext_env, package_dir
-from trainer.spec.config import TrialConfig
-from trainer.spec.hardware import GIB, Topology
-from trainer.spec.maxtext import TRAIN_COMPILE, MaxTextSettings, to_maxtext
+from trainer.trial.config import TrialConfig
+from trainer.trial.hardware import GIB, Topology
+from trainer.trial.maxtext import TRAIN_COMPILE, MaxTextSettings, to_maxtext
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
@@ -164,9 +165,9 @@ def side_by_side(ours: str, theirs: str, results_dir: Path | None) -> Table:
     """Both programs' compile records over the points both sweeps compiled."""
     import pandas as pd
 
-    from sweeper.manifest import find_sweep
-    from sweeper.report import frame_of
-    from sweeper.results import knob_columns
+    from sweeper.answer.report import frame_of
+    from sweeper.record.manifest import find_sweep
+    from sweeper.record.row import knob_columns
 
     frames = [frame_of(find_sweep(sweep, results_dir).path) for sweep in (ours, theirs)]
     shared = sorted(set(knob_columns(frames[0].columns)) & set(knob_columns(frames[1].columns)))

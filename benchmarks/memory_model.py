@@ -46,14 +46,15 @@ from benchmarks.calibration import (
     record_path,
 )
 from benchmarks.search_efficiency import on_knobs, screen_path, space_path, table_path
-from sweeper.ladder import typed_point
-from sweeper.plan import compile_trial
-from sweeper.space import assemble, load_space
+from sweeper.search.ladder import typed_point
+from sweeper.search.plan import compile_trial
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble
 from trainer.estimate import analytic
 from trainer.estimate.analytic import memory_per_device
-from trainer.spec.checks import check_static, global_batch_size
-from trainer.spec.config import load_config
-from trainer.spec.hardware import GIB, Topology
+from trainer.trial.checks import check_static, global_batch_size
+from trainer.trial.config import load_config
+from trainer.trial.hardware import GIB, Topology
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "memory_model"
 PREDICTIONS = HERE / "predictions.json"

@@ -23,8 +23,9 @@ from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
 from benchmarks.maxtext_parity import maxtext_compile
-from sweeper.space import assemble, load_space
-from trainer.spec.hardware import GIB
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble
+from trainer.trial.hardware import GIB
 
 SAVED = ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "qkv_proj")
 # The current published recipe's Splash layouts (sa_q_layout, sa_k_layout: SEQ_MINOR): with

@@ -19,8 +19,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.screen import screen
-from sweeper.space import load_space, points, static_check
+from sweeper.search.screen import screen
+from sweeper.space.checks import static_check
+from sweeper.space.load import load_space
+from sweeper.space.points import points
 
 
 def main() -> None:

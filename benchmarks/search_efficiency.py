@@ -78,11 +78,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from sweeper.ladder import BY_EDGE, BY_RANK, choose, typed_point
-from sweeper.results import KNOB_PREFIX
-from sweeper.screen import FITS, OVER_HBM, screen
-from sweeper.search import make_sampler, to_distribution
-from sweeper.space import Space, count_points, load_space
+from sweeper.record.row import KNOB_PREFIX
+from sweeper.search.distributions import make_sampler, to_distribution
+from sweeper.search.ladder import BY_EDGE, BY_RANK, choose, typed_point
+from sweeper.search.screen import FITS, OVER_HBM, screen
+from sweeper.space.load import load_space
+from sweeper.space.points import count_points
+from sweeper.space.schema import Space
 
 HERE = Path(__file__).resolve().parent
 TABLES = (
@@ -109,7 +111,7 @@ def screen_path(name: str) -> Path:
 
 
 METRIC = "est_tokens_per_sec_per_chip"
-# trainer.spec.events.hbm_overflow's message, for summaries older than their `needed_gib`
+# trainer.trial.events.hbm_overflow's message, for summaries older than their `needed_gib`
 # column: the compiler's memory of a program over budget.
 OVER_BUDGET = r"compiled program needs ([0-9.]+) GiB per device"
 KEPT = ("status", "failure_class", METRIC, "hbm_per_device_gib", "fidelity", "hardware",

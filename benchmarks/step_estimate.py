@@ -36,13 +36,14 @@ from benchmarks.search_efficiency import (
     space_path,
     table_path,
 )
-from sweeper.ladder import typed_point
-from sweeper.results import KNOB_PREFIX
-from sweeper.space import load_space, static_check
+from sweeper.record.row import KNOB_PREFIX
+from sweeper.search.ladder import typed_point
+from sweeper.space.checks import static_check
+from sweeper.space.load import load_space
 from trainer.estimate import analytic
-from trainer.spec.checks import global_batch_size
-from trainer.spec.config import load_config
-from trainer.spec.hardware import Topology
+from trainer.trial.checks import global_batch_size
+from trainer.trial.config import load_config
+from trainer.trial.hardware import Topology
 
 FIT = ("search_table", "search_table_b", "search_table_c")
 HELD_OUT: tuple[str, ...] = ("search_table_d", "search_table_e", "search_table_moe")

@@ -26,8 +26,8 @@ from benchmarks.bare_loop import make_step
 from trainer.program.step import make_optimizer
 from trainer.run.data import BatchSource
 from trainer.run.train import train
-from trainer.spec.config import load_config
-from trainer.spec.events import Emitter
+from trainer.trial.config import load_config
+from trainer.trial.events import Emitter
 
 SHAPES = {
     "tiny-dense": (8, 128),

@@ -15,9 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from sweeper.space import Knob, Space
-from trainer.spec.config import TrialConfig
-from trainer.spec.events import Accepted, Compiled, Failure, Step, Summary
+from sweeper.space.schema import Knob, Space
+from trainer.trial.config import TrialConfig
+from trainer.trial.events import Accepted, Compiled, Failure, Step, Summary
+from trainer.trial.hardware import Target
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
@@ -29,6 +30,8 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _type(annotation: Any) -> str:
+    if annotation is Target:
+        return "str"  # written as text, held parsed
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return " \\| ".join(f"`{v}`" for v in typing.get_args(annotation))
@@ -54,6 +57,8 @@ def _default(field: Any) -> str:
         value = field.default
     if isinstance(value, BaseModel):
         return ""
+    if isinstance(value, Target):
+        value = str(value)
     return f"`{value!r}`".replace("|", "\\|")
 
 
@@ -84,21 +89,21 @@ def render() -> str:
         "Generated from the code by `python -m sweeper.reference`; do not edit by hand "
         "(a test fails when this file and the schemas differ).",
         "",
-        "## Trial configuration (`trainer.spec.config.TrialConfig`)",
+        "## Trial configuration (`trainer.trial.config.TrialConfig`)",
         "",
         "A space's `model` and `trial` sections, and each knob, are keys of this table.",
         "",
         table(TrialConfig),
         "",
-        "### Search space knob entries (`sweeper.space.Knob`)",
+        "### Search space knob entries (`sweeper.space.schema.Knob`)",
         "",
         table(Knob),
         "",
-        "## Sweep space (`sweeper.space.Space`)",
+        "## Sweep space (`sweeper.space.schema.Space`)",
         "",
         table(Space),
         "",
-        "## Trainer events (protocol `trainer.spec.events`)",
+        "## Trainer events (protocol `trainer.trial.events`)",
         "",
     ]
     for event in (Accepted, Compiled, Step, Summary, Failure):

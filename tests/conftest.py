@@ -49,3 +49,21 @@ def pytest_collection_modifyitems(config, items):
         grouped = dataclasses.replace(node_id)
         object.__setattr__(grouped, "_str_cache", f"{node_id}@{'_'.join(names)}")
         item._id = grouped
+
+
+@pytest.fixture(scope="session")
+def compile_once(tmp_path_factory):
+    """Tests that need the same TPU7x program share one compile of it (per test process)."""
+    import json
+
+    from tests.compile_helpers import _compile
+
+    done: dict[str, tuple] = {}
+
+    def get(config: dict):
+        key = json.dumps(config, sort_keys=True)
+        if key not in done:
+            done[key] = _compile(tmp_path_factory.mktemp("shared"), config)
+        return done[key]
+
+    return get

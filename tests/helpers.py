@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.spec.events import parse_event, parse_line
+from trainer.trial.events import parse_event, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

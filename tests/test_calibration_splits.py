@@ -84,8 +84,8 @@ def test_both_qwen3_rows_read_within_10_percent_of_the_published_figure(rows):
     scatter_offload async custom calls, and their layout conversions) runs at the SparseCores'
     published gather rate, not the HBM rate (at the HBM rate: +7.2% bf16, +13.2% fp8), and a
     gather reads every row it fetches. Not fitted: the rate is the JAX SparseCore guide's
-    benchmark on TPU 7x (trainer/spec/hardware.py); these rows were seen before it."""
-    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    benchmark on TPU 7x (trainer/trial/hardware.py); these rows were seen before it."""
+    from trainer.trial.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
     for precision in ("bf16", "fp8"):
@@ -104,7 +104,7 @@ def test_both_qwen3_rows_read_within_10_percent_of_the_published_figure(rows):
 def test_maxtexts_own_programs_of_the_moe_recipes_read_within_15_percent(rows):
     """MaxText's own program of each qwen3 recipe (what the published runs ran) reads within
     15% of the published figure."""
-    from trainer.spec.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
+    from trainer.trial.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
     for name in (n for n in rows if n in calibration.MAXTEXT):

@@ -14,8 +14,8 @@ from trainer.estimate.analytic import (
     recompute_share,
     recomputed,
 )
-from trainer.spec.config import SPLASH_BLOCKS, load_config
-from trainer.spec.hardware import Topology
+from trainer.trial.config import SPLASH_BLOCKS, load_config
+from trainer.trial.hardware import Topology
 
 TARGET = Topology.parse("tpu7x:4x4x4")
 RECIPE: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """The layout holds: the engine stays light (no JAX, only the trainer's JAX-free folders),
-each trainer folder imports only the folders `trainer.LAYERS` names, and no modules import
-each other in a circle."""
+each trainer folder imports only the folders `trainer.LAYERS` names, each engine folder only
+those `sweeper.LAYERS` names, and no modules import each other in a circle."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import sweeper
 from tests.helpers import REPO
 from trainer import JAX_FREE, LAYERS
 
@@ -58,7 +59,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _folder(module: str) -> str:
-    """The trainer folder a module is in ("top" for trainer/cli.py and its like)."""
+    """The folder of its package a module is in ("top" for trainer/cli.py and its like)."""
     parts = module.split(".")
     package = len(parts) == 2 and MODULES[module].name == "__init__.py"
     return parts[1] if len(parts) > 2 or package else "top"
@@ -67,10 +68,11 @@ def _folder(module: str) -> str:
 def test_every_sweeper_module_imports_without_jax():
     loaded = _loaded_after(
         "import sweeper\n"
-        "for m in pkgutil.iter_modules(sweeper.__path__): importlib.import_module('sweeper.' + m.name)"
+        "for m in pkgutil.walk_packages(sweeper.__path__, 'sweeper.'):\n"
+        "    if not m.name.endswith('__main__'): importlib.import_module(m.name)"
     )
     assert [m for m in loaded if not m.startswith("trainer")] == []
-    assert "trainer.spec.events" in loaded  # the protocol is shared, not copied
+    assert "trainer.trial.events" in loaded  # the protocol is shared, not copied
     assert all(_jax_free(m) for m in loaded), [m for m in loaded if not _jax_free(m)]
 
 
@@ -96,6 +98,29 @@ def test_each_trainer_folder_imports_only_the_folders_below_it():
             if target.startswith("trainer.") and _folder(target) not in allowed
         ]
     assert wrong == []
+
+
+def test_each_engine_folder_imports_only_the_folders_below_it():
+    folders = {_folder(m) for m in MODULES if m.startswith("sweeper.")} - {"top"}
+    assert folders == set(sweeper.LAYERS), "every folder of sweeper/ has its place in LAYERS"
+    wrong = []
+    for module, path in MODULES.items():
+        if not module.startswith("sweeper.") or _folder(module) == "top":
+            continue
+        allowed = sweeper.LAYERS[_folder(module)] | {_folder(module)}
+        wrong += [
+            f"{module} -> {target}"
+            for target in _imports(path)
+            if target.startswith("sweeper.") and _folder(target) not in allowed | {"top"}
+        ]
+    assert wrong == []
+
+
+def test_the_engine_has_no_flat_heap_of_modules():
+    """Beside its folders, the engine's top holds only its API, its entry point and the
+    reference generator: a new module belongs in the folder of its system."""
+    top = sorted(p.name for p in (REPO / "sweeper").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "reference.py"]
 
 
 def test_the_engine_imports_only_the_trainers_jax_free_folders():

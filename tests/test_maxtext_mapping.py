@@ -1,4 +1,4 @@
-"""The knob -> MaxText mapping (trainer/spec/maxtext.py), both ways: every mapped setting of a
+"""The knob -> MaxText mapping (trainer/trial/maxtext.py), both ways: every mapped setting of a
 trial parses back from its MaxText settings to the same value, and what MaxText cannot take
 is listed, never dropped."""
 
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.space import assemble, load_space
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble
 from tests.helpers import trial
-from trainer.spec.config import SPLASH_BLOCKS, TrialConfig, load_config
-from trainer.spec.maxtext import BASE_KEYS, RENAMED, from_maxtext, to_maxtext
+from trainer.trial.config import SPLASH_BLOCKS, TrialConfig, load_config
+from trainer.trial.maxtext import BASE_KEYS, RENAMED, from_maxtext, to_maxtext
 
 
 def _round_trip(config: TrialConfig) -> TrialConfig:
@@ -164,7 +165,7 @@ def test_the_parity_benchmark_gives_maxtext_what_a_maxtext_trial_gives_it():
     with the settings the engine's MaxText program gives the same recipe (trial 0 of
     llama31_70b_8k_maxtext), so its figure and the sweep's are of one program."""
     from benchmarks.maxtext_parity import maxtext_settings, recipe
-    from trainer.spec.maxtext import program_settings
+    from trainer.trial.maxtext import program_settings
 
     ours, target = recipe("8k")
     bench = maxtext_settings(ours, target)
@@ -216,7 +217,7 @@ def test_ragged_dot_on_tpu_takes_libtpus_ragged_dot_kernels_in_maxtext_too():
     over all experts), so MaxText's settings for it carry the flag too; MaxText's kernels
     (tokamax, Megablox) do not, nor a dense model, nor a CPU run; and it does not come back
     as an extra flag of ours."""
-    from trainer.spec.flags import RAGGED_DOT_KERNEL
+    from trainer.trial.flags import RAGGED_DOT_KERNEL
 
     def flags(model: str, platform: str = "tpu", **kernels) -> list[str]:
         config = load_config(trial(model, kernels=kernels))

@@ -14,13 +14,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeper.cli import app
-from sweeper.programs import program_of
-from sweeper.space import SpaceError, load_space, static_check
+from sweeper.cli.app import app
+from sweeper.execute.programs import program_of
+from sweeper.space.checks import static_check
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
 from tests.helpers import hlo_excerpt
 from trainer.maxtext import logs
-from trainer.spec.events import FailureClass
-from trainer.spec.maxtext import MaxTextProgram, program_settings
+from trainer.trial.events import FailureClass
+from trainer.trial.maxtext import MaxTextProgram, program_settings
 
 DATA = Path(__file__).parent / "data" / "maxtext_0.2.5"
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -173,8 +175,8 @@ def test_points_that_differ_only_in_a_maxtext_setting_are_distinct_points():
     our trainer's keys are unchanged, so its studies still reuse what they measured."""
     import hashlib
 
-    from sweeper.search import point_key
-    from sweeper.space import assemble
+    from sweeper.search.searcher import point_key
+    from sweeper.space.points import assemble
 
     space = load_space(SPACES / "llama31_70b_8k_two_slices_maxtext.yaml")
     one, two = ({"per_device_batch": 2, "maxtext.dcn_fsdp_parallelism": n} for n in (1, 2))
@@ -191,7 +193,7 @@ def test_points_that_differ_only_in_a_maxtext_setting_are_distinct_points():
 def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
     """tpu7x:4x4x4x2 is two 4x4x4 slices: 256 devices, 128 chips, and MaxText's settings
     compile one slice's topology twice over (compile_topology_num_slices 2)."""
-    from trainer.spec.hardware import Topology
+    from trainer.trial.hardware import Topology
 
     two = Topology.parse("tpu7x:4x4x4x2")
     assert (two.shape, two.slices, two.chips, two.devices, two.slice_devices) == (
@@ -214,7 +216,7 @@ def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
     assert settings.args["dcn_data_parallelism"] == "2"
     # Our trainer, asked for one anyway (`python -m trainer`), names the field.
     from trainer.compile.aot import topology_devices
-    from trainer.spec.config import ConfigError
+    from trainer.trial.config import ConfigError
 
     with pytest.raises(ConfigError, match="compile_target: tpu7x:4x4x4x2 is several slices"):
         topology_devices("tpu7x:4x4x4x2")
@@ -276,8 +278,8 @@ def test_a_two_slice_program_reduces_every_gradient_over_the_data_center_network
     from trainer.compile.step_model import step_time
     from trainer.estimate.analytic import parameter_count
     from trainer.program.hlo import count_collectives
-    from trainer.spec.config import load_config
-    from trainer.spec.hardware import ACCELERATORS
+    from trainer.trial.config import load_config
+    from trainer.trial.hardware import ACCELERATORS
 
     hlo = hlo_excerpt("maxtext_0.2.5/two_slices.hlo.gz")
     cost = program_cost(hlo)
@@ -305,7 +307,7 @@ def test_maxtext_knobs_are_judged_by_the_programs_their_trials_compile_to():
     in two knobs judge nothing; a sweep of our trainer is judged per trial instead."""
     import pandas as pd
 
-    from sweeper.inert import program_verdicts
+    from sweeper.answer.notes import program_verdicts
     from trainer.maxtext.driver import _effects
 
     assert _effects({"maxtext.scan_layers": True})["maxtext.scan_layers"].status == "unjudged"
@@ -335,7 +337,7 @@ needs_maxtext = pytest.mark.skipif(
 @pytest.mark.slow
 @needs_maxtext
 def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(tmp_path):
-    from sweeper.sweep import run_sweep
+    from sweeper.sweep.run import run_sweep
 
     result = run_sweep(str(SPACES / "smoke_maxtext.yaml"), results_dir=tmp_path, trials=2,
                        set={"search.remeasure": 0})  # fmt: skip
@@ -375,7 +377,7 @@ def test_maxtext_compiles_a_trial_for_tpu7x_and_its_program_is_read(tmp_path, pr
     import subprocess
     import sys
 
-    from trainer.spec.events import parse_event, parse_line
+    from trainer.trial.events import parse_event, parse_line
 
     trial = {"seq_len": 512, "per_device_batch": 1}
     if preset == "tiny-moe":

@@ -6,14 +6,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeper.cli import app
-from sweeper.plan import space_for
-from sweeper.space import assemble, load_space
+from sweeper.cli.app import app
+from sweeper.search.plan import space_for
+from sweeper.space.load import load_space
+from sweeper.space.points import assemble
 from trainer.estimate.analytic import estimate, memory_per_device
 from trainer.estimate.plan import HEADROOM, candidates, recommend
-from trainer.spec.checks import check_static, global_batch_size
-from trainer.spec.config import load_config
-from trainer.spec.hardware import GIB, Topology
+from trainer.trial.checks import check_static, global_batch_size
+from trainer.trial.config import load_config
+from trainer.trial.hardware import GIB, Topology
 
 # The published Ironwood workloads (tpu-recipes) on their topologies.
 WORKLOADS = {

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import trial
-from trainer.spec.config import ConfigError, KernelsConfig, TrialConfig, load_config
+from trainer.trial.config import ConfigError, KernelsConfig, TrialConfig, load_config
 
 
 def test_json_round_trip_is_identity():
@@ -113,7 +113,7 @@ def test_auto_moe_gmm_is_tokamax_on_gpu_and_ragged_dot_elsewhere():
     default) takes tokamax's Triton kernel there; TPU keeps libtpu's ragged-dot kernels. fp8
     experts keep ragged_dot on every backend (tokamax's GPU kernels do not multiply in fp8;
     on TPU, moe_gmm tokamax runs them in its kernels by choice)."""
-    from trainer.spec.effects import knob_effects
+    from trainer.trial.effects import knob_effects
 
     config = load_config(trial() | {"model": {"preset": "tiny-moe"}})
     assert config.kernels.moe_gmm == "auto"
@@ -152,8 +152,8 @@ def test_presets_are_the_published_models(
 ):
     """A preset's FLOPs per step equal what the published Ironwood run reports (its TFLOP/s
     per chip x step time x chips): the shapes are the recipes' models, experts included."""
-    from trainer.spec.config import ModelConfig
-    from trainer.spec.flops import training_flops_per_step
+    from trainer.trial.config import ModelConfig
+    from trainer.trial.flops import training_flops_per_step
 
     flops = training_flops_per_step(ModelConfig(preset=preset), global_batch, seq)
     assert flops / chips / step_s / 1e12 == pytest.approx(tflops_per_chip, rel=2e-3)

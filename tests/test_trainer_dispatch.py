@@ -19,7 +19,7 @@ from trainer.model.dispatch import (
 )
 from trainer.model.grouped_matmul import grouped_matmul
 from trainer.parallel.sharding import build_mesh
-from trainer.spec.config import BATCH_AXES, KernelsConfig
+from trainer.trial.config import BATCH_AXES, KernelsConfig
 
 
 def _ragged_a2a_on(devices: int, per_device: dict[str, list]) -> np.ndarray:

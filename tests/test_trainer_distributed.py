@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.helpers import REPO, free_port, trial
-from trainer.spec.events import parse_event, parse_line
+from trainer.trial.events import parse_event, parse_line
 
 # XLA:CPU's gloo collectives give up on a peer that has not reached the first collective
 # within 30 s (GetKeyValue() timed out ... duration: 30s); a host that misses the compile

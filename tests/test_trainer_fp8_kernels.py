@@ -12,9 +12,9 @@ from trainer.model.attention import reference_attention, splash_attention, splas
 from trainer.model.grouped_matmul import grouped_matmul
 from trainer.program.build import build_program
 from trainer.run.train import check_convergence, train
-from trainer.spec.checks import check_static
-from trainer.spec.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, load_config
-from trainer.spec.events import EXIT_CODES, Emitter
+from trainer.trial.checks import check_static
+from trainer.trial.config import SPLASH_BLOCKS, ConfigError, KernelsConfig, load_config
+from trainer.trial.events import EXIT_CODES, Emitter
 
 ONE_DEVICE = {
     "num_devices": 1,
@@ -259,7 +259,7 @@ def test_fp8_experts_in_tokamax_quantize_forward_and_both_gradients():
     from qwix._src.core import ragged_dot_qt
 
     from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
-    from trainer.spec.config import PrecisionConfig
+    from trainer.trial.config import PrecisionConfig
 
     keys = jax.random.split(jax.random.key(0), 3)
     m, kdim, n, groups = 512, 256, 384, 4
@@ -313,7 +313,7 @@ def test_tokamax_tpu_tiles_are_the_knobs_else_tokamaxs_tuned_ones_else_maxtexts(
     would take 128 x 128 x 128, a quarter of TPU7x's MXU: fp8 experts take the bf16 entry,
     bf16 keeps tokamax's own choice."""
     from trainer.model.grouped_matmul import _TOKAMAX_TILE_TABLES, tokamax_tpu_configs
-    from trainer.spec.config import TokamaxTiles
+    from trainer.trial.config import TokamaxTiles
 
     x = jax.ShapeDtypeStruct((524288, 4096), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((128, 4096, 1536), jnp.bfloat16)
@@ -382,7 +382,7 @@ def test_a_tokamax_gpu_kernel_that_does_not_build_is_named_and_ragged_dot_runs()
     """Which tokamax GPU kernel builds depends on the JAX and tokamax a host carries; one that
     does not is named with its error, and the experts run XLA's ragged_dot, said inert."""
     from trainer.model.grouped_matmul import tokamax_gpu_gmm
-    from trainer.spec.effects import knob_effects
+    from trainer.trial.effects import knob_effects
 
     cpu = jax.devices()[0]  # no sm90 here: tokamax's Mosaic GPU kernel refuses to build
     kernel, failures = tokamax_gpu_gmm(cpu, ("mosaic_gpu",))
@@ -516,7 +516,7 @@ def test_fp8_experts_in_tokamax_are_refused_on_gpu_and_reported_per_backend():
     multiply in bf16, so fp8 experts there are refused with tokamax; on TPU they are its fp8
     kernels, on CPU an emulation; through ragged_dot, the sub-knobs the experts ignore are
     named."""
-    from trainer.spec.effects import knob_effects
+    from trainer.trial.effects import knob_effects
 
     moe = {"model": {"preset": "tiny-moe"}, "precision": {"mode": "fp8"}}
     config = load_config(trial() | moe | {"kernels": {"moe_gmm": "tokamax"}})

@@ -9,8 +9,8 @@ import pytest
 
 from trainer.model.loss import mean_cross_entropy
 from trainer.program.step import make_optimizer
-from trainer.spec.checks import check_static
-from trainer.spec.config import ConfigError, load_config
+from trainer.trial.checks import check_static
+from trainer.trial.config import ConfigError, load_config
 
 
 def _problem(seed=0, b=2, s=64, e=16, v=300):

@@ -11,8 +11,8 @@ from tests.helpers import trial
 from trainer.program.build import build_program
 from trainer.run.data import BatchSource
 from trainer.run.train import train
-from trainer.spec.config import load_config
-from trainer.spec.events import Emitter
+from trainer.trial.config import load_config
+from trainer.trial.events import Emitter
 
 
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
@@ -37,7 +37,7 @@ def test_logits_match_an_independent_reference_model(qk_norm):
 
     from tests.reference_model import forward
     from trainer.model.transformer import Transformer
-    from trainer.spec.config import ModelConfig
+    from trainer.trial.config import ModelConfig
 
     cfg = ModelConfig(preset="tiny-dense", qk_norm=qk_norm)
     model = Transformer(cfg, dtype=jnp.float32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer.model.moe import MoeBlock
-from trainer.spec.config import KernelsConfig, ModelConfig
+from trainer.trial.config import KernelsConfig, ModelConfig
 
 EXPERTS, WEIGHT, TOKENS, D = 4, 0.01, 16, 8
 

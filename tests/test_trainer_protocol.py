@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.space import Objective
+from sweeper.space.schema import Objective
 from tests.helpers import run_trainer, trial
-from trainer.spec.events import (
+from trainer.trial.events import (
     EXIT_CODES,
     JAX_CACHE_ENV,
     MEASURED_METRICS,

@@ -7,10 +7,10 @@ import pytest
 
 from tests.helpers import trial
 from trainer.run.train import train
-from trainer.spec.config import load_config
-from trainer.spec.effects import knob_effects
-from trainer.spec.events import Emitter
-from trainer.spec.remat import REMAT_POLICIES
+from trainer.trial.config import load_config
+from trainer.trial.effects import knob_effects
+from trainer.trial.events import Emitter
+from trainer.trial.remat import REMAT_POLICIES
 
 # One worker runs this module: its module fixture is set up once, not once per worker.
 pytestmark = pytest.mark.xdist_group("remat")
@@ -63,7 +63,7 @@ def test_offload_reported_inert_on_cpu():
 def test_custom_placements_shape_the_compiled_program(by_policy):
     """`custom` keeps what it names: naming minimal's tensors compiles minimal's program, naming
     only the layer input compiles full remat's (memory and FLOPs both)."""
-    from trainer.spec.remat import placements
+    from trainer.trial.remat import placements
 
     minimal_names = placements(load_config(trial(remat={"policy": "minimal"})).remat)["device"]
     like_minimal = _run("custom", {name: "device" for name in minimal_names})[1]
@@ -117,10 +117,10 @@ def _jaxprs_in(params: dict):
 
 
 def test_the_layers_tag_exactly_the_tensors_the_remat_table_names():
-    """Tags, custom placements and policies come from one table (trainer.spec.remat): a dense
+    """Tags, custom placements and policies come from one table (trainer.trial.remat): a dense
     layer names every tensor of it (the fused projection when asked), an MoE layer its expert
     tensors under both names; every policy saves only names some layer tags."""
-    from trainer.spec.remat import CUSTOM_TENSORS, EXPERT_TENSORS, POLICIES, Tensor, moe_twin
+    from trainer.trial.remat import CUSTOM_TENSORS, EXPERT_TENSORS, POLICIES, Tensor, moe_twin
 
     dense = _tagged_names("tiny-dense") | _tagged_names("tiny-dense", fused_qkv=True)
     assert dense == {t.value for t in Tensor}

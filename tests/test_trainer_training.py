@@ -10,8 +10,8 @@ import pytest
 from tests.helpers import trial
 from trainer.parallel.context import load_balance_order
 from trainer.run.train import train
-from trainer.spec.config import load_config
-from trainer.spec.events import Emitter
+from trainer.trial.config import load_config
+from trainer.trial.events import Emitter
 
 # Losses of the first two steps of tiny-dense (1 device, batch 2, seq 64, seed 0) on the
 # stdlib corpus of Python 3.12.1 (the corpus is the running Python's stdlib: on 3.11.7's the

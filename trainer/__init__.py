@@ -3,7 +3,7 @@
 Its folders are its systems. Each imports only itself and the folders `LAYERS` names for
 it (tests/test_layering.py holds the code to that, and to having no import cycle):
 
-- spec/      what a trial is, with no JAX: the typed configuration and its checks, the remat
+- trial/     what a trial is, with no JAX: the typed configuration and its checks, the remat
              tensor table, model presets, LIBTPU flag bundles, accelerators and topologies,
              what the MXU makes of a kernel's tiles, knob effects, the event protocol and the
              typed trial result, shared files.
@@ -25,14 +25,14 @@ The engine (sweeper/) imports `JAX_FREE` folders only.
 
 # folder -> the folders it may import besides itself.
 LAYERS: dict[str, frozenset[str]] = {
-    "spec": frozenset(),
-    "estimate": frozenset({"spec"}),
-    "parallel": frozenset({"spec"}),
-    "model": frozenset({"spec", "parallel"}),
-    "program": frozenset({"spec", "parallel", "model"}),
-    "run": frozenset({"spec", "parallel", "program"}),
-    "compile": frozenset({"spec", "program", "estimate"}),
-    "maxtext": frozenset({"spec", "program", "compile"}),
+    "trial": frozenset(),
+    "estimate": frozenset({"trial"}),
+    "parallel": frozenset({"trial"}),
+    "model": frozenset({"trial", "parallel"}),
+    "program": frozenset({"trial", "parallel", "model"}),
+    "run": frozenset({"trial", "parallel", "program"}),
+    "compile": frozenset({"trial", "program", "estimate"}),
+    "maxtext": frozenset({"trial", "program", "compile"}),
 }
 # Folders that import no JAX: all the engine may import of the trainer.
-JAX_FREE = ("spec", "estimate")
+JAX_FREE = ("trial", "estimate")

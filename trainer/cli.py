@@ -9,8 +9,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer.spec.config import ConfigError, TrialConfig, load_config
-from trainer.spec.events import (
+from trainer.trial.config import ConfigError, TrialConfig, load_config
+from trainer.trial.events import (
     EXIT_CODES,
     JAX_CACHE_ENV,
     Emitter,
@@ -20,7 +20,7 @@ from trainer.spec.events import (
     TrialFailure,
     classify_exception,
 )
-from trainer.spec.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS, RAGGED_DOT_KERNEL
+from trainer.trial.flags import BASE_LIBTPU_ARGS, COMPILER_STACKS, RAGGED_DOT_KERNEL
 
 
 def _read_config(path: str) -> TrialConfig:
@@ -50,7 +50,7 @@ def prepare_environment(config: TrialConfig) -> None:
         os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     flags = config.xla.libtpu_init_args()
     if flags and config.compile_target:
-        from trainer.spec.flags import unknown_flag
+        from trainer.trial.flags import unknown_flag
 
         rejected = unknown_flag(tuple(flags))
         if rejected:
@@ -85,7 +85,7 @@ def prepare_environment(config: TrialConfig) -> None:
 
 def _estimate(config: TrialConfig) -> dict:
     from trainer.estimate.analytic import estimate
-    from trainer.spec.hardware import Topology
+    from trainer.trial.hardware import Topology
 
     try:
         topology = Topology.parse(config.compile_target or "")

@@ -20,8 +20,8 @@ from trainer.program.build import (
     memory_per_device,
 )
 from trainer.program.hlo import count_collectives, fingerprint, parse
-from trainer.spec.config import ConfigError, TrialConfig
-from trainer.spec.events import (
+from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.events import (
     Compiled,
     Emitter,
     FailureClass,
@@ -30,9 +30,9 @@ from trainer.spec.events import (
     classify_exception,
     hbm_overflow,
 )
-from trainer.spec.files import cache_dir
-from trainer.spec.hardware import GIB, Topology
-from trainer.spec.remat import on_device, uses_offload
+from trainer.trial.files import cache_dir
+from trainer.trial.hardware import GIB, Topology
+from trainer.trial.remat import on_device, uses_offload
 
 
 def topology_devices(target: str) -> list[jax.Device]:

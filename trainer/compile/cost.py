@@ -26,7 +26,7 @@ from trainer.compile.ops import (
     with_matmuls,
 )
 from trainer.compile.schedule import schedule
-from trainer.program.hlo import ASYNC_CALLS, Module, called, callee, parse
+from trainer.program.hlo import ASYNC_CALLS, Instr, Module, called, callee, parse
 
 
 @dataclass
@@ -77,11 +77,54 @@ class Cost:
         }
 
 
+def _count(
+    cost: Cost,
+    instr: Instr,
+    module: Module,
+    times: float,
+    in_async: bool,
+    top_level: bool,
+    matmul_bodies: set[str],
+) -> None:
+    """One instruction's work, run `times` a step, added to `cost`."""
+    computations, types, op = module.computations, module.types, instr.opcode
+    if op in ("dot", "convolution"):
+        cost.flops[precision_of(instr, types)] += matmul_flops(instr, types) * times
+    found = collective_op(instr, in_async, types)
+    if found:
+        cost.collective_bytes[found.kind] += found.bytes * times
+        cost.collective_group_sizes[found.kind].add(found.group)
+        how = (found.kind, found.group, found.torus_dims, found.engine)
+        cost.collective_ops[how] += found.bytes * times
+    between = dcn_op(instr, types)
+    if between:
+        cost.dcn_ops[between.kind, between.group] += between.bytes * times
+    if op == "custom-call":
+        call = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
+        if call and not call.group(1).startswith(("PrepareAsync", "Allocate")):
+            cost.custom_calls[call.group(1)] += times
+        key = kernel_key(instr, types)
+        if key:
+            cost.kernel_calls[key] += times
+    moved = op_hbm_bytes(instr, computations, types) * times if top_level else 0.0
+    cost.hbm_bytes += moved
+    # The TensorCore runs one op at a time: an op without matrix products (a copy, an
+    # elementwise or reduction fusion) is HBM time no matmul hides. Mosaic kernels (custom
+    # calls) count as matmul work: their FLOPs come from formulas.
+    if (
+        moved
+        and op not in ("dot", "convolution", "custom-call")
+        and (callee(instr) or "") not in matmul_bodies
+    ):
+        cost.hbm_bytes_without_matmul += moved
+    cost.host_transfer_bytes += host_bytes(instr, types) * times
+
+
 def program_cost(hlo: str | Module) -> dict:
     """The per-device cost of one step of a compiled program (see module docstring), with
     its `schedule` (trainer/compile/schedule.py, as JSON)."""
     module = parse(hlo) if isinstance(hlo, str) else hlo
-    computations, types = module.computations, module.types
+    computations = module.computations
     cost = Cost()
     by_name = {i.name: i for i in module.instructions()}
     matmul_bodies = with_matmuls(computations)
@@ -93,36 +136,7 @@ def program_cost(hlo: str | Module) -> dict:
         top_level = name not in fused
         for instr in computations[name]:
             op = instr.opcode
-            if op in ("dot", "convolution"):
-                cost.flops[precision_of(instr, types)] += matmul_flops(instr, types) * times
-            found = collective_op(instr, in_async, types)
-            if found:
-                cost.collective_bytes[found.kind] += found.bytes * times
-                cost.collective_group_sizes[found.kind].add(found.group)
-                how = (found.kind, found.group, found.torus_dims, found.engine)
-                cost.collective_ops[how] += found.bytes * times
-            between = dcn_op(instr, types)
-            if between:
-                cost.dcn_ops[between.kind, between.group] += between.bytes * times
-            if op == "custom-call":
-                call = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
-                if call and not call.group(1).startswith(("PrepareAsync", "Allocate")):
-                    cost.custom_calls[call.group(1)] += times
-                key = kernel_key(instr, types)
-                if key:
-                    cost.kernel_calls[key] += times
-            moved = op_hbm_bytes(instr, computations, types) * times if top_level else 0.0
-            cost.hbm_bytes += moved
-            # The TensorCore runs one op at a time: an op without matrix products (a copy,
-            # an elementwise or reduction fusion) is HBM time no matmul hides. Mosaic
-            # kernels (custom calls) count as matmul work: their FLOPs come from formulas.
-            if (
-                moved
-                and op not in ("dot", "convolution", "custom-call")
-                and (callee(instr) or "") not in matmul_bodies
-            ):
-                cost.hbm_bytes_without_matmul += moved
-            cost.host_transfer_bytes += host_bytes(instr, types) * times
+            _count(cost, instr, module, times, in_async, top_level, matmul_bodies)
             if op == "while":
                 loop = re.search(r"body=%([\w.-]+)", instr.attrs)
                 trips = trips_of(instr, computations, by_name)

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from importlib import metadata
@@ -23,9 +22,9 @@ from typing import Any
 import jax
 
 from trainer.program import hlo
-from trainer.spec.config import TrialConfig, XlaFlagsConfig
-from trainer.spec.files import write_json
-from trainer.spec.flags import BASE_LIBTPU_ARGS
+from trainer.trial.config import TrialConfig, XlaFlagsConfig
+from trainer.trial.files import trainer_command, write_json
+from trainer.trial.flags import BASE_LIBTPU_ARGS
 
 # The trial's flag knobs and their values at the default.
 FLAG_KNOBS = {
@@ -102,7 +101,7 @@ def twin_fingerprint(config: TrialConfig, field: str, default: Any) -> tuple[str
         f.write(twin.to_json())
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "trainer", "--config", f.name],
+            trainer_command(f.name),
             capture_output=True,
             text=True,
             env=env,

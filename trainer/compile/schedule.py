@@ -116,30 +116,43 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
     """The program's schedule. `kernels` are the cost's kernel calls in their order (a
     `TensorCoreOp.kernel` indexes them); `matmul_bodies` the computations that hold a matrix
     product (`ops.with_matmuls`)."""
-    computations, types = module.computations, module.types
-    by_name = {i.name: i for i in module.instructions()}
-    index = {key: k for k, key in enumerate(kernels)}
-    memo: dict[str, dict[str, float]] = {}
-    out = Schedule(entry=module.entry)
-    updated = {
-        i.operands[0] for i in module.instructions() if i.opcode.endswith("-update") and i.operands
-    }
+    builder = _Builder(module, kernels, matmul_bodies)
+    builder.build(module.entry)
+    return builder.out
 
-    def flops_within(name: str) -> dict[str, float]:
-        if name not in memo:
-            memo[name] = {}
+
+class _Builder:
+    """Walks a module's computations from its entry, each once, into schedule events."""
+
+    def __init__(self, module: Module, kernels: list[KernelKey], matmul_bodies: set[str]):
+        self.computations, self.types = module.computations, module.types
+        self.by_name = {i.name: i for i in module.instructions()}
+        self.index = {key: k for k, key in enumerate(kernels)}
+        self.matmul_bodies = matmul_bodies
+        self.memo: dict[str, dict[str, float]] = {}
+        self.out = Schedule(entry=module.entry)
+        self.updated = {
+            i.operands[0]
+            for i in module.instructions()
+            if i.opcode.endswith("-update") and i.operands
+        }
+
+    def flops_within(self, name: str) -> dict[str, float]:
+        if name not in self.memo:
+            self.memo[name] = {}
             total: dict[str, float] = defaultdict(float)
-            for instr in computations.get(name, []):
+            for instr in self.computations.get(name, []):
                 if instr.opcode in ("dot", "convolution"):
-                    total[precision_of(instr, types)] += matmul_flops(instr, types)
+                    total[precision_of(instr, self.types)] += matmul_flops(instr, self.types)
                 for inner in re.findall(r"\bcalls=%([\w.-]+)", instr.attrs):
-                    for precision, flops in flops_within(inner).items():
+                    for precision, flops in self.flops_within(inner).items():
                         total[precision] += flops
-            memo[name] = dict(total)
-        return memo[name]
+            self.memo[name] = dict(total)
+        return self.memo[name]
 
-    def work_of(instr: Instr) -> Work:
+    def work_of(self, instr: Instr) -> Work:
         """What an asynchronous or waited-for op does; for a call, what its callee does."""
+        types = self.types
         work = Work(host=host_bytes(instr, types))
         found = collective_op(instr, True, types)
         if found:
@@ -155,79 +168,89 @@ def schedule(module: Module, kernels: list[KernelKey], matmul_bodies: set[str]) 
         # (MaxText's programs wrap a SparseCore collective or copy in more such calls).
         if instr.opcode in (*ASYNC_CALLS, "call", "custom-call"):
             for target in called(instr):
-                for inner in computations.get(target, []):
+                for inner in self.computations.get(target, []):
                     if inner.opcode in ("parameter", "tuple", "get-tuple-element"):
                         continue
-                    done = work_of(inner)
+                    done = self.work_of(inner)
                     work.ici += done.ici
                     work.host += done.host
                     moves = not done.ici and not done.host  # else the link moves the bytes
                     work.hbm += done.hbm + (
-                        op_hbm_bytes(inner, computations, types) if moves else 0.0
+                        op_hbm_bytes(inner, self.computations, types) if moves else 0.0
                     )
         return work
 
-    def tensor_core_op(instr: Instr) -> TensorCoreOp | None:
+    def tensor_core_op(self, instr: Instr) -> TensorCoreOp | None:
+        types = self.types
         body = callee(instr) or ""
         own = matmul_flops(instr, types)
-        flops = dict(flops_within(body)) if instr.opcode == "fusion" else {}
+        flops = dict(self.flops_within(body)) if instr.opcode == "fusion" else {}
         if own:
             flops[precision_of(instr, types)] = own
         key = kernel_key(instr, types)
-        kernel = index.get(key, -1) if key else -1
-        matmul = bool(own) or kernel >= 0 or body in matmul_bodies
-        hbm = op_hbm_bytes(instr, computations, types)
+        kernel = self.index.get(key, -1) if key else -1
+        matmul = bool(own) or kernel >= 0 or body in self.matmul_bodies
+        hbm = op_hbm_bytes(instr, self.computations, types)
         if not matmul and not hbm:
             return None
         return TensorCoreOp(**flops, hbm=hbm, matmul=matmul, kernel=kernel)
 
-    def build(name: str) -> None:
-        if name in out.computations or name not in computations:
+    def build(self, name: str) -> None:
+        if name in self.out.computations or name not in self.computations:
             return
-        events: list = []
-        out.computations[name] = events
-        for instr in computations[name]:
-            op = instr.opcode
-            if op == "while":
-                body = re.search(r"body=%([\w.-]+)", instr.attrs)
-                if body:
-                    build(body.group(1))
-                    trips = trips_of(instr, computations, by_name)
-                    events.append(Loop(body=body.group(1), trips=trips))
-            elif op.endswith("-done"):
-                events.append(Done(name=instr.operands[0] if instr.operands else ""))
-            elif op.endswith("-update"):
-                # An async custom call's work runs once the update hands it its operand; the
-                # done waits on the update (libtpu 0.0.52's SparseCore collectives).
-                start = by_name.get(instr.operands[0]) if instr.operands else None
-                work = work_of(start) if start is not None else Work()
-                events.append(Start(name=instr.name, engine=engine_of(start or instr, types),
-                                    work=work))  # fmt: skip
-            elif op.endswith("-start") and instr.name in updated:
-                continue  # started at its update
-            elif op.endswith("-start"):
-                work = work_of(instr)
-                engine = engine_of(instr, types)
-                if engine == "async" and work.host:  # an async call that moves to or from host
-                    engine = "host"
-                events.append(Start(name=instr.name, engine=engine, work=work))
-            elif megascale_kind(instr):
-                # A cross-slice collective: the send hands the operand to the data center
-                # network, in turn with the others; its recv's result is there once the
-                # sends before it are done.
-                events.append(Start(name=instr.name, engine="dcn", work=work_of(instr)))
-            elif op == "call":
-                for target in called(instr):
-                    build(target)
-                    events.append(Call(callee=target))
-            elif collective_op(instr, False, types) or host_bytes(instr, types):
-                events.append(Wait(work=work_of(instr)))
-            elif (event := tensor_core_op(instr)) is not None:
+        events: list[Event] = []
+        self.out.computations[name] = events
+        for instr in self.computations[name]:
+            for event in self.events_of(instr):
                 last = events[-1] if events else None
-                if not event.matmul and isinstance(last, TensorCoreOp) and not last.matmul:
-                    last.hbm += event.hbm
+                if (
+                    isinstance(event, TensorCoreOp)
+                    and not event.matmul
+                    and isinstance(last, TensorCoreOp)
+                    and not last.matmul
+                ):
+                    last.hbm += event.hbm  # HBM passes in a row are one
                 else:
                     events.append(event)
 
-    build(module.entry)
-    return out
+    def events_of(self, instr: Instr) -> list[Event]:
+        """What one instruction adds to its computation's schedule."""
+        op, types = instr.opcode, self.types
+        if op == "while":
+            body = re.search(r"body=%([\w.-]+)", instr.attrs)
+            if not body:
+                return []
+            self.build(body.group(1))
+            trips = trips_of(instr, self.computations, self.by_name)
+            return [Loop(body=body.group(1), trips=trips)]
+        if op.endswith("-done"):
+            return [Done(name=instr.operands[0] if instr.operands else "")]
+        if op.endswith("-update"):
+            # An async custom call's work runs once the update hands it its operand; the
+            # done waits on the update (libtpu 0.0.52's SparseCore collectives).
+            start = self.by_name.get(instr.operands[0]) if instr.operands else None
+            work = self.work_of(start) if start is not None else Work()
+            return [Start(name=instr.name, engine=engine_of(start or instr, types), work=work)]
+        if op.endswith("-start") and instr.name in self.updated:
+            return []  # started at its update
+        if op.endswith("-start"):
+            work = self.work_of(instr)
+            engine = engine_of(instr, types)
+            if engine == "async" and work.host:  # an async call that moves to or from host
+                engine = "host"
+            return [Start(name=instr.name, engine=engine, work=work)]
+        if megascale_kind(instr):
+            # A cross-slice collective: the send hands the operand to the data center
+            # network, in turn with the others; its recv's result is there once the sends
+            # before it are done.
+            return [Start(name=instr.name, engine="dcn", work=self.work_of(instr))]
+        if op == "call":
+            calls: list[Event] = []
+            for target in called(instr):
+                self.build(target)
+                calls.append(Call(callee=target))
+            return calls
+        if collective_op(instr, False, types) or host_bytes(instr, types):
+            return [Wait(work=self.work_of(instr))]
+        event = self.tensor_core_op(instr)
+        return [] if event is None else [event]

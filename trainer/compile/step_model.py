@@ -45,8 +45,8 @@ from typing import Any, NamedTuple
 
 from trainer.compile.mosaic import GROUPED_MATMULS
 from trainer.compile.schedule import Call, Done, Loop, Schedule, Start, TensorCoreOp, Wait, Work
-from trainer.spec.hardware import Accelerator
-from trainer.spec.mxu import (
+from trainer.trial.hardware import Accelerator
+from trainer.trial.mxu import (
     F32_MATMUL_SHARE,
     FP8_MXU_EFFICIENCY,
     GRID_STEP_S,
@@ -130,13 +130,12 @@ class _Rates:
     """Seconds of work on one device of `accel`."""
 
     def __init__(self, accel: Accelerator, mxu: float, fp8_mxu: float) -> None:
-        per_device = accel.devices_per_chip
-        self.peak = {p: t * 1e12 / per_device for p, t in accel.peak_tflops.items()}
+        self.peak = {p: accel.peak_flops_per_device(p) for p in accel.peak_tflops}
         self.mxu, self.fp8_mxu = mxu, fp8_mxu
-        self.hbm = accel.hbm_bytes_per_s / per_device
-        self.ici_axis = accel.ici_axis_bytes_per_s / per_device
-        self.host = accel.host_link_bytes_per_s / per_device
-        self.dcn_per_device = accel.dcn_bytes_per_s_per_chip / per_device
+        self.hbm = accel.hbm_bytes_per_s_per_device
+        self.ici_axis = accel.ici_axis_bytes_per_s_per_device
+        self.host = accel.host_link_bytes_per_s_per_device
+        self.dcn_per_device = accel.dcn_bytes_per_s_per_device
         self.sparsecore = accel.sparsecore_bytes_per_s_per_device
 
     def compute(self, fp8: float, bf16: float, f32: float) -> float:
@@ -184,56 +183,75 @@ def _run(
     free, runs beside the TensorCore, and stalls it only at its `-done` if not finished by
     then. A loop runs its body twice (so that an op started in one iteration and waited for
     in the next overlaps as on the chip) and the second iteration's time stands for the rest."""
-    clock = {"tc": 0.0, "busy": 0.0}
-    free: dict[str, float] = {}  # when each engine is next free
-    finish: dict[str, float] = {}  # when each started op ends
+    clock = _Clock(schedule, rates, call_flops, fp8_calls, call_steps)
+    clock.run(schedule.entry)
+    return clock.busy, max(clock.tc, *clock.free.values(), 0.0)
 
-    def op_seconds(event: TensorCoreOp) -> float:
+
+class _Clock:
+    """The TensorCore's clock and each engine's, as `_run` walks the schedule."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        rates: _Rates,
+        call_flops: list[float],
+        fp8_calls: list[bool],
+        call_steps: Sequence[float],
+    ) -> None:
+        self.schedule, self.rates = schedule, rates
+        self.call_flops, self.fp8_calls, self.call_steps = call_flops, fp8_calls, call_steps
+        self.tc = self.busy = 0.0
+        self.free: dict[str, float] = {}  # when each engine is next free
+        self.finish: dict[str, float] = {}  # when each started op ends
+
+    def op_seconds(self, event: TensorCoreOp) -> float:
         fp8, bf16 = event.fp8, event.bf16
-        if event.kernel >= 0 and fp8_calls[event.kernel]:
-            fp8 += call_flops[event.kernel]
+        if event.kernel >= 0 and self.fp8_calls[event.kernel]:
+            fp8 += self.call_flops[event.kernel]
         elif event.kernel >= 0:
-            bf16 += call_flops[event.kernel]
-        seconds = rates.compute(fp8, bf16, event.f32)
+            bf16 += self.call_flops[event.kernel]
+        seconds = self.rates.compute(fp8, bf16, event.f32)
         if event.kernel >= 0:
-            seconds = max(seconds, call_steps[event.kernel] * GRID_STEP_S)
-        memory = event.hbm / rates.hbm
+            seconds = max(seconds, self.call_steps[event.kernel] * GRID_STEP_S)
+        memory = event.hbm / self.rates.hbm
         return max(seconds, memory) if event.matmul else memory
 
-    def run(name: str) -> None:
-        for event in schedule.computations.get(name, []):
+    def run(self, name: str) -> None:
+        for event in self.schedule.computations.get(name, []):
             match event:
                 case TensorCoreOp():
-                    seconds = op_seconds(event)
-                    clock["tc"] += seconds
-                    clock["busy"] += seconds
+                    seconds = self.op_seconds(event)
+                    self.tc += seconds
+                    self.busy += seconds
                 case Wait():
-                    clock["tc"] += rates.work(event.work)
+                    self.tc += self.rates.work(event.work)
                 case Start():
-                    begin = max(clock["tc"], free.get(event.engine, 0.0))
-                    ends = begin + rates.work(event.work, event.engine)
-                    free[event.engine] = finish[event.name] = ends
+                    begin = max(self.tc, self.free.get(event.engine, 0.0))
+                    ends = begin + self.rates.work(event.work, event.engine)
+                    self.free[event.engine] = self.finish[event.name] = ends
                 case Done():  # one whose start is not in sight: wait for every engine
-                    ends = finish.pop(event.name, max(free.values(), default=0.0))
-                    clock["tc"] = max(clock["tc"], ends)
+                    ends = self.finish.pop(event.name, max(self.free.values(), default=0.0))
+                    self.tc = max(self.tc, ends)
                 case Call():
-                    run(event.callee)
+                    self.run(event.callee)
                 case Loop():
-                    if event.trips >= 1:
-                        run(event.body)
-                    if event.trips >= 2:
-                        before = dict(clock)
-                        run(event.body)
-                        shift = (event.trips - 2) * (clock["tc"] - before["tc"])
-                        clock["busy"] += (event.trips - 2) * (clock["busy"] - before["busy"])
-                        clock["tc"] += shift
-                        for times in (free, finish):
-                            for key, at in times.items():
-                                if at > before["tc"]:
-                                    times[key] = at + shift
+                    self.loop(event)
 
-    run(schedule.entry)
-    return clock["busy"], max(clock["tc"], *free.values(), 0.0)
+    def loop(self, event: Loop) -> None:
+        if event.trips >= 1:
+            self.run(event.body)
+        if event.trips < 2:
+            return
+        tc, busy = self.tc, self.busy
+        self.run(event.body)
+        shift = (event.trips - 2) * (self.tc - tc)
+        self.busy += (event.trips - 2) * (self.busy - busy)
+        self.tc += shift
+        for times in (self.free, self.finish):
+            for key, at in times.items():
+                if at > tc:
+                    times[key] = at + shift
 
 
 def kernel_flops(

@@ -7,14 +7,15 @@ Compile trials reuse it with the compiler's real memory in place of the estimate
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from trainer.spec.capacity import receive_buffer_groups
-from trainer.spec.checks import check_static, global_batch_size
-from trainer.spec.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
-from trainer.spec.flops import training_flops_by_kind
-from trainer.spec.hardware import Accelerator
-from trainer.spec.mxu import (
+from trainer.trial.capacity import receive_buffer_groups
+from trainer.trial.checks import check_static, global_batch_size
+from trainer.trial.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
+from trainer.trial.flops import training_flops_by_kind
+from trainer.trial.hardware import Accelerator, Backend
+from trainer.trial.mxu import (
     FP8_MXU_EFFICIENCY,
     GRID_STEP_S,
     MXU_EFFICIENCY,
@@ -22,7 +23,7 @@ from trainer.spec.mxu import (
     splash_work,
     whole_tiles,
 )
-from trainer.spec.remat import Tensor, placements
+from trainer.trial.remat import Tensor, placements
 
 BF16, F32 = 2, 4
 
@@ -108,7 +109,7 @@ def communication_bytes_per_device(
 # Bytes per layer parameter in its backward: its bf16 weights gathered, the next layer's
 # prefetched and its weight gradient, in part.
 LAYER_WEIGHT_BYTES: float = 3.46
-# Copies of the layer's tensors (named and unnamed: trainer.spec.remat's and the norms'
+# Copies of the layer's tensors (named and unnamed: trainer.trial.remat's and the norms'
 # outputs and the gated activation) alive at the peak of its backward, its MLP's.
 LAYER_ACTIVATION_COPIES: float = 1.62
 # An MoE layer's routed rows of d_model (each token's top-k slots) alive at that peak: the
@@ -122,7 +123,7 @@ FP8_MLP_COPIES: float = 2.0
 def layer_tensor_bytes(
     config: TrialConfig, degrees: dict[str, int], tokens_local: float
 ) -> dict[str, float]:
-    """Bytes per device of each tensor a decoder layer names (trainer.spec.remat.Tensor), for
+    """Bytes per device of each tensor a decoder layer names (trainer.trial.remat.Tensor), for
     one layer: what saving it on device (or offloading it) costs per layer."""
     m, tensor = config.model, degrees["tensor"]
     heads = tokens_local * m.head_dim * BF16 / tensor
@@ -287,7 +288,7 @@ def expert_tiles(
     rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's knob or MaxText's defaults;
     1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program)."""
     m = config.model
-    kernels = config.resolved_kernels("tpu", degrees["context"])
+    kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
     if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax") or rows < 1:
         return 1.0, 0.0
     groups = m.num_experts // degrees["expert"]
@@ -321,7 +322,7 @@ def expert_tiles(
 # step model's figures for every point of the three compiled search tables (fidelity compile,
 # libtpu 0.0.52; benchmarks/data/search_table*.csv), 2026-12-04:
 STEP_CONSTANTS: dict[str, float] = {
-    # Splash grid steps at GRID_STEP_S (trainer.spec.mxu, the step model's too): the
+    # Splash grid steps at GRID_STEP_S (trainer.trial.mxu, the step model's too): the
     # share not hidden under the kernels' own work.
     "grid_steps": 0.615,
     # Passes of non-matmul ops (norms, rotary embedding, gating, residual adds, casts) over a
@@ -363,11 +364,8 @@ def _terms(
     comm: dict[str, float],
 ) -> dict[str, float]:
     m = config.model
-    per_device = accel.devices_per_chip
-    peak = accel.peak_tflops["bf16"] * 1e12 / per_device
-    fp8_peak = accel.peak_tflops.get("fp8", accel.peak_tflops["bf16"]) * 1e12 / per_device
-    hbm = accel.hbm_bytes_per_s / per_device
-    ici = accel.ici_axis_bytes_per_s / per_device
+    peak, fp8_peak = accel.peak_flops_per_device("bf16"), accel.peak_flops_per_device("fp8")
+    hbm, ici = accel.hbm_bytes_per_s_per_device, accel.ici_axis_bytes_per_s_per_device
     tokens = global_batch * config.seq_len
     again = recomputed(config)
     per_token = forward_flops_per_token(config)
@@ -383,15 +381,7 @@ def _terms(
     expert = tokens * m.num_layers * experts / num_devices
     logits = 3 * 2 * tokens * m.d_model * m.vocab_size / num_devices
     context = degrees["context"]
-    grid = 0.0
-    if config.resolved_kernels("tpu", context).attention == "splash":
-        splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
-        runs = 2 if again["attention"] else 1
-        attention = m.num_layers * (runs * splash["forward_flops"] + splash["backward_flops"])
-        grid = m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
-    else:  # the XLA reference: the causal half, forward and backward, and again if recomputed
-        attention = tokens * m.num_layers * per_token["attention"] * (
-            3 + again["attention"]) / num_devices  # fmt: skip
+    attention, grid = _attention_work(config, accel, num_devices, global_batch, context, again)
     fp8 = config.precision.mode == "fp8"
     layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
     # the grouped-matmul kernels take at least their grid steps (the step model's floor)
@@ -420,6 +410,28 @@ def _terms(
     }
 
 
+def _attention_work(
+    config: TrialConfig,
+    accel: Accelerator,
+    num_devices: int,
+    global_batch: int,
+    context: int,
+    again: dict[str, bool],
+) -> tuple[float, float]:
+    """Attention's FLOPs per device a step, and its kernel's grid steps: Splash by its blocks
+    (its forward again where the policy recomputes it), or the XLA reference's causal half,
+    forward and backward, and again if recomputed."""
+    m = config.model
+    if config.resolved_kernels(Backend.TPU, context).attention == "splash":
+        splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
+        runs = 2 if again["attention"] else 1
+        attention = m.num_layers * (runs * splash["forward_flops"] + splash["backward_flops"])
+        return attention, m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
+    tokens = global_batch * config.seq_len
+    per_token = forward_flops_per_token(config)["attention"]
+    return tokens * m.num_layers * per_token * (3 + again["attention"]) / num_devices, 0.0
+
+
 def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> float:
     """HBM bytes an MoE step's routing moves per device: each layer gathers its tokens' rows
     into the routed order (`rows` of them, bf16 in fp8 programs too) and back (the combine),
@@ -431,6 +443,68 @@ def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> f
         return 0.0
     gathers = 4 + again["wi"] + again["wo"]
     return m.num_layers * gathers * rows * m.d_model * BF16 * 2
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The step's terms weighed, and how they add up."""
+
+    weighed: dict[str, float]
+    busy: float  # the TensorCore's work in turn
+    exposed: float  # communication the structure exposes
+    routing: float  # MoE routing on the SparseCores, beside the TensorCore
+    times: dict[str, float]  # seconds of each resource's work
+    seconds: float  # the step
+
+
+def _step(
+    terms: dict[str, float], accel: Accelerator, mem: dict[str, float], comm: dict[str, float]
+) -> _Step:
+    weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
+    exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
+    busy = sum(v for k, v in weighed.items() if k not in (*exposed_terms, "routing"))
+    exposed = sum(weighed[k] for k in exposed_terms)
+    # MoE routing runs on the SparseCores, beside the TensorCore; the expert matmuls wait
+    # for its rows
+    routing = weighed["routing"]
+    hbm_s = busy - weighed["compute"] - weighed["grid_steps"]
+    ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
+    times = {
+        "compute": weighed["compute"] + weighed["grid_steps"],
+        "hbm": hbm_s,
+        "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
+        # offloaded activations go to the host in the forward and come back in the backward
+        "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
+    }
+    seconds = max(busy, times["ici"], times["host"]) + exposed + routing
+    return _Step(weighed, busy, exposed, routing, times, seconds)
+
+
+def _intensities(
+    accel: Accelerator,
+    precision: str,
+    flops_per_chip: float,
+    step: _Step,
+    comm: dict[str, float],
+) -> dict[str, float]:
+    """FLOPs per byte the step moves over ICI and HBM, beside the hardware's. Per byte over
+    each of the ring's two links, as the hardware figure is per link; the hardware's figure
+    at the rate the estimate computes (the MXU efficiencies, Splash's blocks, the grid steps)
+    rather than the peak: below it exactly when the ICI time exceeds the compute time."""
+    peak = accel.peak_tflops[precision] * 1e12
+    achieved = flops_per_chip / step.times["compute"] / peak  # the share of the peak computed at
+    hbm_bytes_per_chip = step.times["hbm"] * accel.hbm_bytes_per_s
+    ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
+    return {
+        "arithmetic_intensity_ici": flops_per_chip / (ici_bytes_per_chip / 2)
+        if ici_bytes_per_chip
+        else float("inf"),
+        "hardware_intensity_ici": accel.intensity_flops_per_ici_byte(precision) * achieved,
+        "arithmetic_intensity_hbm": flops_per_chip / hbm_bytes_per_chip
+        if hbm_bytes_per_chip
+        else float("inf"),
+        "hardware_intensity_hbm": accel.intensity_flops_per_hbm_byte(precision) * achieved,
+    }
 
 
 def estimate(
@@ -457,27 +531,9 @@ def estimate(
     peak = accel.peak_tflops[precision] * 1e12
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
-    terms = _terms(config, accel, num_devices, global_batch, degrees, mem, comm)
-    weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
-    exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
-    busy = sum(v for k, v in weighed.items() if k not in (*exposed_terms, "routing"))
-    exposed = sum(weighed[k] for k in exposed_terms)
-    # MoE routing runs on the SparseCores, beside the TensorCore; the expert matmuls wait
-    # for its rows
-    routing = weighed["routing"]
-    flops_per_chip = (model_flops + recompute) / chips
-    hbm_s = busy - weighed["compute"] - weighed["grid_steps"]
-    hbm_bytes_per_chip = hbm_s * accel.hbm_bytes_per_s
-    ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
-    times = {
-        "compute": weighed["compute"] + weighed["grid_steps"],
-        "hbm": hbm_s,
-        "ici": ici_bytes_per_chip / accel.ici_axis_bytes_per_s,  # a ring over one torus axis
-        # offloaded activations go to the host in the forward and come back in the backward
-        "host": accel.devices_per_chip * 2 * mem["host_activations"] / accel.host_link_bytes_per_s,
-    }
-    step_time = max(busy, times["ici"], times["host"]) + exposed + routing
-    achieved = flops_per_chip / times["compute"] / peak  # the share of the peak computed at
+    step = _step(_terms(config, accel, num_devices, global_batch, degrees, mem, comm), accel,
+                 mem, comm)  # fmt: skip
+    times = step.times
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]
     return {
@@ -485,30 +541,19 @@ def estimate(
         "hardware": accel.name,
         "chips": chips,
         "model_flops_per_step": model_flops,
-        "est_serial_s": exposed + routing + weighed["update"],
+        "est_serial_s": step.exposed + step.routing + step.weighed["update"],
         "recompute_flops_per_step": recompute,
-        "est_step_time_s": step_time,
+        "est_step_time_s": step.seconds,
         "est_compute_s": times["compute"],
         "est_hbm_s": times["hbm"],
         "est_ici_s": times["ici"],
-        "est_busy_s": busy,
-        "est_exposed_comm_s": exposed,
-        "est_routing_s": routing,
+        "est_busy_s": step.busy,
+        "est_exposed_comm_s": step.exposed,
+        "est_routing_s": step.routing,
         "bound": max(times, key=lambda name: times[name]),
-        "est_tokens_per_sec_per_chip": tokens / step_time / chips,
-        "est_mfu": model_flops / chips / step_time / peak,
-        # Per byte over each of the ring's two links, as the hardware figure is per link. The
-        # hardware's figure at the rate the estimate computes (the MXU efficiencies, Splash's
-        # blocks, the grid steps) rather than the peak: below it exactly when the ICI time
-        # exceeds the compute time.
-        "arithmetic_intensity_ici": flops_per_chip / (ici_bytes_per_chip / 2)
-        if ici_bytes_per_chip
-        else float("inf"),
-        "hardware_intensity_ici": accel.intensity_flops_per_ici_byte(precision) * achieved,
-        "arithmetic_intensity_hbm": flops_per_chip / hbm_bytes_per_chip
-        if hbm_bytes_per_chip
-        else float("inf"),
-        "hardware_intensity_hbm": accel.intensity_flops_per_hbm_byte(precision) * achieved,
+        "est_tokens_per_sec_per_chip": tokens / step.seconds / chips,
+        "est_mfu": model_flops / chips / step.seconds / peak,
+        **_intensities(accel, precision, (model_flops + recompute) / chips, step, comm),
         "communication_bytes_per_device": comm,
         "est_memory_per_device": mem,
         "est_host_s": times["host"],

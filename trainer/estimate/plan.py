@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.estimate.analytic import estimate, parameter_count
-from trainer.spec.checks import check_static
-from trainer.spec.config import TrialConfig, load_config
-from trainer.spec.hardware import GIB, Accelerator, Topology
+from trainer.trial.checks import check_static
+from trainer.trial.config import TrialConfig, load_config
+from trainer.trial.hardware import GIB, Accelerator, Backend, Topology
 
 LONG_SEQUENCE = 32768  # the guide contrasts 8k (compute-bound) with 128k (memory-bound)
 STATE_BYTES_PER_PARAM = 16  # f32 parameters, gradients and two Adam moments
@@ -118,7 +118,7 @@ def _estimate(
     """The estimate of one candidate, or None where the trainer would refuse it."""
     try:
         config = load_config({**base, **knobs})
-        check_static(config, devices, "tpu")
+        check_static(config, devices, Backend.TPU)
         return estimate(config, accel, devices)
     except ValueError:  # ConfigError and pydantic's ValidationError: not a trial this trainer runs
         return None
@@ -166,18 +166,8 @@ def recommend(
     long = seq_len >= LONG_SEQUENCE
     # The smallest context degree that fits keeps the batch axes whole.
     context = min(c.mesh["context"] for c in fits)
-    fits = [c for c in fits if c.mesh["context"] == context]
-    top = fits[0].tokens
-    ties = [c for c in fits if c.tokens >= (1 - TIE) * top]
-    best = min(
-        ties,
-        key=lambda c: (
-            sum(v > 1 for v in c.mesh.values()),
-            -c.per_device_batch,
-            REMATS.index(c.remat),
-        ),
-    )
-    fits = [best, *(c for c in fits if c is not best)]
+    fits = _simplest_first([c for c in fits if c.mesh["context"] == context])
+    best, top = fits[0], max(c.tokens for c in fits)
     est = best.estimate
     figures: dict[str, Any] = {
         "params": params,
@@ -212,6 +202,22 @@ def recommend(
             f"sequence {seq_len:,}: context parallelism {context} is the smallest degree that fits"
         )
     return Recommendation(workload, primary, secondary, best, fits[1:], reasons, figures)
+
+
+def _simplest_first(fits: list[Candidate]) -> list[Candidate]:
+    """Candidates fastest first, but the simplest within TIE of the fastest first of all:
+    fewest sharded axes, then the largest per-device batch, then the cheapest remat."""
+    top = fits[0].tokens
+    ties = [c for c in fits if c.tokens >= (1 - TIE) * top]
+    best = min(
+        ties,
+        key=lambda c: (
+            sum(v > 1 for v in c.mesh.values()),
+            -c.per_device_batch,
+            REMATS.index(c.remat),
+        ),
+    )
+    return [best, *(c for c in fits if c is not best)]
 
 
 def _row(

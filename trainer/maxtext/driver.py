@@ -1,4 +1,4 @@
-"""A trial run by MaxText: its settings (trainer/spec/maxtext.py), MaxText's `train_compile`
+"""A trial run by MaxText: its settings (trainer/trial/maxtext.py), MaxText's `train_compile`
 (compile fidelity: the step compiled for the target with libtpu, no TPU) or `train` (run
 fidelity) in MaxText's own Python, and what MaxText prints turned into this trainer's events,
 so the engine records a MaxText trial as it records ours.
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.maxtext import logs
-from trainer.spec.checks import global_batch_size
-from trainer.spec.config import ConfigError, TrialConfig
-from trainer.spec.events import (
+from trainer.trial.checks import global_batch_size
+from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.events import (
     Accepted,
     Compiled,
     EffectStatus,
@@ -40,16 +40,16 @@ from trainer.spec.events import (
     Step,
     TrialFailure,
 )
-from trainer.spec.files import die_with_parent
-from trainer.spec.hardware import Topology
-from trainer.spec.maxtext import (
+from trainer.trial.files import die_with_parent
+from trainer.trial.hardware import Accelerator, Backend, Topology
+from trainer.trial.maxtext import (
     TRAIN,
     TRAIN_COMPILE,
     MaxTextProgram,
     MaxTextSettings,
     program_settings,
 )
-from trainer.spec.timing import step_time_stats, throughput_interval
+from trainer.trial.timing import step_time_stats, throughput_interval
 
 # Environment of ours that must not leak into MaxText's interpreter (another Python, another
 # site-packages).
@@ -199,7 +199,7 @@ def compile_trial(
     benchmarks.calibration keeps it, to be read again as the model improves)."""
     topology = Topology.parse(config.compile_target or "")
     accel = topology.accelerator
-    settings = program_settings(config, program, knobs, "tpu")
+    settings = program_settings(config, program, knobs, Backend.TPU)
     python = program.interpreter()
     base = base_config(program)
     emitter.emit(
@@ -294,6 +294,29 @@ def _compiled_summary(
     return compile_summary(config, global_batch, degrees, topology, record)
 
 
+@dataclass(frozen=True)
+class _Devices:
+    """What a MaxText run trains on, as the trial's figures name it."""
+
+    hardware: str
+    device_kind: str
+    devices: int
+    chips: float
+    per_chip: int
+    accelerator: Accelerator | None  # a TPU's datasheet (its peak: MFU); None on CPU
+
+
+def _devices(config: TrialConfig, target: str, cpu: bool) -> _Devices:
+    if cpu:
+        devices = _simulated_devices() or config.num_devices or 1
+        return _Devices(f"cpu via MaxText ({devices} devices)", "cpu", devices, 1.0, devices, None)
+    # A TPU slice: MaxText finds its devices and peers itself (one process per host).
+    topology = Topology.parse(target)
+    accel = topology.accelerator
+    return _Devices(accel.name, accel.device_kind, topology.devices, topology.chips,
+                    accel.devices_per_chip, accel)  # fmt: skip
+
+
 def run_trial(
     config: TrialConfig,
     program: MaxTextProgram,
@@ -306,28 +329,24 @@ def run_trial(
     platform = os.environ.get("JAX_PLATFORMS", "") or "tpu"
     cpu = platform == "cpu" or config.backend == "cpu"
     on = config.model_copy(update={"backend": "cpu"}) if cpu else config
-    settings = program_settings(on, program, knobs, "cpu" if cpu else "tpu")
-    python = program.interpreter()
-    base = base_config(program)
-    if cpu:
-        devices = _simulated_devices() or config.num_devices or 1
-        hardware, device_kind, chips, per_chip = (
-            f"cpu via MaxText ({devices} devices)",
-            "cpu",
-            1.0,
-            devices,
-        )
-    else:  # a TPU slice: MaxText finds its devices and peers itself (one process per host)
-        topology = Topology.parse(target)
-        accel = topology.accelerator
-        devices, chips = topology.devices, topology.chips
-        hardware, device_kind, per_chip = accel.name, accel.device_kind, accel.devices_per_chip
+    settings = program_settings(on, program, knobs, Backend.CPU if cpu else Backend.TPU)
+    where = _devices(config, target, cpu)
     emitter.emit(
         _accepted(
             config, settings, knobs, fidelity=Fidelity.RUN, backend=("cpu" if cpu else "tpu"),
-            hardware=hardware, device_kind=device_kind, num_devices=devices, chips=chips,
+            hardware=where.hardware, device_kind=where.device_kind, num_devices=where.devices,
+            chips=where.chips,
         )
     )  # fmt: skip
+    steps = _train(program, settings, emitter)
+    return _run_summary(config, steps, where, "cpu" if cpu else "tpu")
+
+
+def _train(
+    program: MaxTextProgram, settings: MaxTextSettings, emitter: Emitter
+) -> list[logs.StepLine]:
+    """MaxText's train run to its end, each step it logs emitted as ours; its steps, or
+    TrialFailure when it failed or logged none."""
     steps: list[logs.StepLine] = []
 
     def on_line(line: str) -> None:
@@ -347,42 +366,48 @@ def run_trial(
 
     work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))
     try:
-        argv = [base, "run_name=sweeper", f"base_output_directory={work}", *settings.argv()]
-        output = run_maxtext(
-            python, TRAIN, argv, {"LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args)}, on_line
-        )
+        argv = [base_config(program), "run_name=sweeper", f"base_output_directory={work}",
+                *settings.argv()]  # fmt: skip
+        libtpu = {"LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args)}
+        output = run_maxtext(program.interpreter(), TRAIN, argv, libtpu, on_line)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if output.returncode or not steps:
         if not steps and not output.returncode:
             raise TrialFailure(FailureClass.CRASHED, "MaxText train logged no completed step")
         raise _failed(output, "train")
+    return steps
+
+
+def _run_summary(
+    config: TrialConfig, steps: list[logs.StepLine], where: _Devices, backend: str
+) -> dict[str, Any]:
+    """A run's figures from MaxText's step lines: its own step times, tokens/s and TFLOP/s,
+    with the noise figures our trainer's runs carry (the median step's 95% interval, as
+    tokens/s: a slower step is fewer tokens, and the window spread)."""
     timed = steps[config.measure.skip_steps :] or steps
     per_device = statistics.median(s.tokens_per_device for s in timed)
     tflops = statistics.median(s.tflops_per_device for s in timed)
-    # MaxText's own step times, with the noise figures our trainer's runs carry: the median
-    # step's 95% interval (as tokens/s: a slower step is fewer tokens) and the window spread.
     stats = step_time_stats([s.seconds for s in timed], config.measure.windows)
-    point = per_device * per_chip
+    point = per_device * where.per_chip
     summary: dict[str, Any] = {
         "fidelity": Fidelity.RUN,
-        "hardware": hardware,
-        "chips": chips or 1.0,
-        "backend": "cpu" if cpu else "tpu",
-        "num_devices": devices,
+        "hardware": where.hardware,
+        "chips": where.chips or 1.0,
+        "backend": backend,
+        "num_devices": where.devices,
         "tokens_per_sec_per_device": per_device,
         "tokens_per_sec_per_chip": point,
         **throughput_interval(stats, point),
-        "tokens_per_sec": per_device * devices,
-        "tflops_per_sec_per_chip": tflops * per_chip,
+        "tokens_per_sec": per_device * where.devices,
+        "tflops_per_sec_per_chip": tflops * where.per_chip,
         **stats,
         "final_loss": steps[-1].loss,
-        "tokens_per_step": global_batch_size(config, devices) * config.seq_len,
+        "tokens_per_step": global_batch_size(config, where.devices) * config.seq_len,
     }
-    if not cpu:
-        peak = accel.peak_tflops.get(config.precision.peak)
-        if peak:
-            summary["mfu"] = tflops * per_chip / peak
+    peak = where.accelerator.peak_tflops.get(config.precision.peak) if where.accelerator else None
+    if peak:
+        summary["mfu"] = tflops * where.per_chip / peak
     return summary
 
 

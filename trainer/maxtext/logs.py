@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from trainer.spec.events import FailureClass, classify_text, memory_record
+from trainer.trial.events import FailureClass, classify_text, memory_record
 
 # metric_logger.py: "completed step: 3, seconds: 0.093, TFLOP/s/device: 0.000,
 # Tokens/s/device: 689.611, total_weights: 512, loss: 4.955, lm_loss: 4.955, ..."

@@ -18,8 +18,8 @@ from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from trainer.parallel.context import load_balance_order, natural_chunk_order
-from trainer.spec.config import KernelsConfig
-from trainer.spec.remat import Tensor
+from trainer.trial.config import KernelsConfig
+from trainer.trial.remat import Tensor
 
 # tokamax reads its absl flags on first use, parsing sys.argv if nobody has: our own command
 # lines (the trainer's, a benchmark's) are not absl's, so its defaults are taken as parsed.
@@ -125,7 +125,7 @@ def sharded_splash_attention(
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from trainer.spec.config import BATCH_AXES
+    from trainer.trial.config import BATCH_AXES
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:

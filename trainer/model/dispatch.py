@@ -25,8 +25,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from trainer.spec.capacity import expert_capacity, receive_buffer_groups
-from trainer.spec.remat import Tensor
+from trainer.trial.capacity import expert_capacity, receive_buffer_groups
+from trainer.trial.remat import Tensor
 
 EXPERT, TENSOR = "expert", "tensor"
 
@@ -192,22 +192,11 @@ def expert_parallel(
         native=native,
     )
 
-    # The buffer holds, per source, its slots ordered by my local experts; regroup by expert.
-    to_me_SxL = all_counts[:, me, :]
-    total = jnp.sum(to_me_SxL)
-    expert_ids = jnp.concatenate([jnp.tile(jnp.arange(local), ep), jnp.array([local])])
-    repeats = jnp.concatenate([to_me_SxL.reshape(-1), (buffer_rows - total)[None]])
-    row_expert = jnp.repeat(expert_ids, repeats, total_repeat_length=buffer_rows)
-    regroup = jnp.argsort(row_expert, stable=True)
-    ungroup = jnp.argsort(regroup)
-    h = take_slots(received, regroup, ungroup, 1)
-    groups_L = to_me_SxL.sum(axis=0)
-    out = expert_mlp(h, weights, groups_L, total, gmm, tag)
-    out_received = take_slots(out, ungroup, regroup, 1)
+    out_received = _local_experts(received, all_counts[:, me, :], weights, gmm, tag)
 
     out_sorted = ragged_all_to_all(
         out_received,
-        jnp.zeros((slots, e), out.dtype),
+        jnp.zeros((slots, e), out_received.dtype),
         land_SxD[:, me],
         recv_S,
         send_offsets_SxD[:, me],
@@ -219,3 +208,21 @@ def expert_parallel(
     if jax.lax.axis_size(TENSOR) > 1:
         y_BxSxE = jax.lax.psum(y_BxSxE, TENSOR)
     return y_BxSxE
+
+
+def _local_experts(received, to_me_SxL, weights, gmm: Callable, tag: Callable):
+    """My local experts over the rows every source sent me: the buffer holds, per source, its
+    slots ordered by my local experts (then padding); regrouped by expert, run, and put back
+    in the buffer's order."""
+    ep, local = to_me_SxL.shape
+    buffer_rows = received.shape[0]
+    total = jnp.sum(to_me_SxL)
+    expert_ids = jnp.concatenate([jnp.tile(jnp.arange(local), ep), jnp.array([local])])
+    repeats = jnp.concatenate([to_me_SxL.reshape(-1), (buffer_rows - total)[None]])
+    row_expert = jnp.repeat(expert_ids, repeats, total_repeat_length=buffer_rows)
+    regroup = jnp.argsort(row_expert, stable=True)
+    ungroup = jnp.argsort(regroup)
+    h = take_slots(received, regroup, ungroup, 1)
+    groups_L = to_me_SxL.sum(axis=0)
+    out = expert_mlp(h, weights, groups_L, total, gmm, tag)
+    return take_slots(out, ungroup, regroup, 1)

@@ -23,7 +23,7 @@ import qwix
 import tokamax
 
 from trainer.model.precision import FORMATS
-from trainer.spec.config import PrecisionConfig
+from trainer.trial.config import PrecisionConfig
 
 # dlhs [M, N] x [G, K, N] -> [M, K]; drhs [M, K] x [M, N] -> [G, K, N] (tokamax's names).
 DLHS = jax.lax.RaggedDotDimensionNumbers(

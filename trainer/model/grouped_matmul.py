@@ -15,13 +15,14 @@ from tokamax._src.ops.ragged_dot import base as ragged_dot_base
 from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
 from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
-from trainer.spec.config import (
+from trainer.trial.config import (
     GMM_PASSES,
     MAXTEXT_TILES,
     KernelsConfig,
     PrecisionConfig,
     TokamaxTiles,
 )
+from trainer.trial.hardware import Backend
 
 # tokamax's grouped-matmul kernels for NVIDIA GPUs, in tokamax's own order of preference.
 # Which of them builds depends on the JAX and tokamax a host carries (seen in deviceless H200
@@ -162,7 +163,7 @@ def grouped_matmul(
             passes = tuple(_tokamax_tpu(configs[p]) for p in GMM_PASSES)
         how = Fp8Gmm.of(fp8, passes)
         return fp8_grouped_matmul(x_MxK, w_GxKxN, group_sizes_G, how)
-    moe_gmm = kernels.resolved_moe_gmm(platform)
+    moe_gmm = kernels.resolved_moe_gmm(Backend(platform))
     if moe_gmm == "tokamax" and platform != "tpu":
         # Its GPU kernel where one builds; else XLA's ragged_dot itself (the program of
         # moe_gmm ragged_dot, as the knob's effect then says), not tokamax's own XLA path.

@@ -13,9 +13,9 @@ from jax.sharding import PartitionSpec as P
 
 from trainer.model.dispatch import expert_parallel, local_experts
 from trainer.model.grouped_matmul import grouped_matmul
-from trainer.spec.config import BATCH_AXES, KernelsConfig, ModelConfig, PrecisionConfig
-from trainer.spec.effects import NATIVE_RAGGED_A2A
-from trainer.spec.remat import Tensor, moe_twin
+from trainer.trial.config import BATCH_AXES, KernelsConfig, ModelConfig, PrecisionConfig
+from trainer.trial.effects import NATIVE_RAGGED_A2A
+from trainer.trial.remat import Tensor, moe_twin
 
 
 def _tag(x, tensor: Tensor):

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import qwix
 
-from trainer.spec.config import ConfigError, PrecisionConfig
+from trainer.trial.config import ConfigError, PrecisionConfig
 
 FORMATS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 # Weight matmuls go through lax.dot_general (dense) and lax.ragged_dot (MoE); attention's

@@ -1,4 +1,4 @@
-"""Remat policies (trainer.spec.remat) as jax.checkpoint policies."""
+"""Remat policies (trainer.trial.remat) as jax.checkpoint policies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from trainer.spec.remat import RematConfig, placements
+from trainer.trial.remat import RematConfig, placements
 
 
 def _offload(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable[..., Any]:

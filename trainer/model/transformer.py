@@ -15,8 +15,8 @@ from trainer.model.attention import fused_attention, reference_attention, sharde
 from trainer.model.loss import mean_cross_entropy
 from trainer.model.loss import unembed as output_logits
 from trainer.model.moe import MoeBlock
-from trainer.spec.config import KernelsConfig, ModelConfig, PrecisionConfig
-from trainer.spec.remat import Tensor
+from trainer.trial.config import KernelsConfig, ModelConfig, PrecisionConfig
+from trainer.trial.remat import Tensor
 
 Dtype = Any
 ACT_BxSxE = ("activation_batch", "activation_length", None)

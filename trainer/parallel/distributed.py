@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from trainer.spec.config import ConfigError, TrialConfig
+from trainer.trial.config import ConfigError, TrialConfig
 
 
 def initialize(

@@ -11,7 +11,7 @@ import jax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trainer.spec.config import BATCH_AXES, MESH_AXES, ConfigError
+from trainer.trial.config import BATCH_AXES, MESH_AXES, ConfigError
 
 # Order matters: flax takes the first rule whose mesh axes are still free in a given spec,
 # so expert weights (exp -> expert) fall back to embed -> (fsdp, context).

@@ -29,10 +29,11 @@ from trainer.parallel.sharding import (
     state_shardings,
 )
 from trainer.program.step import make_init_fn, make_optimizer, make_train_step
-from trainer.spec.checks import check_static, global_batch_size
-from trainer.spec.config import BATCH_AXES, ConfigError, TrialConfig
-from trainer.spec.effects import knob_effects
-from trainer.spec.events import MEMORY_FIELDS, Accepted, memory_record
+from trainer.trial.checks import check_static, global_batch_size
+from trainer.trial.config import BATCH_AXES, ConfigError, TrialConfig
+from trainer.trial.effects import knob_effects
+from trainer.trial.events import MEMORY_FIELDS, Accepted, memory_record
+from trainer.trial.hardware import Backend
 
 
 def select_devices(config: TrialConfig) -> list[jax.Device]:
@@ -179,7 +180,7 @@ def _gpu_gmm(program: Program, devices: list) -> tuple[str | None, dict[str, str
     config = program.config
     if devices[0].platform != "gpu" or not config.model.is_moe:
         return None
-    kernels = config.resolved_kernels("gpu", program.degrees["context"])
+    kernels = config.resolved_kernels(Backend.GPU, program.degrees["context"])
     return tokamax_gpu_gmm(devices[0]) if kernels.moe_gmm == "tokamax" else None
 
 
@@ -204,7 +205,9 @@ def accepted_event(
         tokens_per_step=program.global_batch * config.seq_len,
         mesh=program.degrees,
         global_batch=program.global_batch,
-        effects=knob_effects(config, platform, program.degrees, _gpu_gmm(program, devices)),
+        effects=knob_effects(
+            config, Backend(platform), program.degrees, _gpu_gmm(program, devices)
+        ),
         **extra,
     )
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from trainer.spec.config import TrialConfig
+from trainer.trial.config import TrialConfig
 
 
 @struct.dataclass

@@ -12,8 +12,8 @@ from typing import Any
 import jax
 from filelock import FileLock
 
-from trainer.spec.config import TrialConfig
-from trainer.spec.files import cache_dir, write_json
+from trainer.trial.config import TrialConfig
+from trainer.trial.files import cache_dir, write_json
 
 # The tolerance a recipe's reference derives from its noise: a trial may end this many
 # times as far from the reference as a run with another initialization does, and never

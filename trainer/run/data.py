@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.parallel.context import load_balance_order
-from trainer.spec.config import TrialConfig
+from trainer.trial.config import TrialConfig
 
 
 @functools.cache

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.spec.files import write_json
-from trainer.spec.hardware import ACCELERATORS
+from trainer.trial.files import write_json
+from trainer.trial.hardware import ACCELERATORS
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from trainer.program.build import (
 from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, parse
 from trainer.run import convergence, metrics
 from trainer.run.data import BatchSource
-from trainer.spec.checks import check_static
-from trainer.spec.config import ConfigError, MeshConfig, ProfileConfig, TrialConfig
-from trainer.spec.events import (
+from trainer.trial.checks import check_static
+from trainer.trial.config import ConfigError, MeshConfig, ProfileConfig, TrialConfig
+from trainer.trial.events import (
     Compiled,
     Emitter,
     FailureClass,
@@ -38,10 +38,10 @@ from trainer.spec.events import (
     TrialFailure,
     hbm_overflow,
 )
-from trainer.spec.files import cache_dir
-from trainer.spec.flops import training_flops_per_step
-from trainer.spec.hardware import GIB
-from trainer.spec.timing import step_time_stats, throughput_interval
+from trainer.trial.files import cache_dir
+from trainer.trial.flops import training_flops_per_step
+from trainer.trial.hardware import GIB, Backend
+from trainer.trial.timing import step_time_stats, throughput_interval
 
 
 @dataclass
@@ -142,6 +142,50 @@ class Trace:
             jax.profiler.stop_trace()
 
 
+class _Steps:
+    """Reads each step's metrics back once its successor is queued: its time, completion to
+    completion, a `diverged` failure on non-finite metrics, a `timeout` past the limit."""
+
+    def __init__(self, config: TrialConfig, emitter: Emitter, trace: Trace):
+        self.config, self.emitter, self.trace = config, emitter, trace
+        self.timed = Timed()
+        self.loop_start = self.last_done = time.perf_counter()
+
+    def finish(self, step: int, step_metrics: dict[str, jax.Array]) -> None:
+        """Read one step's metrics back (the only block: the next step is already queued)."""
+        config, timed = self.config, self.timed
+        values = {k: float(v) for k, v in step_metrics.items()}
+        # Completion to completion, with the device never idle in between: the step's time.
+        done = time.perf_counter()
+        step_time, self.last_done = done - self.last_done, done
+        timed.every_step.append(step_time)
+        timed.losses.append(values["loss"])
+        if step >= config.measure.skip_steps and not self.trace.covers(step):
+            timed.step_times.append(step_time)
+        self.emitter.emit(Step(step=step, step_time_s=step_time, **values))
+        if not all(math.isfinite(v) for v in values.values()):
+            raise TrialFailure(
+                FailureClass.DIVERGED, f"non-finite metrics at step {step}: {values}", step=step
+            )
+        limit = config.limits.time_limit_s
+        if limit is not None and done - self.loop_start > limit:
+            raise TrialFailure(
+                FailureClass.TIMEOUT, f"time limit {limit}s reached after step {step}", step=step
+            )
+
+
+def _injected_fault(config: TrialConfig, step: int) -> bool:
+    return step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process
+
+
+def _crash(config: TrialConfig) -> None:
+    """The fault a test asked for: a wedged host, or a real crash."""
+    if config.fault.crash_mode == "hang":
+        while True:  # a wedged host: alive, silent, its peers blocked in collectives
+            time.sleep(3600)
+    os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
+
+
 def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: Emitter) -> Timed:
     """Train for `config.steps` steps, each timed completion to completion; a step with
     non-finite metrics is `diverged`, a loop past `limits.time_limit_s` a `timeout`."""
@@ -157,62 +201,36 @@ def _train_loop(config: TrialConfig, program: Program, compiled: Any, emitter: E
     state = program.init_fn(
         jax.random.key(config.seed if config.init_seed is None else config.init_seed)
     )
-    timed = Timed()
     trace = Trace(config.profile)
     # Hosts finish compiling at different times: the first step's collectives start together.
     barrier("first-step")
-    loop_start = last_done = time.perf_counter()
+    steps = _Steps(config, emitter, trace)
     contention = metrics.Contention()
-
-    def finish(step: int, step_metrics: dict[str, jax.Array]) -> None:
-        """Read one step's metrics back (the only block: the next step is already queued)."""
-        nonlocal last_done
-        values = {k: float(v) for k, v in step_metrics.items()}
-        # Completion to completion, with the device never idle in between: the step's time.
-        done = time.perf_counter()
-        step_time, last_done = done - last_done, done
-        timed.every_step.append(step_time)
-        timed.losses.append(values["loss"])
-        if step >= config.measure.skip_steps and not trace.covers(step):
-            timed.step_times.append(step_time)
-        emitter.emit(Step(step=step, step_time_s=step_time, **values))
-        if not all(math.isfinite(v) for v in values.values()):
-            raise TrialFailure(
-                FailureClass.DIVERGED, f"non-finite metrics at step {step}: {values}", step=step
-            )
-        limit = config.limits.time_limit_s
-        if limit is not None and done - loop_start > limit:
-            raise TrialFailure(
-                FailureClass.TIMEOUT, f"time limit {limit}s reached after step {step}", step=step
-            )
-
     # The host never waits on the step it just dispatched: the next batch is placed while the
     # device runs, and a step's metrics are read only once its successor is queued.
     pending: tuple[int, dict[str, jax.Array]] | None = None
     arrays = placed(0)
     for step in range(config.steps):
-        if step == config.fault.crash_at_step and jax.process_index() == config.fault.crash_process:
+        if _injected_fault(config, step):
             if pending is not None:
-                finish(*pending)  # the steps before the crash are reported, as they ran
-            if config.fault.crash_mode == "hang":
-                while True:  # a wedged host: alive, silent, its peers blocked in collectives
-                    time.sleep(3600)
-            os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no event, no cleanup
+                steps.finish(*pending)  # the steps before the crash are reported, as they ran
+            _crash(config)
         trace.before(step)
         state, step_metrics = compiled(state, *arrays)
         if step + 1 < config.steps:
             arrays = placed(step + 1)
         if pending is not None:
-            finish(*pending)
+            steps.finish(*pending)
             trace.after(pending[0])
         pending = (step, step_metrics)
     if pending is not None:
-        finish(*pending)
+        steps.finish(*pending)
         trace.after(pending[0])
     jax.block_until_ready(state)
+    timed = steps.timed
     timed.contention = contention.share()
     timed.profile_dir = trace.dir
-    timed.train_s = time.perf_counter() - loop_start
+    timed.train_s = time.perf_counter() - steps.loop_start
     if not timed.step_times:  # too few steps to skip warm-up: time what there is, and say so
         timed.step_times = timed.every_step[-1:]
     return timed
@@ -311,6 +329,6 @@ def check_convergence(
     )
     judged["reference_source"] = source
     # Baseline numerics: the trial differs from its reference only in how it is sharded.
-    judged["baseline_numerics"] = config.is_baseline_numerics(platform, context)
+    judged["baseline_numerics"] = config.is_baseline_numerics(Backend(platform), context)
     judged["reference_key"] = convergence.reference_key(config, platform, global_batch)
     return judged

@@ -1,0 +1,5 @@
+"""`python -m sweeper`: the command line."""
+
+from sweeper.cli import app
+
+app()

@@ -1,0 +1,169 @@
+"""What a sweep's notes say about its table: whether the best trial is within the noise of the
+next (and what measuring both again said), which trials shared their cores, which knobs the
+trials reported as not acting fully on their backend, and, for MaxText, which knobs changed
+its program."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from sweeper.answer.table import INTERVAL, REMEASURED, ok_rows, ranked
+from sweeper.record.row import Column, knob_columns, missing
+from sweeper.space.schema import Objective
+from trainer.trial.events import EffectStatus, KnobEffect
+from trainer.trial.timing import MIN_STEPS_FOR_INTERVAL
+
+# A trial whose cores other processes used more than this share of the time measured them too.
+CONTENDED = 0.10
+
+
+def _interval(row: Any, metric: str, prefix: str = "") -> str:
+    low, high = (f"{prefix}{c}" for c in INTERVAL.get(metric, ("", "")))
+    if low not in row or missing(row[low]) or missing(row[high]):
+        return ""
+    return f" (95% interval {row[low]:,.0f}-{row[high]:,.0f})"
+
+
+def _overlap(a: Any, b: Any, metric: str, prefix: str = "") -> bool | None:
+    low, high = (f"{prefix}{c}" for c in INTERVAL.get(metric, ("", "")))
+    cells = [r.get(c) for r in (a, b) for c in (low, high)] if low else []
+    if not cells or any(missing(v) for v in cells):
+        return None
+    return bool(a[low] <= b[high] and b[low] <= a[high])
+
+
+def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
+    """What the run's noise says about the table: whether the best trial is within the noise of
+    the next (their 95% intervals overlap), what measuring both again said, and which trials
+    shared their cores."""
+    notes: list[str] = []
+    if frame.empty or Column.STATUS not in frame:
+        return notes
+    ok = ranked(frame, Objective(metric=metric, mode="max" if maximize else "min"))
+    order = ok if len(ok) >= 2 else None
+    if order is not None and metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns):
+        best, second = order.iloc[0], order.iloc[1]
+        overlap = _overlap(best, second, metric)
+        if overlap is not None:
+            verdict = "within the noise of" if overlap else "ahead of, beyond the noise of,"
+            notes.append(
+                f"noise: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f} {metric}"
+                f"{_interval(best, metric)}) is {verdict} the next, {second[Column.TRIAL_ID]} "
+                f"({second[metric]:,.0f}{_interval(second, metric)})"
+                + ("; measure both again (more steps) before choosing" if overlap else "")
+            )
+    if metric in INTERVAL and "timed_steps" in ok and len(ok) >= 2:
+        few = ok[ok["timed_steps"].fillna(0) < MIN_STEPS_FOR_INTERVAL]
+        if len(few):
+            notes.append(
+                f"noise: {len(few)} trial(s) timed fewer than {MIN_STEPS_FOR_INTERVAL} steps "
+                f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
+                "say whether the winner is within the noise; run more steps"
+            )
+    if order is not None and f"{REMEASURED}{metric}" in ok:
+        notes += _remeasure_note(order.iloc[0], order.iloc[1], metric, maximize)
+    if "cpu_contention" in frame:
+        busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
+        if len(busy):
+            shares = ", ".join(f"{_named(r)} {r['cpu_contention']:.0%}" for _, r in busy.iterrows())
+            notes.append(
+                f"contention: other processes used the cores of {len(busy)} trial(s) while they "
+                f"were measured ({shares}): their figures measure those processes too"
+            )
+    return notes
+
+
+def _named(row: Any) -> str:
+    """A trial as the table names it: a re-measurement by the point it measured again."""
+    again = row.get(Column.REMEASURE_OF)
+    trial = str(row[Column.TRIAL_ID])
+    return f"{again} (measured again)" if isinstance(again, str) and again else trial
+
+
+def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list[str]:
+    """Whether the winner's lead over the next survived measuring both again."""
+    again = f"{REMEASURED}{metric}"
+    if missing(best[again]) or missing(second[again]):
+        unmeasured = [str(r[Column.TRIAL_ID]) for r in (best, second) if missing(r[again])]
+        return [
+            f"re-measured: {', '.join(unmeasured)} has no second figure (its re-measurement "
+            "failed or never ran): the lead rests on one measurement"
+        ]
+    held = (best[again] > second[again]) == maximize or best[again] == second[again]
+    overlap = _overlap(best, second, metric, REMEASURED)
+    said = (
+        "the order held"
+        if held
+        else f"the order flipped: the second measurement puts {second[Column.TRIAL_ID]} ahead"
+    )
+    noise = (
+        ""
+        if overlap is None
+        else "; their second intervals overlap: within the noise, measure longer before choosing"
+        if overlap
+        else "; their second intervals do not overlap: the lead is beyond the noise"
+    )
+    return [
+        f"re-measured: the best trial {best[Column.TRIAL_ID]} ran {best[metric]:,.0f}, then "
+        f"{best[again]:,.0f}{_interval(best, metric, REMEASURED)}; the next, {second[Column.TRIAL_ID]}, "
+        f"{second[metric]:,.0f}, then {second[again]:,.0f}{_interval(second, metric, REMEASURED)}"
+        f" {metric}: {said}{noise}"
+    ]
+
+
+def effect_caveats(effects_per_trial: list[str | None]) -> list[str]:
+    """What the trials themselves reported as not acting fully on their backend (the trainer's
+    `effects`: inert, emulated, interpreted), one line per knob and status with a trial count."""
+    seen: dict[tuple[str, str], tuple[str, int]] = {}
+    for raw in effects_per_trial:
+        if not raw or not isinstance(raw, str):
+            continue
+        for knob, said in json.loads(raw).items():
+            effect = KnobEffect.model_validate(said)
+            if effect.status == EffectStatus.ACTIVE:
+                continue
+            key = (knob, effect.status.value)
+            reason, count = seen.get(key, (effect.reason, 0))
+            seen[key] = (reason, count + 1)
+    return [
+        f"{knob} {status} in {count} trial{'s' if count > 1 else ''}: {reason}"
+        for (knob, status), (reason, count) in sorted(seen.items())
+    ]
+
+
+def program_verdicts(frame: pd.DataFrame) -> list[str]:
+    """Knobs of a MaxText sweep judged by the programs its compiled trials became (MaxText
+    takes its settings as set and says nothing of their effect): two ok trials that differ in
+    one knob only and compile to the same program show that knob inert between its two
+    values there; different programs, active. One line per knob and pair of values."""
+    needed = {Column.PROGRAM, Column.STATUS, Column.PROGRAM_FINGERPRINT}
+    if not needed <= set(frame.columns) or not (frame[Column.PROGRAM] == "maxtext").any():
+        return []
+    ok = ok_rows(frame)
+    ok = ok[ok[Column.PROGRAM_FINGERPRINT].notna()]
+    columns = list(knob_columns(frame.columns))
+    pairs: dict[tuple[str, str, str], dict[bool, list[str]]] = {}
+    rows = [(r[Column.TRIAL_ID], {c: str(r[c]) for c in columns}, r[Column.PROGRAM_FINGERPRINT])
+            for _, r in ok.iterrows()]  # fmt: skip
+    for i, (first, point, program) in enumerate(rows):
+        for second, other, other_program in rows[i + 1 :]:
+            differ = [c for c in columns if point[c] != other[c]]
+            if len(differ) != 1:
+                continue
+            (column,) = differ
+            low, high = sorted((point[column], other[column]))
+            seen = pairs.setdefault((column, low, high), {True: [], False: []})
+            seen[program == other_program].append(f"{first}/{second}")
+    notes = []
+    for (column, low, high), seen in sorted(pairs.items()):
+        knob = knob_columns([column])[column]
+        if seen[False]:
+            notes.append(f"{knob} {low} vs {high}: active (changes MaxText's program: trials "
+                         f"{', '.join(seen[False])})")  # fmt: skip
+        if seen[True]:
+            notes.append(f"{knob} {low} vs {high}: inert (the same MaxText program: trials "
+                         f"{', '.join(seen[True])})")  # fmt: skip
+    return notes

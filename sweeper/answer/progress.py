@@ -1,0 +1,124 @@
+"""Live progress of a sweep on the terminal: trials done/running/failed and the best so far."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray import tune
+from ray.tune.experiment import Trial
+from rich.console import Console
+
+from sweeper.space.schema import Space
+from trainer.trial.events import TrialStatus
+from trainer.trial.result import PHASE_KEY, TrialResult
+
+# Seconds a running trial goes without a line before one says it is still at it.
+HEARTBEAT_S = 30.0
+
+
+class ProgressCallback(tune.Callback):
+    def __init__(self, space: Space):
+        self.space = space
+        # The search's trials and, at run fidelity, the best points measured again.
+        search = space.search
+        self.planned = search.trials + search.remeasure_count(space.effective_fidelity)
+        self.metric = space.objective.primary.metric
+        self.maximize = space.objective.primary.mode == "max"
+        self.started = self.done = self.failed = 0
+        self.best: float | None = None
+        self.since: dict[str, float] = {}  # trial id -> when it started
+        self.phase: dict[str, str] = {}  # trial id -> the phase last shown
+        self.shown_at: dict[str, float] = {}  # trial id -> when a line last spoke of it
+        self.where: dict[str, str] = {}  # trial id -> where it was, as last shown
+
+    @property
+    def console(self) -> Console:
+        # Made on use: Tune pickles callbacks, and a Console holds a lock.
+        return Console(stderr=True)
+
+    def _line(self, text: str) -> None:
+        running = self.started - self.done
+        best = f"{self.best:,.1f}" if self.best is not None else "-"
+        self.console.print(
+            f"[dim][{self.done}/{self.planned} done, {running} running, {self.failed} failed, "
+            f"best {self.metric} {best}][/dim] {text}",
+            soft_wrap=True,  # one line per event, whatever the terminal's width
+        )
+
+    def _better(self, value: float) -> bool:
+        return self.best is None or (value > self.best if self.maximize else value < self.best)
+
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self.started += 1
+        self.since[trial.trial_id] = self.shown_at[trial.trial_id] = time.monotonic()
+        self._line(f"started {trial.trial_id}")
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        """A line when a running trial changes phase (compiling, training, finishing), and
+        every HEARTBEAT_S while it stays in one: alive, and how long it has taken."""
+        phase = result.get(PHASE_KEY)
+        if not phase:
+            return
+        trial_id, now = trial.trial_id, time.monotonic()
+        where = phase
+        if "step" in result:
+            where = f"step {int(result['step']) + 1} of {int(result.get('steps') or 0)}"
+        if phase == "finishing":
+            where = "checking convergence" if self._checks else "finishing"
+        changed = self.phase.get(trial_id) != phase
+        self.where[trial_id] = where
+        if changed or now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
+            self.phase[trial_id], self.shown_at[trial_id] = phase, now
+            elapsed = now - self.since.get(trial_id, now)
+            self._line(f"{trial_id} {where} ({elapsed:.0f} s)")
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        """A trial that reports nothing for long (a compile of minutes) is still said to be
+        alive every HEARTBEAT_S, in the phase it last reported."""
+        now = time.monotonic()
+        for trial in trials:
+            trial_id = trial.trial_id
+            if trial.status != Trial.RUNNING or trial_id not in self.since:
+                continue
+            if now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
+                self.shown_at[trial_id] = now
+                where = self.where.get(trial_id, "starting")
+                self._line(f"{trial_id} {where} ({now - self.since[trial_id]:.0f} s)")
+
+    @property
+    def _checks(self) -> bool:
+        # The trials' own setting: off for compile trials and for MaxText's (no reference).
+        return bool(self.space.base_trial()["convergence"]["enabled"])
+
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self.done += 1
+        result = TrialResult.from_report(trial.last_result)
+        if result is not None and result.ok:
+            value = result.figure(self.metric)
+            if value is not None and self._better(value):
+                self.best = value
+            shown = "-" if value is None else f"{value:,.1f}"
+            fidelity = result.fidelity.value if result.fidelity else "?"
+            self._line(
+                f"[green]ok[/green] {trial.trial_id} {self.metric}={shown} ({result.hardware}, fidelity {fidelity})"
+            )
+        elif result is not None and result.status == TrialStatus.FAILED:
+            self.failed += 1
+            failure = result.failure_class.value if result.failure_class else ""
+            self._line(f"[red]{failure}[/red] {trial.trial_id}: {result.failure_message[:120]}")
+        else:
+            self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
+
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self.done += 1
+        self.failed += 1
+        self._line(f"[red]crashed[/red] {trial.trial_id}")

@@ -1,0 +1,5 @@
+"""`python -m sweeper.cli`."""
+
+from sweeper.cli.app import app
+
+app()

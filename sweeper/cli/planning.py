@@ -1,0 +1,158 @@
+"""Commands that judge a space before any trial: `screen` every point by the estimate, `plan` a
+mesh, remat policy and batch for a model on a target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.record.row import knob_columns
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
+
+if TYPE_CHECKING:
+    from trainer.estimate.plan import Recommendation
+
+
+@app.command()
+def screen(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (a TPU target's)")
+    ],
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, help="screen this many random points")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 15,
+    out: Annotated[Path | None, typer.Option("--out", help="write every row as CSV")] = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Judge every point of a space by the analytic estimate, in this process (fidelity
+    estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
+    import time
+
+    from sweeper.search.screen import FITS, unseen_knobs
+    from sweeper.search.screen import screen as screen_space
+
+    try:
+        loaded = load_space(space, overrides(None, None, None, target, set_))
+        started = time.perf_counter()
+        frame = screen_space(loaded, sample)
+    except (SpaceError, ValueError) as exc:
+        fail(str(exc))
+    took = time.perf_counter() - started
+    counts = frame["verdict"].value_counts().to_dict()
+    knobs = knob_columns(frame.columns)
+    table = Table(title=f"{loaded.name}: {len(frame)} points screened in {took:.2f} s "
+                  f"({counts}); fidelity estimate on {loaded.target}")  # fmt: skip
+    for col in (
+        "rank",
+        *knobs.values(),
+        "GiB/device",
+        "est tokens/s/chip",
+    ):
+        table.add_column(col, justify="right")
+    for _, row in frame.head(top).iterrows():
+        fits = row["verdict"] == FITS
+        gib = row.get("est_hbm_per_device_gib")
+        table.add_row(
+            f"{row['rank']:.0f}" if fits else row["verdict"],
+            *[str(row[k]) for k in knobs],
+            "-" if gib is None or gib != gib else f"{gib:.1f}",
+            f"{row['est_tokens_per_sec_per_chip']:,.0f}" if fits else "-",
+        )
+    console.print(table)
+    if "why" in frame:  # the commonest reasons points were left out
+        why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
+        for reason, count in why.value_counts().head(3).items():
+            console.print(f"{count} point{'s' if count > 1 else ''}: {reason}")
+    unseen = unseen_knobs(frame)
+    if unseen:
+        console.print(
+            f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
+            "(a compile does: fidelity compile)"
+        )
+    if out is not None:
+        frame.to_csv(out, index=False)
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def plan(
+    model: Annotated[
+        str, typer.Option("--model", help="a model preset, e.g. llama3-8b, mixtral-8x7b")
+    ],
+    seq: Annotated[int, typer.Option("--seq", help="sequence length")] = 8192,
+    target: Annotated[
+        str, typer.Option("--target", help="TPU topology, e.g. tpu7x:4x4x4")
+    ] = "tpu7x:4x4x4",
+    space: Annotated[
+        Path | None,
+        typer.Option("--space", help="write a compile-fidelity space starting from the advice"),
+    ] = None,
+    compile_: Annotated[
+        bool, typer.Option("--compile", help="compile the advice for the target (minutes)")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="compile timeout, seconds")] = 3600,
+) -> None:
+    """Advise a mesh, remat policy and batch for a model on a target (estimates).
+
+    Every candidate the trainer accepts is estimated; the fastest that fits is advised, with
+    FP8 and batch advice. --space writes a space starting there; --compile checks it."""
+    import yaml
+
+    from sweeper.search.plan import space_for
+    from trainer.estimate.plan import recommend
+    from trainer.trial.hardware import Topology
+
+    spec = {"preset": model}
+    try:
+        Topology.parse(target)
+        rec = recommend(spec, seq, target)
+    except ValueError as exc:
+        fail(str(exc))
+    _print_advice(rec, target)
+    if space is not None:
+        name = f"plan_{model}_{seq}".replace(".", "").replace("-", "_")
+        space.write_text(yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False))
+        load_space(str(space))  # what it wrote is a space the engine takes
+        console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
+    if compile_:
+        _compile_advice(rec, spec, seq, target, timeout)
+
+
+def _print_advice(rec: Recommendation, target: str) -> None:
+    console.print(
+        f"[bold]{rec.workload}[/bold] on {target}: primary {rec.primary}; secondary {rec.secondary}"
+    )
+    console.print(f"advice: {rec.best.describe()}  (fidelity: estimate)")
+    for reason in rec.reasons:
+        console.print(f"  - {reason}")
+    table = Table(
+        "mesh, remat, batch", "GiB/device", "tokens/s/chip", title="next that fit (estimate)"
+    )
+    for alt in rec.alternatives[:5]:
+        table.add_row(alt.describe(), f"{alt.gib:.1f}", f"{alt.tokens:,.0f}")
+    console.print(table)
+
+
+def _compile_advice(
+    rec: Recommendation, spec: dict[str, Any], seq: int, target: str, timeout: float
+) -> None:
+    from sweeper.search.plan import compile_advice
+
+    with console.status(f"compiling the advice for {target} with libtpu (minutes)"):
+        got = compile_advice(rec, spec, seq, target, timeout)
+    if got["status"] != "ok":
+        console.print(f"compile: {got['status']}: {got['message']}")
+        raise typer.Exit(1)
+    console.print(
+        f"compile: {got['hbm_per_device_gib']:.1f} GiB per device (estimate "
+        f"{rec.best.gib:.1f}), fits: {got['fits']}; {got['est_tokens_per_sec_per_chip']:,.0f} "
+        f"tokens/s/chip from the compiled program (estimate, fidelity compile), "
+        f"{got['compile_s']:.0f} s"
+    )

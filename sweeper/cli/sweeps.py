@@ -1,0 +1,216 @@
+"""Commands that run sweeps: `validate` a space, `run` it, `resume` one that was cut off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sweeper.cli.app import (
+    VERBOSE,
+    ConcurrencyOpt,
+    FidelityOpt,
+    SetOpt,
+    TargetOpt,
+    TrialsOpt,
+    app,
+    console,
+    disk_full,
+    err,
+    fail,
+    overrides,
+)
+from sweeper.record.manifest import MANIFEST
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
+from sweeper.space.points import count_points
+
+
+@app.command()
+def validate(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
+    ],
+    trials: TrialsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    fidelity: FidelityOpt = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Check a space (schema, knob values, sampler, fidelity) and count its points."""
+    from sweeper.space.checks import check_space
+
+    try:
+        loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
+        pinned, notes = check_space(loaded)
+    except (SpaceError, ValueError) as exc:
+        fail(str(exc))
+    points = count_points(pinned)
+    table = Table(title=f"space {pinned.name}: {pinned.description}")
+    for col in ("knob", "kind", "values", "when"):
+        table.add_column(col)
+    for key, knob in pinned.knobs.items():
+        values = (
+            knob.values
+            if knob.values is not None
+            else f"[{knob.low}, {knob.high}]{' log' if knob.log else ''}"
+        )
+        table.add_row(key, knob.kind, str(values), str(knob.when or ""))
+    console.print(table)
+    for note in notes:
+        console.print(f"[yellow]inert[/yellow] {note}")
+    if not loaded.target.is_local and loaded.fidelity in ("run", "auto"):
+        console.print(
+            f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
+            "cluster has such a slice is checked when the sweep starts (auto compiles if it has none)"
+        )
+    ladder = pinned.search.ladder
+    what = (
+        f"ladder: screen {ladder.screen or 'every point'} by the estimate, compile the best "
+        f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
+        f"write the best {ladder.run} as a run rung"
+        if ladder
+        else f"{pinned.search.trials} trials with {pinned.search.sampler}"
+    )
+    again = pinned.search.remeasure_count(pinned.effective_fidelity)
+    if again and not ladder:
+        what += f", then the best {again} points measured again"
+    console.print(
+        f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
+        f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
+    )
+
+
+@app.command()
+def run(
+    space: Annotated[
+        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
+    ],
+    trials: TrialsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    fidelity: FidelityOpt = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            envvar="MLFLOW_TRACKING_URI",
+            help="MLflow server; default sqlite under results/",
+        ),
+    ] = None,
+    results_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--results-dir", help="where sweeps write (default: the repository's results/)"
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="an existing Ray cluster, e.g. auto or ray://head:10001 (default: a private local Ray)",
+        ),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help="a path every Ray node sees (shared filesystem or bucket): Tune state and the "
+            "convergence cache (default: --results-dir)",
+        ),
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            "--study",
+            help="continue this Optuna study (learn from, and reuse, its earlier sweeps' trials)",
+        ),
+    ] = None,
+) -> None:
+    """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
+    try:
+        loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
+    except SpaceError as exc:
+        fail(str(exc))
+    _drive(
+        dict(space=loaded, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage,
+             study=study),
+        address,
+    )  # fmt: skip
+
+
+@app.command()
+def resume(
+    sweep_id: Annotated[str, typer.Argument(help="the sweep id `sweeper run` printed")],
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri", help="where the sweep's MLflow runs are (default: as it began)"
+        ),
+    ] = None,
+    results_dir: Annotated[
+        Path | None, typer.Option("--results-dir", help="where the sweep was written")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="the Ray cluster (default: a private local Ray)")
+    ] = None,
+) -> None:
+    """Continue a sweep whose driver died or was stopped: nothing finished runs again."""
+    _drive(dict(resume=sweep_id, results_dir=results_dir, tracking_uri=tracking_uri), address)
+
+
+def _drive(kwargs: dict[str, Any], address: str | None) -> None:
+    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due."""
+    import os
+    import signal
+
+    from sweeper.execute.cluster import quiet, start_ray
+    from sweeper.sweep.result import SweepFinished, unfinished
+    from sweeper.sweep.run import run_sweep
+
+    try:
+        quiet(VERBOSE["on"])
+        if kwargs.get("resume"):  # a finished sweep is said so before any Ray starts
+            unfinished(kwargs["resume"], kwargs.get("results_dir"), kwargs.get("tracking_uri"))
+        start_ray(address)
+        # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
+        # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+        result = run_sweep(progress=True, verbose=VERBOSE["on"], **kwargs)
+    except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
+        console.print(exc.message)
+        return
+    except (SpaceError, ConnectionError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/red] before the first trial started; nothing was run")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        folder = kwargs.get("results_dir") or "./results"
+        if full == "read-only database":  # SQLite says so of a file deleted under it too
+            fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
+        elif "read-only" in full.lower():
+            fix = "Make it writable or give another `--results-dir`"
+        else:
+            fix = "Free space"
+        fail(
+            f"the results folder ({folder}) took no more writes ({full}). What was written "
+            f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
+            "resume ID` continues it"
+        )
+    from sweeper.answer.console import print_sweep
+    from sweeper.record.manifest import SweepManifest
+
+    print_sweep(SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir)
+    if result.interrupted:
+        err.print(
+            "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
+            f"Continue with `sweeper resume {result.sweep_id}`"
+        )
+        raise typer.Exit(130)

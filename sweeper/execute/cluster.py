@@ -1,0 +1,90 @@
+"""The Ray cluster a sweep runs on: started privately (or attached to), quiet unless asked,
+read once for where the space's trials run, and shut down when this process started it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from sweeper.execute.placement import (
+    Placement,
+    alive_hosts,
+    compile_placement,
+    driver_host,
+    find_slices,
+    resolve,
+)
+from sweeper.space.fidelity import with_fidelity
+from sweeper.space.schema import Space
+from trainer.trial.events import Fidelity
+
+
+def place(space: Space) -> tuple[Space, Placement]:
+    """Read the Ray cluster: resolve `auto` fidelity and where each trial runs.
+
+    Raises SpaceError, before any trial, when the cluster cannot hold the space's trials.
+    """
+    hosts = alive_hosts()
+    driver = driver_host(hosts)
+    if space.fidelity == "auto" and space.target.is_tpu and not space.target.is_multi_slice:
+        slices, _ = find_slices(hosts, space.target.tpu)
+        space = with_fidelity(space, "run" if slices else "compile")
+    if space.effective_fidelity == Fidelity.RUN:
+        return space, resolve(space, hosts, driver)
+    return space, compile_placement(space, hosts)
+
+
+TOKEN_NOTICE = "ray._private.authentication.authentication_token_setup"
+# Whether this process started the Ray it uses (a Ray it found is the caller's to stop).
+_RAY_STARTED_HERE = False
+
+
+def quiet(verbose: bool = False) -> None:
+    """No library banners unless `verbose`: Tune's experiment box and TensorBoard hint (its
+    legacy reporter at verbosity 0 prints nothing), Optuna's study notices, MLflow's schema
+    creation; warnings still show. Set before Ray and Tune start (they read the environment)."""
+    if verbose:
+        return
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # Ray says a local cluster has token authentication (its default): it keeps it, quietly.
+    logging.getLogger(TOKEN_NOTICE).setLevel(logging.ERROR)
+
+
+def start_ray(address: str | None = None) -> None:
+    """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)."""
+    global _RAY_STARTED_HERE
+    if ray.is_initialized():
+        return
+    _RAY_STARTED_HERE = True
+    ray.init(
+        address=address or "local",
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        # Remote nodes import the engine and trainer from the driver's copy of the code.
+        runtime_env=shipped_code() if address else None,
+    )
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started; leave one it found running."""
+    global _RAY_STARTED_HERE
+    if _RAY_STARTED_HERE and ray.is_initialized():
+        ray.shutdown()
+    _RAY_STARTED_HERE = False
+
+
+def shipped_code() -> dict[str, Any]:
+    import sweeper
+    import trainer
+
+    return {"py_modules": [str(Path(m.__path__[0])) for m in (sweeper, trainer)]}

@@ -1,0 +1,124 @@
+"""What a person sees when they open a sweep in the MLflow UI: its experiment marked as model
+training (MLflow 3's UI opens a GenAI overview otherwise), the space's description, and a
+shared view of the sweep's runs: its trials sorted by the objective, the objective, memory
+and knob columns chosen, charts of the objective against the knobs.
+
+MLflow's web app reads a shared view from the experiment tag `mlflow.sharedViewState.KEY`
+(JSON) when its URL carries `viewStateShareKey=KEY` (read from MLflow 3.17.2's bundle and
+checked in headless Chromium). Names here: MLflow's own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sweeper.space.points import KEY_SEPARATOR
+from sweeper.space.schema import Space
+
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+NOTE = "mlflow.note.content"  # an experiment's or a run's description
+VIEW_PREFIX = "mlflow.sharedViewState."
+KNOB_PARAM = "knob."  # a sampled knob, as a run's param
+TRIAL_PARAM = "trial."  # the rest of the trial's configuration, as a run's params
+# The trial tags a person compares (status and failure, the verdict, where the figures are from).
+TAG_COLUMNS = ("status", "failure_class", "convergence", "fidelity", "hardware")
+
+
+def experiment_tags(space: Space) -> dict[str, str]:
+    description = space.description or f"Sweep space {space.name}."
+    goal = ", ".join(f"{o.mode} {o.metric}" for o in space.objective.all)
+    return {
+        EXPERIMENT_KIND: MODEL_TRAINING,
+        NOTE: f"{description}\n\nTarget {space.target}, fidelity {space.effective_fidelity}; "
+        f"objective: {goal}. Each sweep is a parent run; its trials are its children.",
+    }
+
+
+def view_key(sweep_id: str) -> str:
+    return f"sweep-{sweep_id}"
+
+
+def _metric(name: str) -> str:
+    return f"metrics.`{name}`"
+
+
+def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any]:
+    """The sweep's runs table and charts, as MLflow's UI keeps a shared view."""
+    objective = space.objective.primary
+    mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
+    metrics = [*space.objective.metrics, mfu, "hbm_per_device_gib"]
+    params = [f"{KNOB_PARAM}{k}" for k in space.knobs]
+    charts: list[dict[str, Any]] = [
+        _chart("objective", "BAR", metricKey=objective.metric, runsCountToCompare=100),
+        _chart(
+            "memory",
+            "SCATTER",
+            xaxis={"key": "hbm_per_device_gib", "type": "METRIC"},
+            yaxis={"key": objective.metric, "type": "METRIC"},
+            runsCountToCompare=100,
+        ),
+    ]
+    if params:
+        charts.append(
+            _chart(
+                "knobs",
+                "PARALLEL",
+                selectedParams=params,
+                selectedMetrics=[objective.metric],
+                showAllRuns=True,
+            )
+        )
+    columns = [
+        *(_metric(m) for m in dict.fromkeys(metrics)),
+        *(f"params.`{p}`" for p in params),
+        *(f"tags.`{t}`" for t in TAG_COLUMNS),
+    ]
+    return {
+        "searchFilter": f"tags.`sweeper.sweep_id` = '{sweep_id}'",
+        "orderByKey": _metric(objective.metric),
+        "orderByAsc": objective.mode == "min",
+        "selectedColumns": columns,
+        "columnOrder": columns,  # the objective first (the UI sorts them by name otherwise)
+        "runsExpanded": {parent_run_id: True},
+        "compareRunCharts": charts,
+        "compareRunSections": [
+            {
+                "uuid": "sweeper",
+                "name": "Sweep",
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isExpanded": True,
+            }
+        ],
+    }
+
+
+def _chart(uuid: str, kind: str, **fields: Any) -> dict[str, Any]:
+    return {"uuid": uuid, "type": kind, "metricSectionId": "sweeper", "deleted": False,
+            "isGenerated": False, **fields}  # fmt: skip
+
+
+def view_tag(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, str]:
+    state = view_state(space, sweep_id, parent_run_id)
+    return {f"{VIEW_PREFIX}{view_key(sweep_id)}": json.dumps(state)}
+
+
+def runs_url(base: str, experiment_id: str, sweep_id: str, charts: bool = False) -> str:
+    """The sweep's runs in the MLflow UI at `base` (http://host:port)."""
+    mode = "&compareRunsMode=CHART" if charts else ""
+    return (
+        f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+        f"?viewStateShareKey={view_key(sweep_id)}{mode}"
+    )
+
+
+def run_name(trial_id: str, point: dict[str, Any]) -> str:
+    """A trial's run name: its id and the knob values that set it apart (last part of each
+    knob's name, the whole name where two would read alike)."""
+    short = {k: k.rsplit(KEY_SEPARATOR, 1)[-1] for k in point}
+    clash = {s for s in short.values() if list(short.values()).count(s) > 1}
+    parts = [f"{k if short[k] in clash else short[k]}={v}" for k, v in point.items()]
+    return " ".join([trial_id, *parts])

@@ -1,0 +1,117 @@
+"""The ladder's first rung: every point of a space (or a sample of it) judged by the analytic
+estimate in this process (no Ray trial, no child process, milliseconds a point): whether
+the trial configuration is valid, whether it fits the target's memory by the estimate,
+and its estimated tokens/s. Fidelity estimate: a ranking to spend compiles on, never a
+measurement (the estimate's held-out memory error is in benchmarks.memory_model).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pandas as pd
+
+from sweeper.record.row import knob_column, knob_columns
+from sweeper.space.checks import static_check
+from sweeper.space.points import maxtext_knobs, points
+from sweeper.space.schema import Space
+from trainer.estimate.analytic import estimate
+from trainer.trial.config import ConfigError
+from trainer.trial.hardware import GIB, Topology
+
+# Verdicts of a screened point.
+FITS, OVER_HBM, INVALID = "fits", "over_hbm", "invalid"
+# Points enumerated before sampling, at most.
+ENUMERATE_AT_MOST = 1_000_000
+
+
+def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """One row a point: its knobs, verdict, estimated memory per device, est. tokens/s per
+    chip and rank among the points that fit (1 is the best; by the space's objective when
+    it is an estimate, else by est. tokens/s). `sample`: that many points drawn at random."""
+    if not space.is_tpu_target:
+        raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
+    if space.program != "sweeper-trainer":
+        raise ValueError(
+            f"program: {space.program}: the screen is our trainer's analytic estimate, which "
+            "cannot judge MaxText's program; compile it (sweeper run), or screen the same knobs "
+            "with program sweeper-trainer"
+        )
+    topology = space.target.tpu
+    chosen = points(space, ENUMERATE_AT_MOST)
+    if sample is not None and sample < len(chosen):
+        chosen = random.Random(seed).sample(chosen, sample)
+    limit = memory_limit_gib(space)
+    rows = [_judge(space, point, topology, limit) for point in chosen]
+    frame = pd.DataFrame(rows)
+    if "est_tokens_per_sec_per_chip" not in frame:  # no point valid: nothing to rank
+        return frame.assign(rank=float("nan"))
+    metric = space.objective.primary.metric
+    metric = (
+        metric if metric.startswith("est_") and metric in frame else "est_tokens_per_sec_per_chip"
+    )
+    fits = frame["verdict"] == FITS
+    ascending = space.objective.primary.mode == "min" and metric == space.objective.primary.metric
+    frame.loc[fits, "rank"] = frame.loc[fits, metric].rank(ascending=ascending, method="min")
+    return frame.sort_values(["rank", "verdict"], na_position="last").reset_index(drop=True)
+
+
+def memory_limit_gib(space: Space) -> float:
+    """What one device of the target offers a program, or the space's tighter budget
+    (constraints.max_memory_per_device_gib)."""
+    limit = space.target.tpu.accelerator.usable_hbm_per_device / GIB
+    budget = space.constraints.max_memory_per_device_gib
+    return min(limit, budget) if budget else limit
+
+
+def _judge(
+    space: Space, point: dict[str, Any], topology: Topology, limit_gib: float
+) -> dict[str, Any]:
+    row: dict[str, Any] = {knob_column(k): v for k, v in point.items()}
+    if maxtext_knobs(point):
+        row.update(verdict=INVALID, why="maxtext.* knobs are MaxText's: the estimate is ours")
+        return row
+    try:
+        config = static_check(space, point, topology.devices)
+        est = estimate(config, topology.accelerator, topology.devices)
+    except ConfigError as exc:
+        row.update(verdict=INVALID, why=f"{exc.field}: {exc.message}")
+        return row
+    memory = est["est_memory_per_device"]
+    fits = est["fits"] and memory["total"] / GIB <= limit_gib
+    row.update(
+        verdict=FITS if fits else OVER_HBM,
+        why=""
+        if fits
+        else "over the target's HBM, the space's budget or host memory by the estimate",
+        est_hbm_per_device_gib=memory["total"] / GIB,
+        est_host_per_device_gib=memory["host_activations"] / GIB,
+        est_tokens_per_sec_per_chip=est["est_tokens_per_sec_per_chip"],
+        est_step_time_s=est["est_step_time_s"],
+        est_mfu=est["est_mfu"],
+        bound=est["bound"],
+    )
+    return row
+
+
+def unseen_knobs(frame: pd.DataFrame) -> list[str]:
+    """Knobs whose value changes no estimated figure of any screened point (the other knobs
+    held): the estimate cannot tell their values apart; only a compile can."""
+    knobs = list(knob_columns(frame.columns))
+    judged = frame[frame["verdict"] != INVALID]
+    if "est_tokens_per_sec_per_chip" not in judged:  # no valid point: nothing estimated
+        return []
+    unseen = []
+    for knob in knobs:
+        others = [k for k in knobs if k != knob]
+        figures = judged[[*others, knob, "est_tokens_per_sec_per_chip", "est_hbm_per_device_gib"]]
+        figures = figures.astype({k: str for k in [*others, knob]})
+        groups = figures.groupby(others, dropna=False) if others else [(None, figures)]
+        if judged[knob].nunique() > 1 and all(
+            g["est_tokens_per_sec_per_chip"].round(6).nunique() <= 1
+            and g["est_hbm_per_device_gib"].round(6).nunique() <= 1
+            for _, g in groups
+        ):
+            unseen.append(knob_columns([knob])[knob])
+    return unseen

@@ -1,0 +1,267 @@
+"""Checks of a space beyond its schema: every knob value and warm-start point makes a valid
+trial configuration (and, for MaxText, settings MaxText can take), LIBTPU flags libtpu
+knows, a sampler that can serve the space, a point that can run; then the one validation
+path every sweep and `sweeper validate` take (`check_space`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from sweeper.space.errors import SpaceError
+from sweeper.space.file import line_of
+from sweeper.space.inert import pin_inert
+from sweeper.space.points import KEY_SEPARATOR, active, assemble, count_points, join_key, points
+from sweeper.space.schema import Knob, Space
+from trainer.trial.checks import check_static
+from trainer.trial.config import ConfigError, TrialConfig, load_config
+from trainer.trial.hardware import Backend
+from trainer.trial.maxtext import KNOB_PREFIX, to_maxtext
+
+
+def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
+    """Each knob value, with its conditions met, must make a valid trial configuration."""
+    try:
+        load_config(space.base_trial())
+    except ConfigError as exc:
+        # Name the key where it sits in the space: model.* under `model`, the rest under `trial`.
+        loc = (
+            tuple(exc.field.split(KEY_SEPARATOR))
+            if exc.field.startswith("model")
+            else ("trial", *exc.field.split(KEY_SEPARATOR))
+        )
+        raise SpaceError(
+            exc.message, file=file, line=line_of(root, loc), field=join_key(*loc)
+        ) from None
+    order = list(space.knobs)
+    for key, knob in space.knobs.items():
+        for parent in knob.when:
+            if parent not in space.knobs or order.index(parent) > order.index(key):
+                raise SpaceError(
+                    f"condition on {parent!r}, which is not a knob listed before this one",
+                    file=file,
+                    line=line_of(root, ("knobs", key, "when")),
+                    field=f"knobs.{key}.when",
+                )
+        values = knob.extremes()
+        for value in values:
+            point = dict(knob.when)
+            point[key] = int(value) if knob.kind == "int" else value
+            try:
+                load_config(assemble(space, point))
+            except ConfigError as exc:
+                raise SpaceError(
+                    f"value {value!r} makes an invalid trial: {exc}",
+                    file=file,
+                    line=line_of(root, ("knobs", key)),
+                    field=f"knobs.{key}",
+                ) from None
+    if space.program == "maxtext":
+        _check_maxtext(space, root, file)
+    check_warm_start(space, file, root)
+
+
+# What a MaxText trial handles itself though MaxText has no setting for it: its data is
+# MaxText's synthetic data, its devices the slice's, its warm-up steps skipped by the driver.
+_MAXTEXT_HANDLED = frozenset({"data.source", "num_devices", "measure.skip_steps"})
+
+
+def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:
+    """A MaxText space: every setting of its trials, and every value of every knob, is one
+    MaxText can take; what it cannot is refused by name before any trial runs."""
+    platform = space.default_backend
+    for u in to_maxtext(load_config(space.base_trial()), platform).unmapped:
+        if u.field not in _MAXTEXT_HANDLED:
+            raise SpaceError(
+                f"{u.field} = {u.value!r}: MaxText has no setting for it ({u.why}); remove "
+                "it, or run the space with program: sweeper-trainer",
+                file=file,
+                line=line_of(root, ("trial", *u.field.split(KEY_SEPARATOR))),
+                field=f"trial.{u.field}",
+            )
+    for key, knob in space.knobs.items():
+        if key.startswith(KNOB_PREFIX):
+            continue
+        for value in knob.extremes():
+            point = {**knob.when, key: int(value) if knob.kind == "int" else value}
+            config = load_config(assemble(space, point))
+            for u in to_maxtext(config, platform).unmapped:
+                if u.field == key or _under(u.field, key) or _under(key, u.field):
+                    raise SpaceError(
+                        f"value {value!r}: MaxText has no setting for {u.field} = {u.value!r} "
+                        f"({u.why}); remove the value, or run the space with program: "
+                        "sweeper-trainer",
+                        file=file,
+                        line=line_of(root, ("knobs", key)),
+                        field=f"knobs.{key}",
+                    )
+
+
+def _under(key: str, parent: str) -> bool:
+    """Whether dotted `key` lies under `parent` (`remat.custom.context` under `remat`)."""
+    return key.startswith(parent + KEY_SEPARATOR)
+
+
+def _admits(knob: Knob, value: Any) -> bool:
+    """Whether the knob can take `value` (True is not 1 here: YAML keeps them apart)."""
+    if knob.values is not None:
+        return any(
+            value == v and isinstance(value, bool) == isinstance(v, bool) for v in knob.values
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    low, high = knob.bounds
+    return low <= value <= high and (knob.kind != "int" or float(value).is_integer())
+
+
+def check_warm_start(
+    space: Space, file: str | None = None, root: yaml.Node | None = None, why: str = ""
+) -> None:
+    """Every warm-start point: known keys, each value one its knob can take (`why` says
+    what shaped the knob, e.g. pinning), conditions met, and a valid trial configuration."""
+    for i, point in enumerate(space.search.warm_start):
+        line = line_of(root, ("search", "warm_start", i))
+        unknown = sorted(set(point) - set(space.knobs))
+        if unknown:
+            raise SpaceError(
+                f"keys {unknown} are not knobs of this space",
+                file=file,
+                line=line,
+                field=f"search.warm_start.{i}",
+            )
+        for key, value in point.items():
+            knob = space.knobs[key]
+            if not active(knob, point):
+                raise SpaceError(
+                    f"{key} is only sampled when {knob.when}; drop it from this point or meet the condition",
+                    file=file,
+                    line=line,
+                    field=f"search.warm_start.{i}.{key}",
+                )
+            if not _admits(knob, value):
+                allowed = knob.values if knob.values is not None else f"[{knob.low}, {knob.high}]"
+                raise SpaceError(
+                    f"{value!r} is not a value of knob {key} ({allowed}){why}",
+                    file=file,
+                    line=line,
+                    field=f"search.warm_start.{i}.{key}",
+                )
+        try:
+            load_config(assemble(space, point))
+        except ConfigError as exc:
+            raise SpaceError(
+                f"makes an invalid trial: {exc}",
+                file=file,
+                line=line,
+                field=f"search.warm_start.{i}",
+            ) from None
+
+
+def check_feasible(space: Space, num_devices: int | None = None, limit: int = 256) -> None:
+    """Refuse a space none of whose points makes a trial that could run (static checks)."""
+    checked = points(space, limit)
+    first: tuple[dict[str, Any], Exception] | None = None
+    for point in checked:
+        try:
+            static_check(space, point, num_devices)
+            return
+        except (ConfigError, SpaceError) as error:
+            first = first or (point, error)
+    if first:
+        point, exc = first
+        scope = "every point" if len(checked) < limit else f"each of the first {limit} points"
+        raise SpaceError(
+            f"{scope} of this space makes an invalid trial on {num_devices or space.num_devices} "
+            f"devices; e.g. {point or 'the base trial'}: {exc}",
+            field="knobs",
+        )
+
+
+def static_check(
+    space: Space, point: dict[str, Any], num_devices: int | None = None
+) -> TrialConfig:
+    """The trial config of a point, with every JAX-free check; raises ConfigError."""
+    config = load_config(assemble(space, point))
+    check_static(config, num_devices or space.num_devices, space.default_backend)
+    return config
+
+
+def check_flags(space: Space) -> None:
+    """An unknown LIBTPU flag would abort every trial that carries it: refuse it before the
+    sweep. The flags are the base trial's and each value of an `xla.` knob (load_space has
+    checked that each makes a valid trial)."""
+    if space.target.is_local:
+        return
+    from trainer.trial.config import XlaFlagsConfig
+    from trainer.trial.flags import unknown_flag
+
+    base = space.base_trial().get("xla", {})
+    candidates = [("trial.xla", base)] + [
+        (f"knobs.{key}", {**base, key.removeprefix("xla."): value})
+        for key, knob in space.knobs.items()
+        if key.startswith("xla.")
+        for value in knob.extremes()
+    ]
+    for field, xla in candidates:
+        flags = XlaFlagsConfig.model_validate(xla).libtpu_init_args()
+        rejected = unknown_flag(tuple(flags))
+        if rejected:
+            raise SpaceError(f"{rejected}; libtpu would abort every trial with it", field=field)
+
+
+def check_sampler(space: Space) -> None:
+    """Raise ValueError naming the fix when the chosen sampler cannot serve this space."""
+    sampler = space.search.sampler
+    if sampler == "grid":
+        conditional = [k for k, knob in space.knobs.items() if knob.when]
+        continuous = [k for k, knob in space.knobs.items() if knob.candidates() is None]
+        if conditional or continuous:
+            raise ValueError(
+                f"search.sampler: grid needs unconditional discrete knobs; conditional: {conditional}, "
+                f"continuous: {continuous}. Use tpe or random."
+            )
+    needs = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}
+    if sampler in needs:
+        module, fix = needs[sampler]
+        try:
+            __import__(module)
+        except ImportError:
+            raise ValueError(
+                f"search.sampler: {sampler} needs the {module!r} package ({fix}), or use tpe"
+            ) from None
+    if sampler == "nsga2" and space.objective.secondary is None:
+        raise ValueError(
+            "search.sampler: nsga2 is multi-objective; add objective.secondary or use tpe"
+        )
+
+
+def cap_grid(space: Space) -> tuple[Space, list[str]]:
+    """A grid sweep runs each point once: more trials than points would repeat them."""
+    points = count_points(space)
+    if space.search.sampler != "grid" or points is None or space.search.trials <= points:
+        return space, []
+    search = space.search.model_copy(update={"trials": points})
+    note = f"search.trials {space.search.trials} capped at {points}: the grid has {points} points"
+    return space.model_copy(update={"search": search}), [note]
+
+
+def check_space(
+    space: Space, backend: Backend | None = None, num_devices: int | None = None
+) -> tuple[Space, list[str]]:
+    """The one validation path of a space, for `sweeper validate` and for every sweep: LIBTPU
+    flags, values inert on `backend` pinned away (with a note each), then warm-start points,
+    feasibility on `num_devices` and the sampler, on the space as it will be sampled.
+    Raises SpaceError naming the field."""
+    check_flags(space)
+    pinned, notes = pin_inert(space, backend)
+    if notes:  # load_space checked the warm start against the space as written
+        on = f" on {backend}" if backend else ""
+        check_warm_start(pinned, why=f" once values inert{on} are pinned away")
+    check_feasible(pinned, num_devices)
+    try:
+        check_sampler(pinned)
+    except ValueError as exc:
+        message = str(exc).removeprefix("search.sampler: ")
+        raise SpaceError(message, field="search.sampler") from None
+    return pinned, notes

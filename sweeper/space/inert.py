@@ -1,0 +1,165 @@
+"""Knob values that have no effect on the sweep's target are pinned away before sampling.
+
+A trial spent on an inert value measures its twin again and records a difference that
+does not exist; so such values are dropped from the space, and the sweep says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sweeper.space.schema import Knob, Space
+from trainer.trial.config import KernelsConfig, PrecisionConfig
+from trainer.trial.effects import (
+    CUDNN,
+    FP8_EMULATED,
+    NO_HOST_OFFLOAD,
+    PALLAS_NATIVE,
+    TOKAMAX_GMM_KERNEL,
+)
+from trainer.trial.hardware import Backend
+from trainer.trial.remat import OFFLOAD_TWINS
+
+# Values whose throughput on a backend says nothing about the target: measuring them would
+# rank an emulation. Their numerics are checked by the trainer's tests, not by such a sweep.
+THROUGHPUT_MEANINGLESS = {
+    "precision.mode": (
+        "bf16",
+        FP8_EMULATED,
+        "XLA on {b} upcasts fp8 to f32: fp8 speed there is emulation",
+    ),
+}
+
+# Kernel choices: what each value runs as on a backend (`auto` resolved; a TPU kernel off
+# TPU is interpreted, cuDNN exists on GPUs only); values that run as another are its twin.
+KERNEL_CHOICES: dict[
+    str, tuple[str, Callable[[str, str], str], dict[str, tuple[str, ...]], str]
+] = {
+    "kernels.attention": (
+        "xla",
+        lambda v, b: KernelsConfig(attention=v).resolved_attention(Backend(b)),
+        {"splash": PALLAS_NATIVE, "cudnn": CUDNN},
+        "Pallas Splash is a TPU kernel, interpreted elsewhere; cuDNN runs on NVIDIA GPUs only",
+    ),
+    "kernels.moe_gmm": (
+        "ragged_dot",
+        lambda v, b: KernelsConfig(moe_gmm=v).resolved_moe_gmm(Backend(b)),
+        {"megablox": PALLAS_NATIVE, "tokamax": TOKAMAX_GMM_KERNEL},
+        "auto is tokamax on GPU and ragged_dot elsewhere; Pallas Megablox is a TPU kernel, "
+        "interpreted elsewhere; tokamax without a kernel for the backend runs ragged_dot",
+    ),
+}
+
+
+def _kernel_twins(key: str, values: list[Any], backend: Backend) -> dict[Any, Any]:
+    """value -> the value it runs as on `backend`, for values that are not themselves there."""
+    reference, resolve, native, _ = KERNEL_CHOICES[key]
+    twins = {}
+    for value in values:
+        runs_as = resolve(value, backend)
+        if runs_as in native and backend not in native[runs_as]:
+            runs_as = reference
+        if runs_as != value:
+            twins[value] = runs_as
+    return twins
+
+
+def _fp8_experts_possible(space: Space) -> bool:
+    """Whether some trial of the space may quantize the MoE experts (fp8, targets
+    dense+moe): `auto` then resolves trial by trial (on GPU, ragged_dot for fp8 experts)."""
+    base = space.base_trial().get("precision", {})
+
+    def values(key: str) -> list[Any]:
+        knob = space.knobs.get(f"precision.{key}")
+        default = PrecisionConfig.model_fields[key].default
+        return knob.values if knob and knob.values else [base.get(key, default)]
+
+    return "fp8" in values("mode") and "dense+moe" in values("targets")
+
+
+def _drop(knob: Knob, inert: set[Any], twin_of: dict[Any, Any]) -> Knob:
+    kept: list[Any] = []
+    for value in knob.values or []:
+        replacement = twin_of.get(value, value) if value in inert else value
+        if replacement not in kept:
+            kept.append(replacement)
+    return knob.model_copy(update={"values": kept})
+
+
+def _pin_first(knob: Knob) -> tuple[Knob, object]:
+    """The knob reduced to its first value (the low end of a range), and that value."""
+    first = knob.values[0] if knob.values else knob.low
+    return Knob(values=[first], when=knob.when), first
+
+
+def pin_inert(space: Space, backend: Backend | None = None) -> tuple[Space, list[str]]:
+    """The space with values that are inert (or only emulated) on the backend its trials run
+    on removed, and a note for each. TPU trials keep every value."""
+    backend = backend or space.default_backend
+    if backend == Backend.TPU:
+        return space, []
+    notes, knobs = [], dict(space.knobs)
+    for key in sorted(space.knobs, key=lambda k: k != "remat.policy"):  # its note first
+        pinned = _pinned(space, key, space.knobs[key], backend)
+        if pinned is not None:
+            knobs[key], note = pinned
+            notes.append(note)
+    return space.model_copy(update={"knobs": knobs}), notes
+
+
+def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob, str] | None:
+    """The knob with its values inert on `backend` pinned away, and the note that says so;
+    None when every value acts there."""
+    if key == "remat.policy" and knob.values and backend in NO_HOST_OFFLOAD:
+        inert = {v for v in knob.values if v in OFFLOAD_TWINS}
+        if not inert:
+            return None
+        return _drop(knob, inert, OFFLOAD_TWINS), (
+            f"remat.policy: {sorted(inert)} are inert on {backend} (host offload is dropped; they "
+            f"compile to their remat twins {[OFFLOAD_TWINS[v] for v in sorted(inert)]}); not sampled"
+        )
+    if (
+        key.startswith("remat.custom.")
+        and knob.values
+        and "offload" in knob.values
+        and backend in NO_HOST_OFFLOAD
+    ):
+        return _drop(knob, {"offload"}, {"offload": "remat"}), (
+            f"{key}: 'offload' is inert on {backend} (same program as 'remat'); not sampled"
+        )
+    if key in KERNEL_CHOICES and knob.values:
+        twins = _kernel_twins(key, knob.values, backend)
+        if key == "kernels.moe_gmm" and _fp8_experts_possible(space):
+            twins.pop("auto", None)  # it resolves per trial: ragged_dot for fp8 experts
+        kept = _drop(knob, set(twins), twins)
+        if kept.values == knob.values:
+            return None
+        return kept, (
+            f"{key}: {list(twins)} pinned to {kept.values} on {backend} (they run as "
+            f"{twins}: {KERNEL_CHOICES[key][3]})"
+        )
+    if key in THROUGHPUT_MEANINGLESS and knob.values:
+        keep, backends, reason = THROUGHPUT_MEANINGLESS[key]
+        dropped = [v for v in knob.values if v != keep]
+        if not dropped or backend not in backends:
+            return None
+        return knob.model_copy(update={"values": [keep]}), (
+            f"{key}: {dropped} pinned to {keep!r} on {backend} ({reason.format(b=backend)})"
+        )
+    return _pinned_tpu_only(key, knob, backend)
+
+
+def _pinned_tpu_only(key: str, knob: Knob, backend: Backend) -> tuple[Knob, str] | None:
+    """LIBTPU flags and TPU kernel tiles: pinned to their first value off TPU."""
+    if key.startswith("xla."):
+        why = f"LIBTPU flags do not reach the {backend} backend"
+    elif key.startswith("kernels.block_") or key.startswith("kernels.gmm_t"):
+        why = "TPU kernels are interpreted there: tiles have no speed meaning"
+    elif key.startswith("kernels.tokamax_tiles."):
+        why = "inert there: they tile tokamax's TPU grouped-matmul kernels, which run on TPU only"
+    else:
+        return None
+    pinned, first = _pin_first(knob)
+    shown = repr(first) if not key.startswith(("kernels.block_", "kernels.gmm_t")) else first
+    return pinned, f"{key}: pinned to {shown} on {backend} ({why})"

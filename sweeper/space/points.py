@@ -1,0 +1,109 @@
+"""Points of a space: a sampled point (knob name -> value), the trial configuration it makes,
+which knobs it activates, every point of a space (or the first N), and the keys a point
+carries in a Ray Tune trial's config besides its knobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sweeper.space.errors import SpaceError
+from sweeper.space.schema import Knob, Space
+from trainer.trial.maxtext import KNOB_PREFIX as MAXTEXT_PREFIX
+
+# Knob names and every dotted key of a space: parts joined by this separator.
+KEY_SEPARATOR = "."
+# Config keys of a Tune trial that steer it and are not knobs.
+CONTROL_PREFIX = "sweeper."
+OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"  # the Optuna trial that drew the point
+# A point measured before in this study: its stored result, reused instead of run again.
+REUSE_KEY = "sweeper.reuse"
+# A trial that measures again the point of an ended trial of this sweep (its Tune id).
+REMEASURE_KEY = "sweeper.remeasure_of"
+
+
+def knob_point(config: dict[str, Any]) -> dict[str, Any]:
+    """The sampled knob values of a Tune trial config (without the engine's control keys)."""
+    return {k: v for k, v in config.items() if not k.startswith(CONTROL_PREFIX)}
+
+
+def join_key(*parts: str) -> str:
+    """Parts of a key joined as a space writes them (`knobs`, `mesh.tensor` -> `knobs.mesh.tensor`)."""
+    return KEY_SEPARATOR.join(parts)
+
+
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(KEY_SEPARATOR)
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpaceError(
+                f"{join_key(*parts)} crosses a non-mapping value", field=f"knobs.{dotted}"
+            )
+    node[parts[-1]] = value
+
+
+def assemble(space: Space, point: dict[str, Any]) -> dict[str, Any]:
+    """Trial configuration dict for a sampled point (knob path -> value); `maxtext.*` knobs
+    are MaxText's settings, not the trial configuration's (`maxtext_knobs`)."""
+    trial = space.base_trial()
+    for key, value in point.items():
+        if not key.startswith(MAXTEXT_PREFIX):
+            set_path(trial, key, value)
+    return trial
+
+
+def maxtext_knobs(point: dict[str, Any]) -> dict[str, Any]:
+    """A point's MaxText settings (`maxtext.<key>` knobs)."""
+    return {k: v for k, v in point.items() if k.startswith(MAXTEXT_PREFIX)}
+
+
+def active(knob: Knob, point: dict[str, Any]) -> bool:
+    return all(point.get(k) == v for k, v in knob.when.items())
+
+
+def points(space: Space, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` points in order (ranges contribute their ends and middle)."""
+    keys, found = list(space.knobs), list[dict[str, Any]]()
+
+    def walk(i: int, point: dict[str, Any]) -> None:
+        if len(found) >= limit:
+            return
+        if i == len(keys):
+            found.append(dict(point))
+            return
+        knob = space.knobs[keys[i]]
+        if not active(knob, point):
+            walk(i + 1, point)
+            return
+        values = knob.candidates()
+        if values is None:
+            low, high = knob.bounds
+            mid = (low + high) / 2
+            values = [low, int(mid) if knob.kind == "int" else mid, high]
+        for value in values:
+            walk(i + 1, {**point, keys[i]: int(value) if knob.kind == "int" else value})
+
+    walk(0, {})
+    return found
+
+
+def count_points(space: Space) -> int | None:
+    """Distinct points (conditional knobs counted only where active); None if continuous."""
+    keys = list(space.knobs)
+
+    def walk(i: int, point: dict[str, Any]) -> int:
+        if i == len(keys):
+            return 1
+        knob = space.knobs[keys[i]]
+        if not active(knob, point):
+            return walk(i + 1, point)
+        values = knob.candidates()
+        if values is None:
+            raise OverflowError
+        return sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
+
+    try:
+        return walk(0, {})
+    except OverflowError:
+        return None

@@ -1,0 +1,162 @@
+"""A sweep's answer, as its user gets it: distinct points, the best trial exported (MaxText's
+command line, the environment, a trial config that reruns to the same program), the HTML
+report, and `sweeper list / show / ui / resume` on a finished sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import ray
+import yaml
+
+from sweeper.sweep.run import run_sweep
+from tests.helpers import REPO, free_port
+from trainer.trial.config import load_config
+from trainer.trial.maxtext import from_maxtext
+
+# One worker runs this module: its module fixture is set up once, not once per worker.
+pytestmark = pytest.mark.xdist_group("answer")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One smoke sweep of 4 trials, run from another working directory with the default
+    results folder; and what the package's own results folder held before it."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    package_results = sorted(p.name for p in (REPO / "results").iterdir())
+    where = tmp_path_factory.mktemp("elsewhere")
+    before = os.getcwd()
+    os.chdir(where)
+    try:
+        result = run_sweep("smoke", trials=4, set={"trial.steps": 4})
+    finally:
+        os.chdir(before)
+        ray.shutdown()
+    return result, where, package_results
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout)  # fmt: skip
+
+
+def test_a_sweep_writes_where_it_is_run_and_trials_are_distinct_points(finished):
+    result, where, package_results = finished
+    assert result.sweep_dir.is_relative_to(where / "results")
+    assert sorted(p.name for p in (REPO / "results").iterdir()) == package_results
+    points = result.trials[[c for c in result.trials.columns if c.startswith("knob:")]]
+    assert result.counts["total"] == 4 and len(points.drop_duplicates()) == 4
+
+
+def test_the_best_trial_exported_as_a_trial_reruns_to_the_same_program(finished, tmp_path):
+    result, where, _ = finished
+    out = _cli(
+        "export", result.sweep_id, "--format", "trial", "--results-dir", str(where / "results")
+    )
+    assert out.returncode == 0, out.stderr
+    config = load_config(json.loads(out.stdout))
+    assert config.num_devices == 8  # self-contained: the devices it ran on
+    assert result.best_config == json.loads(json.dumps(result.best_config))  # plain data
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the config brings them
+    rerun = subprocess.run([sys.executable, "-m", "trainer", "--config", "-"], input=out.stdout,
+                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)  # fmt: skip
+    events = [json.loads(line) for line in rerun.stdout.splitlines() if line.startswith("{")]
+    compiled = next(e for e in events if e["event"] == "compiled")
+    best = result.trials.set_index("trial_id").loc[result.best["trial_id"]]
+    assert compiled["program_fingerprint"] == best["program_fingerprint"]
+    best_yaml = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
+    assert load_config(best_yaml["trial"]) == config  # best.yaml reruns the same winner
+
+
+def test_the_best_trial_exported_for_maxtext_parses_back_to_its_knobs(finished):
+    result, where, _ = finished
+    out = _cli(
+        "export", result.sweep_id, "--format", "maxtext", "--results-dir", str(where / "results")
+    )
+    assert out.returncode == 0, out.stderr
+    command = out.stdout.split("export LIBTPU_INIT_ARGS=")[1]
+    words = shlex.split(command.replace("\\\n", " "))
+    args = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith(("$", "'")))
+    back = load_config(from_maxtext(args))
+    knobs = json.loads(out.stdout.split("# knobs: ")[1].splitlines()[0])
+    assert back.mesh.tensor == knobs["mesh.tensor"] and back.remat.policy == knobs["remat.policy"]
+    assert "data.source" in out.stdout  # what MaxText cannot take is said, not dropped
+    env = _cli(
+        "export", result.sweep_id, "--format", "env", "--results-dir", str(where / "results")
+    )
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in env.stdout
+
+
+def test_the_report_is_one_offline_file_with_its_plots(finished):
+    result, _, _ = finished
+    text = (result.sweep_dir / "report.html").read_text()
+    assert text.count("<img") >= 5 and text.count("data:image/png;base64,") >= 5
+    assert "http://" not in text and "https://" not in text and 'src="//' not in text
+    assert "fidelity run (measured) on cpu" in text  # every figure says what it is
+    for heading in ("Ranked trials", "The objective against each knob", "Search progress",
+                    "Throughput against memory", "Knob importances", "Failure map", "Convergence",
+                    "The best points, measured again"):  # fmt: skip
+        assert f"<h2>{heading}</h2>" in text
+
+
+def test_list_show_and_resume_of_a_finished_sweep(finished):
+    result, where, _ = finished
+    results = str(where / "results")
+    listed = _cli("list", "--results-dir", results)
+    assert listed.returncode == 0 and result.sweep_id in listed.stdout
+    assert "finished" in listed.stdout and "4/4 ok" in listed.stdout
+    shown = _cli("show", result.sweep_id[:15], "--results-dir", results)
+    assert shown.returncode == 0 and result.best["trial_id"] in shown.stdout
+    # The best points measured again show as a second figure on their first trial's row,
+    # not as trials of their own.
+    table = result.trials
+    repeats = table.loc[table["remeasure_of"].fillna("") != "", "trial_id"]
+    assert len(repeats) == 2 and "again" in shown.stdout
+    assert not [t for t in repeats if t in shown.stdout], shown.stdout
+    assert f"sweeper ui {result.sweep_id}" in shown.stdout
+    start = time.monotonic()
+    resumed = _cli("resume", result.sweep_id, "--results-dir", results)
+    assert resumed.returncode == 0 and "nothing to resume" in resumed.stdout
+    assert time.monotonic() - start < 30  # it started no Ray
+    missing = _cli("show", "19990101-000000-0000", "--results-dir", results)
+    assert missing.returncode == 2 and result.sweep_id in missing.stderr  # names the latest
+
+
+def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
+    result, where, _ = finished
+    port = free_port()
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "ui", result.sweep_id, "--port", str(port),
+         "--results-dir", str(where / "results")],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        url = ""
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and "viewStateShareKey" not in url:
+            url = ui.stdout.readline() if ui.stdout else ""
+        assert url.startswith(f"http://127.0.0.1:{port}/#/experiments/"), url
+        with urllib.request.urlopen(url.strip(), timeout=10) as page:
+            assert page.status == 200
+        search = urllib.request.Request(
+            f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": [result.experiment_id],
+                             "filter": f"tags.`sweeper.sweep_id` = '{result.sweep_id}'"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(search, timeout=10) as answer:
+            runs = json.loads(answer.read())["runs"]
+        assert len(runs) == 7  # the sweep's run, its 4 trials and the best 2 measured again
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
+    with pytest.raises(OSError):  # the UI it started stopped with it
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)

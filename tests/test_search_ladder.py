@@ -1,0 +1,146 @@
+"""The ladder (search.ladder, sweeper/ladder.py): the screen picks what the verify rung compiles,
+the compile's ranks are joined to the screen's, and the run rung is written from the best."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from sweeper.search.ladder import BY_EDGE, BY_RANK, LADDER_CSV, RUN_RUNG, SCREEN_CSV, choose
+from sweeper.search.screen import FITS, INVALID, OVER_HBM
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
+from sweeper.space.points import count_points
+from sweeper.sweep.run import run_sweep
+
+LADDER = {
+    "name": "ladder",
+    "target": "tpu7x:2x2x1",
+    "model": {"preset": "tiny-dense"},
+    "trial": {"seq_len": 256},
+    "search": {"ladder": {"verify": 6, "run": 1}, "seed": 0, "concurrency": 2},
+    "knobs": {
+        "remat.policy": {"values": ["full", "minimal"]},
+        "per_device_batch": {"values": [0.5, 1, 2, 4]},
+        "precision.mode": {"values": ["bf16", "fp8"]},
+    },
+}
+
+
+def _screened(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        [
+            {
+                "knob:x": i,
+                "verdict": v,
+                "est_tokens_per_sec_per_chip": t,
+                "est_hbm_per_device_gib": m,
+            }
+            for i, (v, t, m) in enumerate(rows)
+        ]
+    )
+    fits = frame["verdict"] == FITS
+    frame.loc[fits, "rank"] = frame.loc[fits, "est_tokens_per_sec_per_chip"].rank(ascending=False)
+    return frame
+
+
+def test_the_verify_rung_takes_the_best_that_fit_and_the_fast_ones_near_the_memory_edge():
+    space = load_space(
+        {
+            **LADDER,
+            "search": {"ladder": {"verify": 2, "edge": 0.1}},
+            "constraints": {"max_memory_per_device_gib": 10},
+        }
+    )
+    frame = choose(
+        _screened(
+            [
+                (FITS, 100, 5),  # best: rank 1
+                (FITS, 90, 9.5),  # rank 2 (also near the edge)
+                (FITS, 80, 9.8),  # near the edge, but slower than the verify set: not compiled
+                (OVER_HBM, 120, 10.5),  # over by 5%, faster: compiled, it may fit
+                (OVER_HBM, 130, 12),  # over by 20%: beyond the edge
+                (INVALID, float("nan"), float("nan")),
+            ]
+        ),
+        space,
+    )
+    assert list(frame["compiled_for"]) == [BY_RANK, BY_RANK, "", BY_EDGE, "", ""]
+
+
+def test_a_ladder_needs_a_tpu_target_and_our_trainer():
+    with pytest.raises(SpaceError, match=r"search\.ladder: the ladder screens and compiles"):
+        load_space({**LADDER, "target": "local"})
+    with pytest.raises(SpaceError, match="fidelity run contradicts it"):
+        load_space({**LADDER, "fidelity": "run"})
+
+
+@pytest.mark.tpu_compile
+def test_a_ladder_screens_every_point_compiles_the_best_and_writes_the_run_rung(tmp_path):
+    space = load_space(LADDER)
+    result = run_sweep(space, results_dir=tmp_path)
+    screened = pd.read_csv(result.sweep_dir / SCREEN_CSV)
+    assert len(screened) == count_points(space) == 16
+    compiled = screened[screened["compiled_for"].notna()]
+    # The verify rung compiled exactly the points the screen chose, best first.
+    assert len(result.trials) == len(compiled) == 6
+    frame = result.trials.sort_values("optuna_trial")
+    ranks = list(frame["screen_rank"])
+    assert ranks[0] == 1 and ranks == sorted(ranks)  # in the screen's order
+    assert set(frame["fidelity"]) == {"compile"} and set(frame["hardware"]) == {"TPU7x"}
+    ok = frame[frame["status"] == "ok"]
+    best = ok.sort_values("est_tokens_per_sec_per_chip", ascending=False).iloc[0]
+    assert best["verify_rank"] == 1
+    # summary.csv and ladder.csv carry both rungs; points never compiled have no verify figure.
+    summary = pd.read_csv(result.sweep_dir / "summary.csv")
+    assert {"screen_verdict", "screen_rank", "verify_rank"} <= set(summary.columns)
+    table = pd.read_csv(result.sweep_dir / LADDER_CSV)
+    assert len(table) == 16 and table["verify_status"].notna().sum() == len(frame)
+    assert table.loc[table["screen_compiled_for"].isna(), "verify_status"].isna().all()
+    # MLflow: each trial's run carries its ranks, the sweep's run the rungs' figures.
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(best["mlflow_run_id"])
+    assert run.data.tags["ladder.verify_rank"] == "1.0"
+    assert run.data.tags["ladder.screen_rank"] == str(best["screen_rank"])
+    parent = client.get_run(result.parent_run_id)
+    assert parent.data.metrics["ladder_screened"] == 16
+    assert parent.data.metrics["ladder_compiled"] == len(frame)
+    assert "ladder_rank_correlation_screen_verify" in parent.data.metrics
+    assert LADDER_CSV in {a.path for a in client.list_artifacts(result.parent_run_id)}
+    assert "The ladder: screen against compile" in (result.sweep_dir / "report.html").read_text()
+    # The run rung: the best compiled point, as a run-fidelity space, and how to run it.
+    rung = load_space(result.sweep_dir / RUN_RUNG)
+    assert rung.fidelity == "run" and rung.search.ladder is None
+    assert rung.objective.primary.metric == "tokens_per_sec_per_chip"
+    knobs = {k.removeprefix("knob:"): best[k] for k in best.index if k.startswith("knob:")}
+    assert rung.search.warm_start == [knobs]
+    assert any("wait for tpu7x:2x2x1 slices" in n for n in result.notes)
+    written = yaml.safe_load((result.sweep_dir / RUN_RUNG).read_text())
+    assert written["trial"] == LADDER["trial"]  # the space as written, not the compile rung's
+
+
+def test_the_replayed_ladder_compiles_a_near_edge_point_within_its_verify_rung():
+    """benchmarks.search_efficiency replays the ladder as a sweep runs it: the `verify` best
+    that fit, then a point near the memory edge that would rank among them, then the rest;
+    `fits_first` (the order replayed before) puts every fitting point ahead of the edge."""
+    from benchmarks.search_efficiency import ladder_order, space_path
+
+    space = load_space(space_path("search_table_c"), {"search.ladder": {"verify": 8}})
+    budget = space.constraints.max_memory_per_device_gib
+    rows = [
+        {"knob:per_device_batch": i, "verdict": FITS, "est_hbm_per_device_gib": 1.0,
+         "est_tokens_per_sec_per_chip": 100.0 - i, "rank": float(i + 1)}
+        for i in range(12)
+    ]  # fmt: skip
+    edge = {"knob:per_device_batch": 99, "verdict": OVER_HBM,
+            "est_hbm_per_device_gib": budget * 1.05, "est_tokens_per_sec_per_chip": 500.0}  # fmt: skip
+    far = {"knob:per_device_batch": 98, "verdict": OVER_HBM,
+           "est_hbm_per_device_gib": budget * 2, "est_tokens_per_sec_per_chip": 900.0}  # fmt: skip
+    frame = pd.DataFrame([*rows, edge, far])
+    order = [p["per_device_batch"] for p in ladder_order(space, 0, frame)]
+    assert order[:8] == list(range(8)) and order[8] == 99
+    assert order[9:13] == [8, 9, 10, 11] and order[13] == 98  # the rest fits before the far
+    first = [p["per_device_batch"] for p in ladder_order(space, 0, frame, fits_first=True)]
+    assert first[:12] == list(range(12)) and first[12] == 99

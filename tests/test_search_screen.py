@@ -1,0 +1,79 @@
+"""The ladder's first rung: every point of a space judged by the analytic estimate in this
+process (sweeper/screen.py, `sweeper screen`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from sweeper.cli.app import app
+from sweeper.search.screen import FITS, INVALID, OVER_HBM, screen, unseen_knobs
+from sweeper.space.load import load_space
+from sweeper.space.points import count_points
+
+
+def _row(frame: pd.DataFrame, point: dict) -> pd.Series:
+    match = pd.Series(True, index=frame.index)
+    for key, value in point.items():
+        match &= frame[f"knob:{key}"].astype(str) == str(value)
+    (index,) = frame.index[match]
+    return frame.loc[index]
+
+
+def test_every_point_of_the_70b_space_gets_a_verdict_and_the_fitting_ones_a_rank():
+    space = load_space("llama31_70b_8k_tpu7x")
+    frame = screen(space)
+    assert len(frame) == count_points(space) == 576
+    assert set(frame["verdict"]) <= {FITS, OVER_HBM, INVALID}
+    # The published recipe (trial 0) fits by the estimate, as it does when compiled.
+    recipe = _row(frame, space.search.warm_start[0])
+    assert recipe["verdict"] == FITS and 80 < recipe["est_hbm_per_device_gib"] < 94.75
+    # Three sequences a device with float32 moments and every layer input on device: over.
+    heavy = frame[
+        (frame["knob:per_device_batch"] == 3)
+        & (frame["knob:mu_dtype"] == "float32")
+        & (frame["knob:remat.custom.decoder_layer_input"] == "device")
+    ]
+    assert len(heavy) and set(heavy["verdict"]) == {OVER_HBM}
+    # Rank 1 is the fastest point that fits; over-HBM points have no rank.
+    fits = frame[frame["verdict"] == FITS]
+    assert (
+        fits.loc[fits["rank"] == 1, "est_tokens_per_sec_per_chip"].iloc[0]
+        == fits["est_tokens_per_sec_per_chip"].max()
+    )
+    assert frame.loc[frame["verdict"] != FITS, "rank"].isna().all()
+
+
+def test_knobs_the_estimate_cannot_see_are_named():
+    frame = screen(load_space("llama31_70b_8k_tpu7x"))
+    # Splash layouts and the scoped VMEM limit change the compiled program, not the formulas.
+    assert set(unseen_knobs(frame)) == {
+        "kernels.q_layout",
+        "kernels.k_layout",
+        "xla.scoped_vmem_kib",
+    }
+
+
+def test_a_sample_screens_that_many_points_and_the_cli_says_its_fidelity(tmp_path):
+    space = load_space("llama31_70b_8k_tpu7x")
+    assert len(screen(space, sample=50)) == 50
+    out = tmp_path / "screen.csv"
+    result = CliRunner().invoke(
+        app, ["screen", "llama31_70b_8k_tpu7x", "--top", "3", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "fidelity estimate" in result.output and len(pd.read_csv(out)) == 576
+    local = CliRunner().invoke(app, ["screen", "smoke"])
+    assert local.exit_code == 2 and "TPU target" in local.output
+
+
+def test_a_screen_that_cannot_judge_says_why():
+    """A MaxText space is refused by name (the estimate is our trainer's); a space whose every
+    point is invalid screens to a table of verdicts and their reasons, not a traceback."""
+    maxtext = CliRunner().invoke(app, ["screen", "llama31_70b_8k_maxtext"])
+    assert maxtext.exit_code == 2 and "program: maxtext" in maxtext.output, maxtext.output
+    invalid = CliRunner().invoke(
+        app, ["screen", "dense_short_tpu7x", "--set", "trial.mesh.context=3"]
+    )
+    assert invalid.exit_code == 0, invalid.output
+    assert "'invalid': 288" in invalid.output and "cannot fill" in invalid.output
