@@ -12,19 +12,19 @@ kept in results/calibration/ (`--recompile` redoes them; `--recorded` tables the
 compiled so far).
 
 `MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only (what
-collectives and transfers hide is not fitted: the model runs the program's schedule). The
-table reports the error apart on four splits: the fit rows; held-out rows whose per-device
-program is a fit row's (the same recipe on more chips: they test little); held-out rows
-with a distinct program; the published MoE rows read on MaxText's own program (`MAXTEXT`:
-the program the published run ran, compiled by MaxText's libtpu, not ours).
+collectives and transfers hide is not fitted: the model runs the program's schedule). Every
+other row is split by what the model could have seen: `blind` when its prediction for this
+compiler's program was committed (benchmarks/data/frozen_predictions.json) before its
+published figure entered this file, read from git's history; `seen` otherwise (the figure
+was in the repository, on screen, while the model or the prediction was made). The published
+MoE rows read on MaxText's own program (`MAXTEXT`: the program the published run ran) are
+counted apart. Rows whose per-device program is a fit row's (the same recipe on more chips)
+are named in the last column: they test little.
 
 The frozen-prediction rule: a row not yet compared is listed in PENDING, without its
 published figure; `--freeze ROW` compiles it, predicts it with the committed model and
 writes the prediction with that commit to benchmarks/data/frozen_predictions.json; that file
-is committed before the row moves to PUBLISHED with its figure. The table then shows the
-frozen prediction's error beside the current model's. The rows compared before the rule
-(2026-12-03) are marked "seen before the rule": the model's structural rules were added
-while their errors were on screen.
+is committed before the row moves to PUBLISHED with its figure, in a later commit.
 Fidelity: estimate (from compiles), against a published run.
 """
 
@@ -361,20 +361,62 @@ def same_program(name: str, rows: dict[str, dict]) -> list[str]:
     ]  # fmt: skip
 
 
-def split(name: str, rows: dict[str, dict]) -> str:
-    """fit; held out with the per-device program of a fit row (within 0.5% on every term of
-    `_signature`: more chips at the same per-device batch); held out, a distinct program;
-    held out, MaxText's program (the published run's own program, another compiler)."""
+def first_commit(text: str, path: str) -> str | None:
+    """The first commit whose change to `path` added `text` (git's pickaxe), or None."""
+    found = git("log", "--reverse", "--format=%H", "-S", text, "--", path).split()
+    return found[0] if found else None
+
+
+def figure_commit(name: str) -> str | None:
+    """The commit that entered a row's published figure into this file."""
+    published = PUBLISHED.get(name) or MAXTEXT.get(name)
+    if published is None:
+        return None
+    return first_commit(repr(published[-1]), "benchmarks/calibration.py")
+
+
+def blind(name: str, key: str) -> bool:
+    """Whether the prediction frozen under `key` was committed (frozen_predictions.json)
+    before the row's published figure entered the repository: only then was it made without
+    the figure in sight."""
+    frozen_in = first_commit(json.dumps(key), f"benchmarks/data/{FROZEN.name}")
+    entered = figure_commit(name)
+    if frozen_in is None or entered is None or frozen_in == entered:
+        return False
+    return subprocess.run(["git", "merge-base", "--is-ancestor", frozen_in, entered],
+                          cwd=REPO).returncode == 0  # fmt: skip
+
+
+def split(name: str, key: str) -> str:
+    """fit (the constants' rows); blind (its prediction for this compiler's program was
+    committed before its published figure entered the repository); seen (every other row:
+    its figure was in the repository, on screen, when the model or its prediction was made).
+    The published MoE rows read on MaxText's own program are seen too, and counted apart."""
     if name in FIT:
         return "fit"
     if name in MAXTEXT:
-        return "held out, MaxText's program"
-    if any(other in FIT for other in same_program(name, rows)):
-        return "held out, same program"
-    return "held out, distinct"
+        return "seen, MaxText's program"
+    return "blind" if blind(name, key) else "seen"
 
 
-SPLITS = ("fit", "held out, same program", "held out, distinct", "held out, MaxText's program")
+SPLITS = ("fit", "seen", "blind", "seen, MaxText's program")
+
+
+def _print_blind_predictions(console: Console, rows: dict[str, dict]) -> None:
+    """Every frozen prediction, of any compiler's program, made before its row's figure
+    entered the repository: the only errors that test the model on rows it never saw."""
+    said = []
+    for key, pinned in sorted(frozen().items()):
+        name = key.split(" | ")[0]
+        if name not in rows or not blind(name, key):
+            continue
+        published = rows[name]["published_tokens"]
+        compiled = pinned.get("compiler", {}).get("libtpu", FIRST_COMPILER)
+        said.append(f"{name} (libtpu {compiled}, model at {pinned['commit'][:7]}): "
+                    f"{pinned['tokens_per_sec_per_chip']:,.0f} vs {published:,.0f}, "
+                    f"{pinned['tokens_per_sec_per_chip'] / published - 1:+.1%}")  # fmt: skip
+    console.print(f"blind predictions (committed before the row's figure), any compiler: "
+                  f"{len(said)}" + "".join(f"\n  {line}" for line in said))  # fmt: skip
 
 
 def main() -> None:
@@ -400,13 +442,15 @@ def main() -> None:
                    "frozen prediction (commit): error", "same per-device program as"):  # fmt: skip
         table.add_column(column)
     made_by = {name: compiled_by(name).get("libtpu", "?") for name in rows}  # read once
-    pinned_for = {n: predictions.get(frozen_key(n, made_by[n])) for n in rows}
+    keys = {n: frozen_key(n, made_by[n]) for n in rows}
+    pinned_for = {n: predictions.get(keys[n]) for n in rows}
+    splits = {n: split(n, keys[n]) for n in rows}
     for name, row in rows.items():
         pinned = pinned_for[name]
         before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
                   f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
-                  if pinned else "seen before the rule")  # fmt: skip
-        table.add_row(name, split(name, rows), made_by[name],
+                  if pinned else "none")  # fmt: skip
+        table.add_row(name, splits[name], made_by[name],
                       f"{row['published_tokens']:,.0f}",
                       f"{predict(row, UNCALIBRATED):,.0f}", f"{predict(row, fitted):,.0f}",
                       f"{error(row, fitted):+.1%}", before,
@@ -420,20 +464,13 @@ def main() -> None:
                   + (f"; {len(older)} rows by another (`--recompile --only NAME` redoes one)"
                      if older else ""))  # fmt: skip
     for name in SPLITS:
-        errors = [abs(error(rows[n], fitted)) for n in rows if split(n, rows) == name]
+        errors = [abs(error(rows[n], fitted)) for n in rows if splits[n] == name]
         if not errors:
             console.print(f"median absolute error, {name}: no rows")
             continue
         console.print(f"median absolute error, {name}: {statistics.median(errors):.1%} "
                       f"over {len(errors)} rows")  # fmt: skip
-    pinned_errors = [abs(p["tokens_per_sec_per_chip"] / rows[n]["published_tokens"] - 1)
-                     for n, p in pinned_for.items() if p]  # fmt: skip
-    console.print(
-        f"frozen predictions (committed before their comparison, for the compiler of the row's "
-        f"record): {len(pinned_errors)} rows"
-        + (f", median absolute error {statistics.median(pinned_errors):.1%}" if pinned_errors else "")
-        + f"; {sum(not p for p in pinned_for.values())} rows were compared before the rule"
-    )  # fmt: skip
+    _print_blind_predictions(console, rows)
     for bf16, fp8 in ((n, n.replace("bf16", "fp8")) for n in rows if "bf16" in n):
         if fp8 not in rows:
             continue

@@ -36,7 +36,7 @@ from rich.table import Table
 from trainer.trial.hardware import GIB
 
 # The H200 as XLA's GPU compiler sees it (xla/stream_executor/device_description.proto),
-# with the figures NVIDIA publishes and those the device reported (ACCELERATORS.md).
+# with the figures NVIDIA publishes and those the device reported (docs/facts.md, H200).
 H200_TARGET_CONFIG = """
 gpu_device_info {
   threads_per_block_limit: 1024

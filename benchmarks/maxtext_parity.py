@@ -23,11 +23,11 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
   (ours pinned 0.10.2 and 0.0.42.1 until 2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now
   ours too), ours as published compiled in that environment as well, so that one pair
   differs only in the trainer; without one, the figure recorded on this host kind
-  (2026-12-01, with the recipe's Splash flags; docs/TPU7X.md's 2026-11-30 figure, 0.44 GiB
+  (2026-12-01, with the recipe's Splash flags; the 2026-11-30 figure (docs/facts.md), 0.44 GiB
   less temp, predates them), marked "recorded".
 
 For 128k: ours as published, ours without `dq_reduction_steps` (32 float32 copies of dQ in
-the Splash backward), and MaxText's, likewise (recorded: docs/TPU7X.md, 2026-12-02; with this
+the Splash backward), and MaxText's, likewise (recorded: docs/facts.md, 2026-12-02; with this
 module's settings MaxText's temp is 75.16 GiB: 2026-12-03 with its former hand-written
 arguments, `opt_type=adam_pax`, and 2026-12-04 with the engine's mapping, AdamW with float32
 moments, 1,672,032,256 + 80,697,769,984 B; ours in MaxText's JAX 75.53).
@@ -98,7 +98,7 @@ RECIPES = {
 def recipe(name: str = "8k") -> tuple[dict, str]:
     """The recipe's trial config and target, from the space that starts with it."""
     space = load_space(str(RECIPES[name].space))
-    return assemble(space, space.search.warm_start[0]), space.target
+    return assemble(space, space.search.warm_start[0]), str(space.target)
 
 
 def changed(trial: dict, change: dict) -> dict:

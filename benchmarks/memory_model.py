@@ -205,7 +205,7 @@ def compiled_gib(name: str) -> float | None:
 
 # Trial 0 of the spaces, compiled as their headers record (libtpu 0.0.42.1, this host kind).
 TRIAL_ZERO_COMPILED = {
-    "llama3.1-70b 8k trial 0": {  # TPU7X.md: 5.15 + 87.16 GiB
+    "llama3.1-70b 8k trial 0": {  # docs/facts.md: 5.15 + 87.16 GiB
         "argument_size_in_bytes": 5.15 * GIB,
         "temp_size_in_bytes": 87.16 * GIB,
     },

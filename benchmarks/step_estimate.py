@@ -55,7 +55,7 @@ def points(name: str) -> pd.DataFrame:
     """Each compiled point of a table that fits: its knobs, the compile's step (from its
     tokens/s) and the screen's terms at a constant of 1."""
     space = load_space(space_path(name))
-    topology = Topology.parse(space.target)
+    topology = space.target.tpu
     table = pd.read_csv(table_path(name))
     table = table[table["status"] == "ok"].reset_index(drop=True)
     rows = []

@@ -9,7 +9,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
-# libtpu's start-up chatter on hosts without TPUs (TPU7X.md): quiet, not an error.
+# libtpu's start-up chatter on hosts without TPUs (docs/facts.md, TPU7x): quiet, not an error.
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 # Tests compile for TPU topologies in several processes at once; none opens a TPU device.

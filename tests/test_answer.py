@@ -70,7 +70,7 @@ def test_the_best_trial_exported_as_a_trial_reruns_to_the_same_program(finished,
                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)  # fmt: skip
     events = [json.loads(line) for line in rerun.stdout.splitlines() if line.startswith("{")]
     compiled = next(e for e in events if e["event"] == "compiled")
-    best = result.trials.set_index("trial_id").loc[result.best["trial_id"]]
+    best = result.trials.set_index("trial_id").loc[result.best.trial_id]
     assert compiled["program_fingerprint"] == best["program_fingerprint"]
     best_yaml = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
     assert load_config(best_yaml["trial"]) == config  # best.yaml reruns the same winner
@@ -114,7 +114,7 @@ def test_list_show_and_resume_of_a_finished_sweep(finished):
     assert listed.returncode == 0 and result.sweep_id in listed.stdout
     assert "finished" in listed.stdout and "4/4 ok" in listed.stdout
     shown = _cli("show", result.sweep_id[:15], "--results-dir", results)
-    assert shown.returncode == 0 and result.best["trial_id"] in shown.stdout
+    assert shown.returncode == 0 and result.best.trial_id in shown.stdout
     # The best points measured again show as a second figure on their first trial's row,
     # not as trials of their own.
     table = result.trials

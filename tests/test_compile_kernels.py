@@ -167,7 +167,7 @@ def test_fp8_is_in_the_compiled_tpu7x_program():
 
 # The tiles, not the model, set the kernel's VMEM need: one Mixtral-style layer (8 experts,
 # top-2) with 2048-wide projections, the largest tile, splits the two tile sets as the full
-# Mixtral layer of TPU7X.md does, at a third of the compile time.
+# Mixtral layer of docs/facts.md does, at a third of the compile time.
 MOE_LAYER = {
     "preset": "mixtral-8x7b",
     "num_layers": 1,
@@ -189,7 +189,7 @@ MOE_LAYER = {
 )
 @pytest.mark.xdist_group("megablox")  # shares the (512,1024,1024) compile with the next test
 def test_megablox_tiles_meet_tpu7x_vmem(compile_once, tiles, code):
-    """TPU7X.md: GMM tiles (512,1024,1024) compile; (1024,2048,2048) overflow the default scoped VMEM."""
+    """docs/facts.md: GMM tiles (512,1024,1024) compile; (1024,2048,2048) overflow the default scoped VMEM."""
     tm, tk, tn = tiles
     config = {
         "model": MOE_LAYER,

@@ -247,7 +247,7 @@ def test_the_published_70b_recipe_fits_tpu7x_within_8_percent_of_maxtext(tmp_pat
     recipe = assemble(space, space.search.warm_start[0])
     assert recipe["vocab_tiling"] == 1
     config = {**recipe, "xla": {**recipe["xla"], "judge": False}}
-    code, events, err = _compile(tmp_path, config, target=space.target, timeout=2400)
+    code, events, err = _compile(tmp_path, config, target=str(space.target), timeout=2400)
     assert code == 0, err[-2000:]
     memory = events["compiled"]["memory_per_device"]
     maxtext = 5_525_434_368 + 86_750_150_656
@@ -264,7 +264,7 @@ def test_the_published_70b_128k_recipe_fits_tpu7x_within_5_percent_of_maxtext(tm
     3) fits a device: it was oom_hbm (103.35 GiB of temporaries) while each layer's values
     were saved gathered over the whole sequence and dQ came out of Splash in 32 float32
     copies. MaxText 0.2.5 compiled it to 1,672,031,744 + 82,882,297,856 B per device under
-    libtpu 0.0.52 (docs/TPU7X.md); ours, with that compiler (SWEEPER_NEWER_JAX_PYTHON), is
+    libtpu 0.0.52 (docs/facts.md, TPU7x); ours, with that compiler (SWEEPER_NEWER_JAX_PYTHON), is
     held within 5% of it; with ours (libtpu 0.0.42.1), it must fit."""
     from benchmarks.compile_real_models import compile_trial
 
@@ -272,7 +272,7 @@ def test_the_published_70b_128k_recipe_fits_tpu7x_within_5_percent_of_maxtext(tm
     recipe = assemble(space, space.search.warm_start[0])
     assert recipe["kernels"]["dq_reduction_steps"] == 3
     for python in (None, NEWER_JAX) if NEWER_JAX else (None,):
-        events, _ = compile_trial(recipe, space.target, python=python)
+        events, _ = compile_trial(recipe, str(space.target), python=python)
         assert "compiled" in events, events.get("failure")
         memory = events["compiled"]["memory_per_device"]
         ours = memory["argument_size_in_bytes"] + memory["temp_size_in_bytes"]
@@ -295,7 +295,7 @@ def test_the_published_qwen3_moe_recipe_compiles_and_fits_tpu7x(precision, tmp_p
     assert recipe["precision"]["mode"] == precision
     assert recipe["vocab_tiling"] == 1
     config = {**recipe, "xla": {**recipe["xla"], "judge": False}}
-    code, events, err = _compile(tmp_path, config, target=space.target, timeout=3600)
+    code, events, err = _compile(tmp_path, config, target=str(space.target), timeout=3600)
     assert code == 0, err[-2000:]
     assert events["summary"]["fits"] is True
     layers, tokens, d = 94, 16 * 4096, 4096
@@ -327,7 +327,7 @@ def test_offloading_the_70b_layer_input_saves_its_20_gib_on_tpu7x(tmp_path):
             "custom": {**recipe["remat"]["custom"], "decoder_layer_input": "offload"},
         },
     }
-    code, events, err = _compile(tmp_path, config, target=space.target, timeout=3600)
+    code, events, err = _compile(tmp_path, config, target=str(space.target), timeout=3600)
     assert code == 0, err[-2000:]
     inputs = 80 * 2 * 8192 * 8192 * 2  # layers x batch x seq x d_model, bf16, per device
     assert events["compiled"]["memory_per_device"]["host_temp_size_in_bytes"] == inputs

@@ -127,7 +127,7 @@ def test_the_published_recipes_export_to_their_maxtext_names_and_flags():
     """Trial 0 of the 70B space is MaxText's llama3.1-70b with the recipe's knobs."""
     space = load_space("llama31_70b_8k_tpu7x")
     config = load_config({**assemble(space, space.search.warm_start[0]),
-                          "compile_target": space.target})  # fmt: skip
+                          "compile_target": str(space.target)})  # fmt: skip
     settings = to_maxtext(config)
     args = settings.args
     assert args["model_name"] == "llama3.1-70b" and "base_emb_dim" not in args
@@ -171,10 +171,12 @@ def test_the_parity_benchmark_gives_maxtext_what_a_maxtext_trial_gives_it():
     bench = maxtext_settings(ours, target)
     space = load_space("search_spaces/llama31_70b_8k_maxtext.yaml")
     point = space.search.warm_start[0]
-    config = TrialConfig.model_validate({**assemble(space, point), "compile_target": space.target})
+    config = TrialConfig.model_validate(
+        {**assemble(space, point), "compile_target": str(space.target)}
+    )
     knobs = {k: v for k, v in point.items() if k.startswith("maxtext.")}
     program = program_settings(config, space.maxtext_program(), knobs)
-    assert space.target == target
+    assert str(space.target) == target
     assert program.libtpu_init_args == bench.libtpu_init_args
     # The space adds only its MaxText knobs (at MaxText's defaults); every other setting agrees.
     assert {k: v for k, v in program.args.items() if f"maxtext.{k}" not in knobs} == bench.args

@@ -47,7 +47,7 @@ def test_compile_memory_is_read_from_train_compiles_memory_analysis():
     memory = logs.memory_analysis(text)
     assert memory is not None
     # The published 70B recipe on tpu7x:4x4x4 as MaxText compiles it: about 5.15 GiB of
-    # arguments and 80.8 GiB of temporaries per device (docs/TPU7X.md).
+    # arguments and 80.8 GiB of temporaries per device (docs/facts.md, TPU7x).
     assert 5.0 < memory["argument_size_in_bytes"] / 2**30 < 5.3
     assert 78 < memory["temp_size_in_bytes"] / 2**30 < 84
     assert memory["total_bytes"] == (
@@ -358,7 +358,7 @@ def test_a_local_sweep_runs_maxtexts_train_and_records_tokens_from_its_own_log(t
     assert (frame["tokens_per_sec_per_chip_low"] < frame["tokens_per_sec_per_chip_high"]).all()
     assert set(frame["timing_windows"]) == {3}
     # The export of its best trial is the command that reruns it, maxtext.* knobs included.
-    best = frame.loc[frame["trial_id"] == result.best["trial_id"]].iloc[0]
+    best = frame.loc[frame["trial_id"] == result.best.trial_id].iloc[0]
     exported = CliRunner().invoke(
         app, ["export", result.sweep_id, "--results-dir", str(tmp_path), "--format", "maxtext"]
     )

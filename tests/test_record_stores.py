@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from sweeper.record.row import TrialRow
 from sweeper.record.stores import PARENT, MemoryStore, MlflowStore, store_for
 from sweeper.record.tracker import Tracker
 from sweeper.space.load import load_space
@@ -48,8 +49,8 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
                                    "mfu": 0.25}, convergence=Convergence(passed=True),
                                    trial_config='{"steps": 3}'))  # fmt: skip
     t.finish_trial(bad, TrialResult.failed("oom_hbm", "needs 200 GiB", log_tail="last words"))
-    t.finish_sweep({"trial_id": "t1", "tokens_per_sec_per_chip": 123.5}, {"total": 2, "ok": 1},
-                   notes=["pinned: nothing"])  # fmt: skip
+    best = TrialRow(trial_id="t1", status="ok", figures={"tokens_per_sec_per_chip": 123.5})
+    t.finish_sweep(best, {"total": 2, "ok": 1}, notes=["pinned: nothing"])
     store = store_for(uri)
 
     sweep = store.read(parent)

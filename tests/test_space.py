@@ -245,11 +245,9 @@ def test_kernel_values_are_pinned_to_what_they_run_as(tmp_path):
         "tokamax",
     ]
     moe = load_config({"model": {"preset": "tiny-moe"}, "kernels": {"moe_gmm": "tokamax"}})
-    assert knob_effects(moe, "cpu")["kernels.moe_gmm"]["status"] == "inert"
+    assert knob_effects(moe, "cpu")["kernels.moe_gmm"].status == "inert"
     assert "kernels.moe_gmm" not in knob_effects(moe, "gpu")
-    assert (
-        knob_effects(moe, "gpu")["kernels.attention"]["reason"] == "auto resolved to cudnn on gpu"
-    )
+    assert knob_effects(moe, "gpu")["kernels.attention"].reason == "auto resolved to cudnn on gpu"
 
 
 def test_dq_reduction_steps_act_on_a_splash_backward_on_tpu():
@@ -258,24 +256,25 @@ def test_dq_reduction_steps_act_on_a_splash_backward_on_tpu():
     blocks: 3 dQ buffers instead of 2, 27.2 MB of temporaries instead of 25.7)."""
     from trainer.trial.config import load_config
     from trainer.trial.effects import knob_effects
+    from trainer.trial.events import KnobEffect
 
-    def effect(attention: str, block_kv_dkv: int, platform: str = "tpu") -> dict:
+    def effect(attention: str, block_kv_dkv: int, platform: str = "tpu") -> KnobEffect:
         kernels = {"attention": attention, "block_kv_dkv": block_kv_dkv, "dq_reduction_steps": 3}
         config = load_config(
             {"model": {"preset": "tiny-dense"}, "seq_len": 8192, "kernels": kernels}
         )
         return knob_effects(config, platform)["kernels.dq_reduction_steps"]
 
-    assert effect("splash", 2048) == {
+    assert effect("splash", 2048).model_dump(mode="json") == {
         "status": "active",
         "reason": "the fused backward sums dQ in 3 buffers in the kernel, not 4 partials after it",
     }
-    assert effect("splash", 4096) == {
+    assert effect("splash", 4096).model_dump(mode="json") == {
         "status": "active",
         "reason": "the fused backward sums dQ in 3 buffers in the kernel, not 2 partials after it",
     }
-    assert effect("xla", 2048)["status"] == "inert"
-    assert effect("splash", 2048, "cpu")["status"] == "interpreted"
+    assert effect("xla", 2048).status == "inert"
+    assert effect("splash", 2048, "cpu").status == "interpreted"
     plain = load_config({"model": {"preset": "tiny-dense"}})
     assert "kernels.dq_reduction_steps" not in knob_effects(plain, "tpu")
 

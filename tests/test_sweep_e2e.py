@@ -308,7 +308,7 @@ def test_trial_timeout_kills_the_trainer_and_fails_in_optuna(tmp_path, capsys, m
 
     import sweeper.answer.progress
 
-    monkeypatch.setattr(sweeper.progress, "HEARTBEAT_S", 2.0)
+    monkeypatch.setattr(sweeper.answer.progress, "HEARTBEAT_S", 2.0)
     # A trainer that hangs after its first step: nothing more reaches Tune until the timeout.
     from collections import Counter
 

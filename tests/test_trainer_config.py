@@ -122,16 +122,19 @@ def test_auto_moe_gmm_is_tokamax_on_gpu_and_ragged_dot_elsewhere():
     fp8 = load_config(trial() | {"model": {"preset": "tiny-moe"}, "precision": {"mode": "fp8"}})
     assert fp8.fp8_experts and fp8.resolved_kernels("gpu").moe_gmm == "ragged_dot"
     # ... and a GPU trial says what that costs there, and how to avoid it.
-    reason = knob_effects(fp8, "gpu")["kernels.moe_gmm"]["reason"]
+    reason = knob_effects(fp8, "gpu")["kernels.moe_gmm"].reason
     assert reason.startswith("auto resolved to ragged_dot on gpu: fp8 experts")
     assert "precision.targets dense" in reason and "dense dot over every expert" in reason
-    assert "fp8 experts" not in knob_effects(fp8, "tpu")["kernels.moe_gmm"]["reason"]
+    assert "fp8 experts" not in knob_effects(fp8, "tpu")["kernels.moe_gmm"].reason
     dense_only = {"mode": "fp8", "targets": "dense"}
     fp8_dense = load_config(trial() | {"model": {"preset": "tiny-moe"}, "precision": dense_only})
     assert fp8_dense.resolved_kernels("gpu").moe_gmm == "tokamax"
     effect = knob_effects(config, "gpu")["kernels.moe_gmm"]
-    assert effect == {"status": "active", "reason": "auto resolved to tokamax on gpu"}
-    assert knob_effects(config, "cpu")["kernels.moe_gmm"]["reason"] == (
+    assert effect.model_dump(mode="json") == {
+        "status": "active",
+        "reason": "auto resolved to tokamax on gpu",
+    }
+    assert knob_effects(config, "cpu")["kernels.moe_gmm"].reason == (
         "auto resolved to ragged_dot on cpu"
     )
     # Explicit choices are kept as given.

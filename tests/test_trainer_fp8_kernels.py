@@ -395,11 +395,11 @@ def test_a_tokamax_gpu_kernel_that_does_not_build_is_named_and_ragged_dot_runs()
     assert taken == "triton" or both["triton"] == "ValueError: Unknown implementation: triton"
     moe = load_config(trial() | {"model": {"preset": "tiny-moe"}})
     effect = knob_effects(moe, "gpu", gpu_gmm=(kernel, failures))["kernels.moe_gmm"]
-    assert effect["status"] == "inert"
-    assert effect["reason"].startswith("auto resolved to tokamax on gpu: no tokamax")
-    assert f"mosaic_gpu: {failures['mosaic_gpu']}" in effect["reason"]
+    assert effect.status == "inert"
+    assert effect.reason.startswith("auto resolved to tokamax on gpu: no tokamax")
+    assert f"mosaic_gpu: {failures['mosaic_gpu']}" in effect.reason
     built = knob_effects(moe, "gpu", gpu_gmm=("triton", failures))["kernels.moe_gmm"]
-    assert built == {
+    assert built.model_dump(mode="json") == {
         "status": "active",
         "reason": "auto resolved to tokamax on gpu: tokamax's triton grouped matmul",
     }
@@ -524,18 +524,18 @@ def test_fp8_experts_in_tokamax_are_refused_on_gpu_and_reported_per_backend():
         check_static(config, 8, "gpu")
     assert err.value.field == "kernels.moe_gmm" and "precision.targets dense" in err.value.message
     check_static(config, 8, "tpu")
-    assert knob_effects(config, "tpu")["kernels.moe_gmm"]["status"] == "active"
-    assert knob_effects(config, "cpu")["kernels.moe_gmm"]["status"] == "emulated"
+    assert knob_effects(config, "tpu")["kernels.moe_gmm"].status == "active"
+    assert knob_effects(config, "cpu")["kernels.moe_gmm"].status == "emulated"
     assert "precision.experts" not in knob_effects(config, "tpu")
     tiled = load_config(
         trial()
         | moe
         | {"kernels": {"moe_gmm": "tokamax", "tokamax_tiles": {"wo_fwd": "512x512x512"}}}
     )
-    assert knob_effects(tiled, "tpu")["kernels.tokamax_tiles"]["status"] == "active"
-    assert knob_effects(tiled, "cpu")["kernels.tokamax_tiles"]["status"] == "inert"
+    assert knob_effects(tiled, "tpu")["kernels.tokamax_tiles"].status == "active"
+    assert knob_effects(tiled, "cpu")["kernels.tokamax_tiles"].status == "inert"
     ragged = load_config(trial() | moe | {"kernels": {"moe_gmm": "ragged_dot"}})
-    reason = knob_effects(ragged, "tpu")["precision.experts"]["reason"]
+    reason = knob_effects(ragged, "tpu")["precision.experts"].reason
     assert "granularity per_tensor reaches the dense layers only" in reason
     per_axis = {"mode": "fp8", "granularity": "per_axis"}
     same = load_config(

@@ -53,8 +53,8 @@ def test_full_remat_trades_memory_for_flops(by_policy):
 
 def test_offload_reported_inert_on_cpu():
     config = load_config(trial(remat={"policy": "minimal_offloaded"}))
-    assert knob_effects(config, "cpu")["remat.offload"]["status"] == "inert"
-    assert knob_effects(config, "tpu")["remat.offload"]["status"] == "active"
+    assert knob_effects(config, "cpu")["remat.offload"].status == "inert"
+    assert knob_effects(config, "tpu")["remat.offload"].status == "active"
     assert "remat.offload" not in knob_effects(
         load_config(trial(remat={"policy": "minimal"})), "cpu"
     )

@@ -78,7 +78,7 @@ def prepare_environment(config: TrialConfig) -> None:
         os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     if config.backend == "cpu" or config.compile_target:
         # libtpu probes for TPU hosts at import; on a host without them that is noise
-        # (TPU7X.md). Never on a real TPU host: a multi-host slice reads these to find its peers.
+        # (docs/facts.md, TPU7x). Never on a real TPU host: a multi-host slice reads these to find its peers.
         os.environ.setdefault("TPU_ACCELERATOR_TYPE", "tpu7x-8")
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 

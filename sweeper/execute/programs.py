@@ -47,7 +47,7 @@ class MaxText:
         request = {
             "program": space.maxtext_program().model_dump(mode="json"),
             "knobs": maxtext_knobs(point),
-            "target": space.target,
+            "target": str(space.target),
         }
         return ["--maxtext", json.dumps(request)]
 

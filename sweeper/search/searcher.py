@@ -38,7 +38,7 @@ def point_key(space: Space, point: dict[str, Any]) -> str:
     without them, points that differ only in a MaxText setting were one point, and the
     sweep skipped all but the first as a repeat). Our trainer's keys are as they were."""
     what = {"trial": assemble(space, point), "fidelity": space.effective_fidelity,
-            "target": space.target}  # fmt: skip
+            "target": str(space.target)}  # fmt: skip
     if space.program != "sweeper-trainer":
         what.update(program=space.program, settings=maxtext_knobs(point))
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]

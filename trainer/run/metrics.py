@@ -23,7 +23,7 @@ class Chip:
     source: str
 
 
-# Vendor peaks (KNOBS.md, Measurement), from the datasheet table the estimate uses too.
+# Vendor peaks (docs/trainer.md, Measurement), from the datasheet table the estimate uses too.
 # Keys are jax Device.device_kind prefixes.
 CHIPS: dict[str, Chip] = {
     a.device_kind: Chip(a.name, dict(a.peak_tflops), a.devices_per_chip, "datasheet")
@@ -32,7 +32,7 @@ CHIPS: dict[str, Chip] = {
 
 
 def peak_for(chip: Chip, precision: str) -> float | None:
-    """Peak TFLOP/s of the precision the step ran in (KNOBS.md: MFU uses that peak); None if unknown."""
+    """Peak TFLOP/s of the precision the step ran in (docs/trainer.md, Measurement: MFU uses that peak); None if unknown."""
     return chip.peak_tflops.get(precision)
 
 

@@ -196,7 +196,7 @@ class PrecisionConfig(Frozen):
 
     @property
     def peak(self) -> str:
-        """The datasheet peak a step in this precision is measured against (KNOBS.md: MFU
+        """The datasheet peak a step in this precision is measured against (docs/trainer.md, Measurement: MFU
         uses the peak of the precision the matmuls run in)."""
         return "fp8" if self.mode == "fp8" else "bf16"
 
@@ -430,7 +430,7 @@ class XlaFlagsConfig(Frozen):
 
     def libtpu_init_args(self) -> list[str]:
         """The flags, in LIBTPU_INIT_ARGS form. Not per-compile options: libtpu's Mosaic
-        kernels (Splash) do not see a scoped VMEM limit given per compile (TPU7X.md)."""
+        kernels (Splash) do not see a scoped VMEM limit given per compile (docs/facts.md, TPU7x)."""
         flags: list[str] = []
         if self.scoped_vmem_kib is not None:
             flags.append(f"--xla_tpu_scoped_vmem_limit_kib={self.scoped_vmem_kib}")

@@ -29,7 +29,7 @@ COMPILER_STACKS = (
 # trial, as the trainer's meaning of ragged_dot on TPU: no ragged_dot, no effect.
 RAGGED_DOT_KERNEL = "--xla_tpu_enable_ragged_dot_kernel=true"
 
-# Flag bundles a trial's xla.collective_mode names (KNOBS.md).
+# Flag bundles a trial's xla.collective_mode names (docs/reference.md, xla.collective_mode).
 SPARSECORE_OFFLOAD = (
     "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
     "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",

@@ -175,7 +175,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         dcn_bytes_per_s_per_chip=100e9 / 8,
     ),
     # GPUs: measured runs only, never compile targets. No fp8 peak until the trainer's fp8
-    # path on GPU is measured (ACCELERATORS.md); MFU of an fp8 step there is then unknown.
+    # path on GPU is measured (docs/facts.md, H200); MFU of an fp8 step there is then unknown.
     "h100": Accelerator(
         name="H100",
         topology_prefix="",
@@ -198,7 +198,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         hbm_bytes_per_s=4.8e12,
         ici_link_bytes_per_s=450e9,
         ici_links=1,
-        usable_hbm_per_device=139 * GIB,  # ACCELERATORS.md: about 139 GiB visible
+        usable_hbm_per_device=139 * GIB,  # docs/facts.md, H200: about 139 GiB visible
         source="H200 SXM datasheet (bf16 dense)",
         device_kind="NVIDIA H200",
     ),
