@@ -165,11 +165,11 @@ def side_by_side(ours: str, theirs: str, results_dir: Path | None) -> Table:
     """Both programs' compile records over the points both sweeps compiled."""
     import pandas as pd
 
-    from sweeper.answer.report import frame_of
+    from sweeper.answer.table import read_frame
     from sweeper.record.manifest import find_sweep
     from sweeper.record.row import knob_columns
 
-    frames = [frame_of(find_sweep(sweep, results_dir).path) for sweep in (ours, theirs)]
+    frames = [read_frame(find_sweep(sweep, results_dir).path) for sweep in (ours, theirs)]
     shared = sorted(set(knob_columns(frames[0].columns)) & set(knob_columns(frames[1].columns)))
     only_maxtext = [c for c in knob_columns(frames[1].columns) if c.startswith("knob:maxtext.")]
     key = [c for c in shared if not c.startswith("knob:maxtext.")]

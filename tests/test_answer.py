@@ -160,3 +160,81 @@ def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
         ui.wait(timeout=30)
     with pytest.raises(OSError):  # the UI it started stopped with it
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def _copy_of(finished, tmp_path):
+    """The finished sweep's folder copied to its own results folder, with a study file of its
+    own (the copy's damage does not reach the module's sweep); its MLflow store is shared."""
+    import shutil
+
+    from sweeper.record.manifest import SweepManifest
+
+    result, where, _ = finished
+    copy = tmp_path / "results" / "smoke" / result.sweep_id
+    shutil.copytree(result.sweep_dir, copy)
+    shutil.copy(where / "results" / "optuna.db", tmp_path / "results" / "optuna.db")
+    manifest = SweepManifest.read(copy / "sweep.json")
+    study = f"sqlite:///{tmp_path / 'results' / 'optuna.db'}"
+    manifest.model_copy(update={"optuna_storage": study}).write(copy / "sweep.json")
+    return result, copy
+
+
+def test_a_sweep_without_its_summary_is_shown_exported_reported_and_mended_from_mlflow(
+    finished, tmp_path
+):
+    """summary.csv deleted from a finished sweep: `show` once printed an empty table, `export`
+    said the best trial did not exist, `resume` said "finished" and left it missing. Each now
+    rebuilds the table from the sweep's MLflow runs and says so; resume writes it back."""
+    result, copy = _copy_of(finished, tmp_path)
+    (copy / "summary.csv").unlink()
+    where = ("--results-dir", str(tmp_path / "results"))
+    shown = _cli("show", result.sweep_id, *where)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "rebuilt from the sweep's 4 runs" in shown.stderr
+    assert result.best.trial_id in shown.stdout
+    exported = _cli("export", result.sweep_id, "--format", "trial", *where)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads(exported.stdout)["steps"] == 4
+    reported = _cli("report", result.sweep_id, *where)
+    assert reported.returncode == 0, reported.stderr[-2000:]
+    resumed = _cli("resume", result.sweep_id, *where)
+    assert resumed.returncode == 0 and "written back" in resumed.stdout, resumed.stdout[-2000:]
+    rows = (copy / "summary.csv").read_text().splitlines()
+    assert len(rows) == 5 and result.best.trial_id in "".join(rows)
+
+
+def test_a_sweep_whose_study_file_is_gone_is_reported_without_importances(finished, tmp_path):
+    """optuna.db deleted: `report` ended in `KeyError: 'Record does not exist.'`; now the
+    report is written and says why its importances are left out."""
+    result, copy = _copy_of(finished, tmp_path)
+    (tmp_path / "results" / "optuna.db").unlink()
+    reported = _cli("report", result.sweep_id, "--results-dir", str(tmp_path / "results"))
+    assert reported.returncode == 0, reported.stderr[-2000:]
+    assert "knob importances left out" in reported.stderr
+    assert "knob importances left out" in (copy / "report.html").read_text()
+
+
+def test_a_damaged_summary_without_a_reachable_store_is_a_clear_exit_2(finished, tmp_path):
+    """Neither summary.csv nor the runs: exit 2 naming the file and the fix, no traceback."""
+    from sweeper.record.manifest import SweepManifest
+
+    result, copy = _copy_of(finished, tmp_path)
+    (copy / "summary.csv").write_text("\x00garbage")
+    manifest = SweepManifest.read(copy / "sweep.json")
+    gone = f"sqlite:///{tmp_path / 'nowhere' / 'mlflow.db'}"
+    manifest.model_copy(update={"tracking_uri": gone}).write(copy / "sweep.json")
+    shown = _cli("show", result.sweep_id, "--results-dir", str(tmp_path / "results"))
+    assert shown.returncode == 2, shown.stderr[-2000:]
+    assert "summary.csv" in shown.stderr and "Traceback" not in shown.stderr
+
+
+def test_validate_into_a_closed_pipe_ends_well():
+    """`sweeper validate moe_short | head -0`: the reader is gone before the first line. The
+    command ended with exit 1 (Click's broken-pipe exit); now its output is dropped and it
+    exits 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "validate", "moe_short"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before anything is written
+    code = proc.wait(timeout=120)
+    assert code == 0, proc.stderr.read().decode()[-2000:]

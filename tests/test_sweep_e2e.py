@@ -403,9 +403,23 @@ AOT = {
 
 @pytest.mark.tpu_compile
 def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
+    import ray
+    from ray import tune
+
     space = load_space(AOT)
     assert space.objective.primary.metric == "est_tokens_per_sec_per_chip"  # nothing is measured
-    result = run_sweep(space, results_dir=tmp_path)
+    sessions: set[Path] = set()
+
+    class Session(tune.Callback):  # the Ray session folder the sweep's own Ray made
+        def on_trial_start(self, iteration, trials, trial, **info):
+            context = ray.get_runtime_context()
+            sessions.add(Path(context.get_temp_dir()) / context.get_session_name())
+
+    result = run_sweep(space, results_dir=tmp_path, callbacks=[Session()])
+    # What the sweep left behind: libtpu's logs in each trial's folder, not in /tmp/tpu_logs;
+    # the Ray session folder of a sweep that ended well, removed with its Ray.
+    assert list((tmp_path / "ray").glob("*/trial_*/tpu_logs/*")), "libtpu's logs: in the trial"
+    assert sessions and not any(s.exists() for s in sessions), sessions
     frame = result.trials.set_index("optuna_trial")
     assert list(frame.loc[[0, 1, 2], "status"]) == ["ok", "ok", "failed"]
     assert frame.loc[2, "failure_class"] == "invalid_config"  # global batch 4 over fsdp 8

@@ -489,3 +489,121 @@ def test_a_full_disk_anywhere_in_an_errors_chain_is_told_as_such():
     assert disk_full(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
     assert disk_full(OSError(errno.ENOENT, "No such file or directory")) is None
     assert disk_full(ValueError("something else")) is None
+
+
+def _listening(pid: int) -> dict[tuple[str, str], int]:
+    """(process name, address) -> port of every listening socket of `pid` and its descendants."""
+    import psutil
+
+    found: dict[tuple[str, str], int] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for proc in procs:
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found[(proc.name(), conn.laddr.ip)] = conn.laddr.port
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def test_a_sweep_stopped_twice_listens_on_loopback_only_and_stays_resumable(tmp_path):
+    """During a local sweep every server Ray starts (GCS, raylet, workers, agents) listens on
+    loopback only (it listened on every interface, its metrics answering other hosts). While
+    the driver runs, a second driver of the same sweep is refused by name. A second Ctrl-C
+    stopped the sweep saying "nothing was run" while trials trained, with no resume command,
+    sweep.json `running` and Optuna trials RUNNING; now it says what ran and how to resume,
+    every record is closed as killed, and resume finishes it."""
+    proc = _start(tmp_path, "--trials", "3", "--concurrency", "1", "--set", "trial.steps=400",
+                  "--set", "constraints.convergence=false", "--set", "search.sampler=grid")  # fmt: skip
+    lines: list[str] = []
+    _wait_for(proc, "started", lines)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    sockets: dict[tuple[str, str], int] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not any(
+        r.info.status == "RUNNING" and client.get_metric_history(r.info.run_id, "loss")
+        for r in (_children(client, "smoke") if client.get_experiment_by_name("smoke") else [])
+    ):
+        sockets.update(_listening(proc.pid))
+        time.sleep(0.2)
+    sockets.update(_listening(proc.pid))
+    names = {name for name, _ in sockets}
+    assert {"gcs_server", "raylet"} <= names, sockets  # the probe saw Ray's servers
+    assert [k for k in sockets if not _loopback(k[1])] == [], sockets
+    (sweep_dir,) = tmp_path.glob("smoke/*")
+    second = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=120)
+    assert second.returncode == 2 and f"PID {proc.pid}" in second.stderr, second.stderr[-2000:]
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-3000:]
+    assert f"sweeper resume {sweep_dir.name}" in out and "nothing was run" not in out, out[-3000:]
+    from sweeper.record.manifest import SweepManifest
+
+    assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "interrupted"
+    study = optuna.load_study(study_name=f"smoke-{sweep_dir.name}",
+                              storage=f"sqlite:///{tmp_path}/optuna.db")  # fmt: skip
+    assert all(t.state != TrialState.RUNNING for t in study.trials)
+    assert "RUNNING" not in {r.info.status for r in _children(client, "smoke")}
+    done = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {r["status"] for r in _summary(sweep_dir)} == {"ok"} and len(_summary(sweep_dir)) == 3
+
+
+def test_a_lost_tune_state_before_any_trial_ended_is_refused_by_name(tmp_path):
+    """Tune's state cut and Ray's copy gone while no trial had ended yet: resume once started
+    the experiment afresh, ran one trial and called the sweep complete; the trials cut off
+    never ran and were missing from summary.csv. Now it refuses, naming them."""
+    import shutil
+
+    from sweeper.execute.tune_state import staging_copies
+
+    proc = _start(tmp_path, "--trials", "2", "--concurrency", "1", "--set", "trial.steps=400",
+                  "--set", "constraints.convergence=false")  # fmt: skip
+    lines: list[str] = []
+    _wait_for(proc, "started", lines)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    _wait_until_training(client, proc)
+    time.sleep(3)  # Tune saves its state every 2 s: one save knows the running trial
+    proc.kill()
+    proc.wait(30)
+    (sweep_dir,) = tmp_path.glob("smoke/*")
+    experiment = _cut_tune_state(sweep_dir, tmp_path)
+    for staging in staging_copies(experiment.name):
+        shutil.rmtree(staging)
+    refused = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=300)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    (trial,) = [r.data.tags["sweeper.trial_id"] for r in _children(client, "smoke")]
+    assert trial in refused.stderr and "is not resumed" in refused.stderr, refused.stderr[-2000:]
+    assert "RUNNING" not in {r.info.status for r in _children(client, "smoke")}
+
+
+def test_a_sweep_whose_output_pipe_closes_runs_to_its_end(tmp_path):
+    """`sweeper run ... | head -4`: the reader leaves after four lines. The driver died at the
+    fifth, leaving sweep.json `running`; now its output is dropped and the sweep ends well."""
+    proc = _start(tmp_path, "--trials", "2", "--set", "trial.steps=3",
+                  "--set", "constraints.convergence=false")  # fmt: skip
+    assert proc.stdout is not None
+    for _ in range(4):
+        proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=600) == 0
+    from sweeper.record.manifest import SweepManifest
+
+    (sweep_dir,) = tmp_path.glob("smoke/*")
+    ending = SweepManifest.read(sweep_dir / "sweep.json").ending
+    assert ending.state == "finished" and ending.counts == {"total": 2, "ok": 2}, ending

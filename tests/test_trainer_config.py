@@ -172,14 +172,31 @@ def test_an_extra_flag_is_one_flag(flag):
 
 
 @pytest.mark.parametrize(
-    "flag", ["--xla_jf_dump_to=/some/path", "--xla_dump_hlo_as_text", "--log_dir=/tmp/l"]
+    ("flag", "family"),
+    [
+        ("--xla_jf_dump_to=/some/path", "write files"),
+        ("--xla_dump_hlo_as_text", "write files"),
+        ("--tpu_persistent_compilation_cache_location=/tmp/c", "write files"),
+        ("--flagfile=/tmp/f", "reads more flags"),
+        ("--fromenv=xla_dump_to", "reads more flags"),
+        ("--tryfromenv=xla_dump_to", "reads more flags"),
+        ("--tpu_hlo_breakpoint_debugger_server_port=7000", "opens a port"),
+        ("--megascale_debug_port=7001", "opens a port"),
+        ("--v=5", "raises libtpu's logging"),
+        ("--vmodule=tpu_compiler=3", "raises libtpu's logging"),
+        ("--log_dir=/tmp/l", "raises libtpu's logging"),
+    ],
 )
-def test_an_extra_flag_that_writes_files_is_refused(flag):
-    with pytest.raises(ValueError, match="write files"):
+def test_an_extra_flag_of_a_refused_family_is_refused_by_what_it_does(flag, family):
+    """A flag that reads other flags, opens a port, raises logging or writes files is refused
+    by name, with what it does; plain flags pass."""
+    with pytest.raises(ValueError, match=family):
         load_config({"model": {"preset": "tiny-dense"}, "xla": {"extra": [flag]}})
     assert load_config(
         {
             "model": {"preset": "tiny-dense"},
-            "xla": {"extra": ["--xla_tpu_enable_x=true", "--xla_b"]},
+            "xla": {
+                "extra": ["--xla_tpu_enable_x=true", "--xla_b", "--xla_tpu_scoped_vmem_limit_kib=1"]
+            },
         }
     ).xla.extra

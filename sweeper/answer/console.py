@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
 from rich.table import Table
 
+from sweeper.answer.notes import UNPINNED
+from sweeper.answer.streams import terminal
 from sweeper.answer.table import REMEASURED, searched
 from sweeper.record.manifest import Found, SweepManifest
 from sweeper.record.mlflow_view import runs_url
@@ -17,7 +18,7 @@ from sweeper.record.row import Column, knob_columns, missing
 from sweeper.record.stores import MEMORY_SCHEME
 from trainer.trial.events import TrialStatus
 
-console = Console()
+console = terminal()
 # A results cell's convergence verdict (a bool, numpy's too, or missing) as shown.
 _VERDICT: dict[Any, str] = {True: "passed", False: "failed"}
 
@@ -64,6 +65,8 @@ def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) ->
         )
         if not missing(row.get(Column.REUSED_FROM)):
             status += f" (reused #{int(row[Column.REUSED_FROM])})"
+        if str(row.get(Column.CORES)) == UNPINNED:
+            status += " (unpinned)"
         table.add_row(
             str(row[Column.TRIAL_ID]),
             status,
@@ -98,7 +101,7 @@ def where(manifest: SweepManifest, sweep_dir: Path) -> list[str]:
 
 
 def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -> None:
-    Console(width=max(console.width, 200)).print(sweep_table(manifest, frame))
+    terminal(width=max(console.width, 200)).print(sweep_table(manifest, frame))
     for note in manifest.ending.notes:
         console.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
     for line in where(manifest, sweep_dir):

@@ -76,6 +76,25 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     return notes
 
 
+UNPINNED = "unpinned"  # the `cores` of a CPU trial that could lease none (execute.trainable)
+
+
+def pinning_notes(frame: pd.DataFrame) -> list[str]:
+    """Trials that ran on every core because they could lease none: their figures measure the
+    other trials' load too, and the table marks them."""
+    if frame.empty or Column.CORES not in frame:
+        return []
+    unpinned = frame[frame[Column.CORES].astype(str) == UNPINNED]
+    if unpinned.empty:
+        return []
+    names = ", ".join(_named(r) for _, r in unpinned.iterrows())
+    return [
+        f"unpinned: {len(unpinned)} trial(s) leased no core within 60 s and ran on every core "
+        f"({names}): their figures are not comparable to the pinned trials' (marked "
+        "'unpinned' in the table)"
+    ]
+
+
 def _named(row: Any) -> str:
     """A trial as the table names it: a re-measurement by the point it measured again."""
     again = row.get(Column.REMEASURE_OF)

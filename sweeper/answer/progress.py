@@ -9,6 +9,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from rich.console import Console
 
+from sweeper.answer.streams import terminal
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
 from trainer.trial.result import PHASE_KEY, TrialResult
@@ -35,7 +36,7 @@ class ProgressCallback(tune.Callback):
     @property
     def console(self) -> Console:
         # Made on use: Tune pickles callbacks, and a Console holds a lock.
-        return Console(stderr=True)
+        return terminal(stderr=True)
 
     def _line(self, text: str) -> None:
         running = self.started - self.done

@@ -13,8 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +223,8 @@ def importances_plot(importances: dict[str, float], label: str) -> str | None:
 
 def failure_map(frame: pd.DataFrame, label: str) -> str | None:
     """For each knob value, how many trials ended in each failure class."""
+    if Column.STATUS not in frame:
+        return None
     failed = frame[frame[Column.STATUS] != TrialStatus.OK]
     knobs = knob_columns(frame.columns)
     if failed.empty or not knobs:
@@ -406,20 +406,3 @@ def write_report(
         frame, title=title, metric=metric, maximize=maximize, notes=notes, importances=importances
     )
     return write_text(path, text)
-
-
-def frame_of(sweep_dir: Path) -> pd.DataFrame:
-    """A finished sweep's results table (summary.csv), knob values as they were sampled."""
-    frame = pd.read_csv(sweep_dir / "summary.csv")
-    for column in knob_columns(frame.columns):
-        frame[column] = frame[column].map(_sampled)
-    return frame
-
-
-def _sampled(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return None if isinstance(value, float) and math.isnan(value) else value

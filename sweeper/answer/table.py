@@ -8,6 +8,7 @@ says); the tracking adapter only contributes the MLflow run id and the attempt c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ray.tune.experiment import Trial
 
 from sweeper.record.callback import final_of
 from sweeper.record.manifest import SUMMARY
-from sweeper.record.row import Column, TrialRow
+from sweeper.record.row import Column, TrialRow, knob_columns
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from sweeper.space.schema import Objective
 from trainer.trial.events import TrialStatus
@@ -70,11 +71,24 @@ def frame_of_rows(trial_rows: Iterable[TrialRow]) -> pd.DataFrame:
 
 
 def read_frame(sweep_dir: Path) -> pd.DataFrame:
-    """A sweep's summary.csv as its results table (empty when it has none yet)."""
+    """A sweep's summary.csv as its results table, knob values as they were sampled (a CSV
+    turns them into text); empty when it has none yet."""
     path = sweep_dir / SUMMARY
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame()
-    return pd.read_csv(path)
+    frame = pd.read_csv(path)
+    for column in knob_columns(frame.columns):
+        frame[column] = frame[column].map(_sampled)
+    return frame
+
+
+def _sampled(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def searched(frame: pd.DataFrame) -> pd.DataFrame:

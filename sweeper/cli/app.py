@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 
-from sweeper.record.manifest import SUMMARY, Found
+from sweeper.answer.streams import terminal
+from sweeper.record.manifest import Found
 from sweeper.space.errors import SpaceError
 from sweeper.space.file import SpaceFileError, parse_value
 from sweeper.space.load import space_overrides
@@ -33,8 +33,8 @@ def main(
     VERBOSE["on"] = verbose
 
 
-console = Console()
-err = Console(stderr=True)
+console = terminal()
+err = terminal(stderr=True)
 UI_PORT = 5000  # the MLflow UI's port on 127.0.0.1
 
 TrialsOpt = Annotated[int | None, typer.Option("--trials", help="number of trials (search.trials)")]
@@ -123,10 +123,14 @@ def found_sweep(sweep_id: str, results_dir: Path | None) -> Found:
 
 
 def frame_of(found: Found) -> pd.DataFrame:
-    import pandas as pd
+    """The sweep's table: summary.csv, or rebuilt from its runs when that is missing or
+    damaged (said on stderr); exit 2 naming the file when neither can be read."""
+    from sweeper.answer.recover import sweep_frame
 
-    from sweeper.answer.report import frame_of
-
-    if not (found.path / SUMMARY).exists():
-        return pd.DataFrame()
-    return frame_of(found.path)
+    try:
+        frame, said = sweep_frame(found)
+    except SpaceError as exc:
+        fail(str(exc))
+    for note in said:
+        err.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+    return frame

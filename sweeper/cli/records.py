@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from sweeper.answer.streams import terminal
 from sweeper.cli.app import (
     UI_PORT,
     ResultsDirOpt,
     SweepIdArg,
     app,
     console,
+    err,
     fail,
     found_sweep,
     frame_of,
@@ -31,7 +32,7 @@ def list_(results_dir: ResultsDirOpt = None) -> None:
     if not found:
         console.print(f"no sweeps under {where} (`--results-dir` says where to look)")
         return
-    Console(width=max(console.width, 160)).print(sweeps_table(found))
+    terminal(width=max(console.width, 160)).print(sweeps_table(found))
 
 
 @app.command()
@@ -70,7 +71,7 @@ def export(
         text = export_trial(found, frame_of(found), trial, fmt)
     except SpaceError as exc:
         fail(str(exc))
-    typer.echo(text, nl=False)
+    console.file.write(text)
 
 
 @app.command()
@@ -79,24 +80,28 @@ def report(
     results_dir: ResultsDirOpt = None,
 ) -> None:
     """Write the sweep's HTML report again (report.html in its folder) and print its path."""
-    import optuna
-
     from sweeper.answer import report as reports
+    from sweeper.answer.recover import study_of
 
     found = found_sweep(sweep_id, results_dir)
     manifest = found.manifest
     assert manifest is not None
     objective = manifest.space.objective.primary
-    study = optuna.load_study(study_name=manifest.study_name, storage=manifest.optuna_storage)
-    path = reports.write_report(
-        found.path,
-        frame_of(found),
-        title=f"{manifest.space.name}: sweep {manifest.sweep_id}",
-        metric=objective.metric,
-        maximize=objective.mode == "max",
-        notes=manifest.ending.notes,
-        importances=reports.importances_of(study, manifest.sweep_id),
-    )
+    study, missing = study_of(found)
+    for note in missing:
+        err.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+    try:
+        path = reports.write_report(
+            found.path,
+            frame_of(found),
+            title=f"{manifest.space.name}: sweep {manifest.sweep_id}",
+            metric=objective.metric,
+            maximize=objective.mode == "max",
+            notes=[*manifest.ending.notes, *missing],
+            importances=reports.importances_of(study, manifest.sweep_id) if study else {},
+        )
+    except OSError as exc:
+        fail(f"{found.path}: the report could not be written ({exc.strerror or exc})")
     console.print(str(path))
 
 

@@ -168,13 +168,19 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     import signal
 
     from sweeper.execute.cluster import quiet, start_ray
-    from sweeper.sweep.result import SweepFinished, unfinished
+    from sweeper.record.lock import SweepLock
+    from sweeper.sweep.result import SweepFinished, SweepInterrupted, unfinished
     from sweeper.sweep.run import run_sweep
 
     try:
         quiet(VERBOSE["on"])
-        if kwargs.get("resume"):  # a finished sweep is said so before any Ray starts
-            unfinished(kwargs["resume"], kwargs.get("results_dir"), kwargs.get("tracking_uri"))
+        if kwargs.get("resume"):  # a finished or running sweep is said so before Ray starts
+            found = unfinished(
+                kwargs["resume"], kwargs.get("results_dir"), kwargs.get("tracking_uri")
+            )
+            free = SweepLock(found.path, found.sweep_id)
+            free.acquire("sweeper resume (checking)")
+            free.release()
         start_ray(address)
         # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
         # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
@@ -185,8 +191,17 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         return
     except (SpaceError, ConnectionError) as exc:
         fail(str(exc))
+    except SweepInterrupted as exc:
+        running = ", ".join(exc.running) or "none"
+        err.print(
+            f"[red]interrupted[/red]: sweep {exc.sweep_id} stopped at once (trials running: "
+            f"{running}; each is recorded as killed and runs again on resume). Finished trials "
+            f"are kept. Continue with `sweeper resume {exc.sweep_id}`",
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        err.print("[red]interrupted[/red] before the first trial started; nothing was run")
+        err.print("[red]interrupted[/red] before the sweep began; nothing was run")
         raise typer.Exit(130) from None
     except Exception as exc:
         full = disk_full(exc)

@@ -3,13 +3,16 @@ read once for where the space's trials run, and shut down when this process star
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from sweeper.execute import tune_state
 from sweeper.execute.placement import (
     Placement,
     alive_hosts,
@@ -18,6 +21,7 @@ from sweeper.execute.placement import (
     find_slices,
     resolve,
 )
+from sweeper.execute.processes import lease_folder
 from sweeper.space.fidelity import with_fidelity
 from sweeper.space.schema import Space
 from trainer.trial.events import Fidelity
@@ -59,12 +63,21 @@ def quiet(verbose: bool = False) -> None:
     logging.getLogger(TOKEN_NOTICE).setLevel(logging.ERROR)
 
 
+# Ray's switch for clusters of several hosts (ray/_private/ray_constants.py, read when Ray is
+# imported): off, a node's address resolves to loopback (services.get_node_ip_address) and
+# every server Ray starts for it (GCS, raylet, workers, the monitor, the agents) listens there.
+LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def start_ray(address: str | None = None) -> None:
-    """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)."""
+    """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)
+    that listens on loopback only: nothing of it is reachable from another host."""
     global _RAY_STARTED_HERE
     if ray.is_initialized():
         return
     _RAY_STARTED_HERE = True
+    if address is None:
+        _loopback_only()
     ray.init(
         address=address or "local",
         include_dashboard=False,
@@ -75,12 +88,43 @@ def start_ray(address: str | None = None) -> None:
     )
 
 
+def _loopback_only() -> None:
+    """Ray's nodes started from here resolve their address to loopback: set for this process
+    (Ray read the switch when it was imported) and its children (Ray's servers and workers)."""
+    from ray._private import ray_constants
+
+    name, value = LOOPBACK_ONLY
+    os.environ[name] = value
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def stop_ray() -> None:
-    """Shut down the Ray this process started; leave one it found running."""
+    """Shut down the Ray this process started, and remove what it left in the host's
+    temporary folder unless a resume needs it (Tune's staging copies of a sweep that did not
+    end well); leave a Ray it found running."""
     global _RAY_STARTED_HERE
     if _RAY_STARTED_HERE and ray.is_initialized():
+        context = ray.get_runtime_context()
+        session = Path(context.get_temp_dir()) / context.get_session_name()
+        node_id = context.get_node_id()
         ray.shutdown()
+        shutil.rmtree(lease_folder(node_id), ignore_errors=True)
+        _remove_session(session)
     _RAY_STARTED_HERE = False
+
+
+def _remove_session(session: Path) -> None:
+    """A Ray session folder this process made (logs, sockets, runtime resources), once no
+    sweep's staging copy of Tune's state is left in it."""
+    if not session.name.startswith("session_") or any(
+        session.glob(f"artifacts/*/*/{tune_state.STAGING}")
+    ):
+        return
+    shutil.rmtree(session, ignore_errors=True)
+    latest = session.parent / "session_latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() and not latest.exists():
+            latest.unlink()
 
 
 def shipped_code() -> dict[str, Any]:

@@ -22,7 +22,14 @@ from typing import Any, Protocol
 
 from trainer.trial.files import die_with_parent
 
-CORE_LOCKS = Path(tempfile.gettempdir()) / "sweeper-cores"
+# Core leases of a Ray node's trials: one folder per node (a private local Ray is a node of its
+# own), so trials of one node never share a core and two sweeps' leases never wait on each
+# other; what two sweeps on one host do to each other is measured (`cpu_contention`).
+CORE_LEASES = Path(tempfile.gettempdir()) / "sweeper-cores"
+
+
+def lease_folder(node_id: str) -> Path:
+    return CORE_LEASES / node_id
 
 
 class Handle(Protocol):
@@ -95,10 +102,12 @@ class LocalHandle:
 
 
 @contextlib.contextmanager
-def lease_cores(count: int, timeout_s: float = 60.0) -> Iterator[set[int] | None]:
-    """`count` cores of this host no other trial holds (file locks, freed when the holder
-    dies); None when they cannot be had in time (the trainer then runs unpinned)."""
-    CORE_LOCKS.mkdir(parents=True, exist_ok=True)
+def lease_cores(count: int, node_id: str, timeout_s: float = 60.0) -> Iterator[set[int] | None]:
+    """`count` cores of this host no other trial of Ray node `node_id` holds (file locks, freed
+    when the holder dies); None when they cannot be had in time (the trainer then runs
+    unpinned, and its row says so)."""
+    folder = lease_folder(node_id)
+    folder.mkdir(parents=True, exist_ok=True)
     cores = sorted(os.sched_getaffinity(0))
     held: dict[int, int] = {}
     deadline = time.monotonic() + timeout_s
@@ -107,7 +116,7 @@ def lease_cores(count: int, timeout_s: float = 60.0) -> Iterator[set[int] | None
             for core in cores:
                 if len(held) == count:
                     break
-                fd = os.open(CORE_LOCKS / f"core-{core}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+                fd = os.open(folder / f"core-{core}.lock", os.O_CREAT | os.O_RDWR, 0o666)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     held[core] = fd

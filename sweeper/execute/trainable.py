@@ -52,6 +52,8 @@ from trainer.trial.result import Convergence, Layout, TrialResult, running_repor
 
 Report = Callable[[dict[str, Any]], None]  # tune.report
 POLL_S = 0.1
+# The `cores` of a local CPU trial that could lease none in time: it ran on every core.
+UNPINNED = "unpinned"
 # After one process fails, how long its peers may take to end too (3 s was too short on a
 # loaded 2-core host: a killed peer was not seen in time and its survivor's error was named).
 PEER_GRACE_S = 10.0
@@ -260,23 +262,28 @@ class TrialRun:
                 yield handles
             return
         config_path = self.trial_dir / "trial.json"
+        node_id = ray.get_runtime_context().get_node_id()
         with (
-            lease_cores(placement.cpus_per_trial)
+            lease_cores(placement.cpus_per_trial, node_id)
             if placement.cpus_per_trial
             else (contextlib.nullcontext(None)) as cores
         ):
             self.started_at = time.time()
+            # libtpu's own logs (compile trials load it) stay with the trial, not in /tmp.
+            logs = {"TPU_LOG_DIR": str(self.trial_dir / "tpu_logs")}
             process = TrainerProcess(
                 trainer_command(config_path, self.extra_args(), self.runtime.python),
-                {**os.environ, **env},
+                {**os.environ, **logs, **env},
                 self.trial_dir / TRAINER_LOG,
                 cores,
             )
+            pinned = ",".join(map(str, sorted(cores))) if cores else ""
             where = {
-                "node_id": ray.get_runtime_context().get_node_id(),
+                "node_id": node_id,
                 "slice": "",
                 "pid": process.proc.pid,
-                "cores": ",".join(map(str, sorted(cores))) if cores else "unpinned",
+                # A CPU trial that could not lease its cores ran on every core: said, not hidden.
+                "cores": pinned or (UNPINNED if placement.cpus_per_trial else ""),
             }
             self.where = [where]
             handle = LocalHandle(process, where)

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from mlflow.exceptions import MlflowException
 
-from trainer.trial.files import write_json
+from trainer.trial.files import UNWRITABLE, write_json
 
 LOCAL_PREFIX = "journal-"
 # MLflow error codes of a store that is down or overloaded, not of a bad request.
@@ -64,6 +64,17 @@ class TrackingJournal:
         self.pending: list[dict[str, Any]] = state.get("pending", [])
         self.resolved: dict[str, str] = state.get("resolved", {})
         self.count = state.get("count", 0)
+        # Why the file could not be written (a folder full or read-only): the records are
+        # then in this driver's memory only, and every message says so.
+        self.unwritable: str | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the waiting records are, as a message says it."""
+        if self.unwritable is None:
+            return str(self.path)
+        return (f"this driver's memory only ({self.path} could not be written: "
+                f"{self.unwritable}; they are lost if the driver dies)")  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -97,4 +108,11 @@ class TrackingJournal:
     def _save(self) -> None:
         state = {"pending": self.pending, "resolved": self.resolved, "count": self.count,
                  "saved_at": time.time()}  # fmt: skip
-        write_json(self.path, state, durable=True)
+        try:
+            write_json(self.path, state, durable=True)
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE:
+                raise
+            self.unwritable = exc.strerror or str(exc)
+        else:
+            self.unwritable = None

@@ -86,6 +86,7 @@ class Tracker:
         self.journal = TrackingJournal(journal)
         self.outages: list[str] = []  # outages survived, for the sweep's notes
         self._down_since: float | None = None
+        self._warned_where = ""
         self._last_try = 0.0
         self.experiment_id = self.store.experiment(space.name, artifact_root)
         self.parent_run_id = parent_run_id
@@ -134,25 +135,34 @@ class Tracker:
 
     def _write(self, op: str, **args: Any) -> str | None:
         if len(self.journal) and not self._reconnect():
-            return self.journal.append(op, **args)
+            return self._journaled(op, **args)
         try:
             return self._apply({"op": op, **args})
         except Exception as exc:
             if not is_outage(exc):
                 raise
             self._went_away(exc)
-            return self.journal.append(op, **args)
+            return self._journaled(op, **args)
 
     def _went_away(self, exc: BaseException) -> None:
         self._last_try = time.monotonic()
         if self._down_since is not None:
             return
         self._down_since = time.time()
+        self._warned_where = self.journal.where
         log.warning(
             f"tracking store {self.tracking_uri} unreachable ({str(exc)[:160]}); the sweep goes "
-            f"on, its records wait in {self.journal.path} and are replayed when the store "
+            f"on, its records wait in {self.journal.where} and are replayed when the store "
             "answers (or by `sweeper resume`)"
         )
+
+    def _journaled(self, op: str, **args: Any) -> str | None:
+        """One write kept in the journal; said once if the journal's file cannot keep it."""
+        local = self.journal.append(op, **args)
+        if self.journal.unwritable and self._warned_where != self.journal.where:
+            self._warned_where = self.journal.where
+            log.warning(f"tracking records now wait in {self.journal.where}")
+        return local
 
     def _reconnect(self, force: bool = False) -> bool:
         """Replay the journal when it is time to try; True once it is empty."""

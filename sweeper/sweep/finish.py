@@ -15,7 +15,7 @@ import yaml
 from ray.tune.experiment import Trial
 
 from sweeper.answer import table
-from sweeper.answer.notes import effect_caveats, noise_notes, program_verdicts
+from sweeper.answer.notes import effect_caveats, noise_notes, pinning_notes, program_verdicts
 from sweeper.execute import tune_state
 from sweeper.record.callback import TrackingCallback
 from sweeper.record.manifest import BEST, SUMMARY, Ending, SweepManifest, now
@@ -205,6 +205,7 @@ def sweep_notes(
         *program_verdicts(frame),
         *ladder_notes,
         *noise_notes(frame, objective.metric, objective.mode == "max"),
+        *pinning_notes(frame),
     ]
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
@@ -247,7 +248,7 @@ def close_records(
     if journaled:
         notes.append(
             f"tracking store still unreachable: {journaled} records wait in "
-            f"{sweep.tracker.journal.path}; `sweeper resume {sweep.sweep_id}` replays them once "
+            f"{sweep.tracker.journal.where}; `sweeper resume {sweep.sweep_id}` replays them once "
             "it answers"
         )
     return journaled

@@ -29,11 +29,13 @@ from ray.tune.schedulers import ASHAScheduler
 
 from sweeper.answer.export import trial_config
 from sweeper.answer.progress import ProgressCallback
+from sweeper.answer.recover import result_of_run
 from sweeper.execute import tune_state
 from sweeper.execute.cluster import place, start_ray
 from sweeper.execute.placement import Placement
 from sweeper.execute.trainable import TrialRuntime, run_trial
 from sweeper.record.callback import TrackingCallback
+from sweeper.record.lock import SweepLock
 from sweeper.record.manifest import (
     ID_MAP,
     JOURNAL,
@@ -62,7 +64,7 @@ from sweeper.sweep.prepare import (
     local_path,
     with_trial_base,
 )
-from sweeper.sweep.result import ResultsUnwritable, SweepResult, unfinished
+from sweeper.sweep.result import ResultsUnwritable, SweepInterrupted, SweepResult, unfinished
 from trainer.trial.config import TrialConfig
 from trainer.trial.events import FailureClass
 from trainer.trial.result import TrialResult
@@ -114,6 +116,7 @@ class Sweep:
     tracking: TrackingCallback
     placement: Placement
     concurrency: int
+    lock: SweepLock  # held from prepare/resume to the end of this driver's part
     placement_notes: list[str] = field(default_factory=list)
     resumed: bool = False  # reattached by `resume`: the tuner restores Tune's experiment
     result: SweepResult | None = None  # set once, by finish()
@@ -237,6 +240,8 @@ class Sweep:
             raise SpaceError(str(exc), field="--study") from None
         sweep_dir = results_dir / manifest.space.name / manifest.sweep_id
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        lock = SweepLock(sweep_dir, manifest.sweep_id)
+        lock.acquire("sweeper run")
         tracker = Tracker(manifest.tracking_uri, manifest.space, manifest.sweep_id,
                           results_dir / "mlartifacts", sweep_dir / JOURNAL)  # fmt: skip
         return cls(
@@ -246,6 +251,7 @@ class Sweep:
             tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
             placement=placement,
             concurrency=concurrency(manifest.space, placement)[0],
+            lock=lock,
             placement_notes=placement_notes,
         )
 
@@ -261,6 +267,23 @@ class Sweep:
         manifest = found.manifest
         assert manifest is not None, "find_sweep reads the manifest"
         results_dir, sweep_dir = found.path.parents[1], found.path
+        lock = SweepLock(sweep_dir, manifest.sweep_id)
+        lock.acquire("sweeper resume")  # before Ray starts: a second resume is refused at once
+        try:
+            return cls._reattach(manifest, results_dir, lock, tracking_uri)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _reattach(
+        cls,
+        manifest: SweepManifest,
+        results_dir: Path,
+        lock: SweepLock,
+        tracking_uri: str | None,
+    ) -> Sweep:
+        sweep_dir = results_dir / manifest.space.name / manifest.sweep_id
         check_study_exists(manifest.study_name, manifest.optuna_storage, manifest.sweep_id)
         start_ray()
         _, placement = place(manifest.space)
@@ -279,6 +302,7 @@ class Sweep:
             tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
             placement=placement,
             concurrency=concurrency(manifest.space, placement)[0],
+            lock=lock,
             placement_notes=[
                 f"placement: {placement.description}",
                 f"resumed sweep {manifest.sweep_id}",
@@ -300,15 +324,18 @@ class Sweep:
         if mended:
             self.placement_notes.append(mended)
         lost = tune_state.problems(experiment)
+        if not lost:
+            return
         known = self.known_trials()
-        if not lost or not any(finished for _, finished in known):
-            return  # whole, or nothing ended yet: a fresh start loses nothing
+        if not known:
+            return  # no trial has begun: Tune's fresh start runs them all, nothing is lost
         closed = self.close_leftovers()
         self.tracker.terminate(self.tracker.parent, "KILLED")  # the sweep did not end well
         raise SpaceError(
             f"sweep {self.sweep_id}: Tune's state could not be read ({'; '.join(lost)}) and "
-            "Ray's own copy of it is gone. Resuming would start the experiment afresh and call "
-            "the sweep complete with part of its trials, so it is not resumed. What its records "
+            "Ray's own copy of it is gone. Resuming would start the experiment afresh, run other "
+            "trials in place of those it cut off and call the sweep complete without them, so it "
+            "is not resumed. What its records "
             f"hold ({len(known)} trial(s)): "
             + "; ".join(line for line, _ in known)
             + (f". {'; '.join(closed)}" if closed else "")
@@ -489,7 +516,24 @@ class Sweep:
                     FailureClass.CRASHED,
                     "interrupted twice (the sweep's driver died while it ran); not retried again",
                 )
-        return recorded
+        return {**self._ended_in_tracking(set(recorded)), **recorded}
+
+    def _ended_in_tracking(self, known: set[str]) -> dict[str, TrialResult]:
+        """Trials whose ending MLflow recorded though Optuna never heard it (the driver died
+        between the two): their result as the run keeps it, so that they are not run again."""
+        ended: dict[str, TrialResult] = {}
+        store = self.tracker.store
+        for tune_id, run_id in self.tracking.run_ids.items():
+            if tune_id in known:
+                continue
+            try:
+                run = store.read(self.tracker.resolve(run_id))
+            except Exception:  # a run the store cannot give back: the trial reruns
+                continue
+            result = result_of_run(run)
+            if result is not None:
+                ended[tune_id] = result
+        return ended
 
     # -- finish ---------------------------------------------------------------------------
 
@@ -504,6 +548,8 @@ class Sweep:
                 self.result = finishing.finish(self, trials)
             except ResultsUnwritable as exc:  # raised to the caller once Tune has returned
                 self.unwritable = exc
+            finally:
+                self.lock.release()
         if self.unwritable is not None:
             raise self.unwritable
         assert self.result is not None
@@ -555,10 +601,33 @@ class Sweep:
         with watching_ctrl_c(self):
             try:
                 tuner.fit()
-            except BaseException:  # a store gone or full, a second Ctrl-C: no run left RUNNING
+            except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: stopped now, resumable
+                running = self.stop_resumable()
+                raise SweepInterrupted(self.sweep_id, running) from None
+            except BaseException:  # a store gone or full: no run left RUNNING
                 self.abandon()
                 raise
         return self.finish()
+
+    def stop_resumable(self) -> list[str]:
+        """Close what a sweep stopped at once leaves open, so that `resume` continues it: the
+        running trials' runs KILLED, their Optuna trials told FAIL as killed (a resume reruns
+        each into a trial of its own), the manifest's ending `interrupted`. The trials that
+        were running."""
+        running = sorted(t for t in self.tracking.run_ids if t not in self.tracking.finished)
+        with contextlib.suppress(Exception):
+            if self.searcher is not None:
+                self.searcher.fail_unfinished("killed: the sweep was interrupted")
+            else:
+                self.close_leftovers()
+        self.abandon()
+        with contextlib.suppress(Exception):
+            note = (
+                f"interrupted by a second Ctrl-C / SIGTERM while {len(running)} trial(s) ran "
+                f"({', '.join(running) or 'none'}): `sweeper resume {self.sweep_id}` continues it"
+            )
+            self.write_manifest(Ending(state="interrupted", ended_at=now(), notes=[note]))
+        return running
 
     def abandon(self) -> None:
         """Close this sweep's runs KILLED when its experiment died with an error (best effort:
@@ -567,3 +636,4 @@ class Sweep:
             self.tracker.close_leftovers()
         with contextlib.suppress(Exception):
             self.tracker.terminate(self.tracker.parent, "KILLED")
+        self.lock.release()

@@ -10,11 +10,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from sweeper.record.manifest import JOURNAL, Found, SweepManifest, find_sweep
+from sweeper.answer.recover import sweep_frame
+from sweeper.record.manifest import JOURNAL, SUMMARY, Found, SweepManifest, find_sweep
 from sweeper.record.row import TrialRow
 from sweeper.record.tracker import Tracker
 from sweeper.space.errors import SpaceError
 from sweeper.space.schema import Space
+from trainer.trial.files import write_text
 
 
 class ResultsUnwritable(SpaceError):
@@ -32,17 +34,28 @@ class ResultsUnwritable(SpaceError):
 
 
 class SweepFinished(SpaceError):
-    """`resume` of a sweep that ended well: nothing to continue."""
+    """`resume` of a sweep that ended well: nothing to continue (its table rebuilt first, when
+    its summary.csv was missing or damaged: `mended` says so)."""
 
-    def __init__(self, path: Path, manifest: SweepManifest):
+    def __init__(self, path: Path, manifest: SweepManifest, mended: list[str] | None = None):
         ending = manifest.ending
         super().__init__(
             f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counts}; best "
-            f"trial {ending.best_trial or 'none'}): nothing to resume. `sweeper show "
-            f"{manifest.sweep_id}` shows it",
+            f"trial {ending.best_trial or 'none'}): nothing to resume"
+            + "".join(f". {note}" for note in mended or [])
+            + f". `sweeper show {manifest.sweep_id}` shows it",
             file=str(path),
         )
         self.manifest = manifest
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A second Ctrl-C / SIGTERM stopped the sweep at once: its records are closed as killed,
+    its manifest says interrupted, and `sweeper resume` continues it."""
+
+    def __init__(self, sweep_id: str, running: list[str]):
+        super().__init__(sweep_id)
+        self.sweep_id, self.running = sweep_id, running
 
 
 def unfinished(sweep_id: str, results_dir: Path | None, tracking_uri: str | None) -> Found:
@@ -56,8 +69,21 @@ def unfinished(sweep_id: str, results_dir: Path | None, tracking_uri: str | None
             Tracker(tracking_uri or manifest.tracking_uri, manifest.space, manifest.sweep_id,
                     found.path.parents[1] / "mlartifacts", found.path / JOURNAL,
                     parent_run_id=manifest.parent_run_id).flush()  # fmt: skip
-        raise SweepFinished(found.path, manifest)
+        raise SweepFinished(found.path, manifest, _mend_summary(found))
     return found
+
+
+def _mend_summary(found: Found) -> list[str]:
+    """A finished sweep's summary.csv written again from its runs when it is missing or
+    damaged; what was done."""
+    frame, said = sweep_frame(found)
+    if not said or frame.empty:
+        return said
+    try:
+        write_text(found.path / SUMMARY, frame.to_csv(index=False))
+    except OSError as exc:
+        return [*said, f"it could not be written back ({exc.strerror or exc})"]
+    return [*said, f"written back to {found.path / SUMMARY}"]
 
 
 @dataclass

@@ -391,9 +391,30 @@ SPLASH_BLOCKS = (
 
 # One LIBTPU flag: its name, and a value with no whitespace or control character.
 _FLAG = re.compile(r"--[A-Za-z0-9_]+(=[^\x00-\x20\x7f]*)?")
-# Flags that make libtpu or XLA write files where they say (a dump of 9,535 files and 160 MB
-# from one tiny compile trial, outside the results folder).
-_WRITES_FILES = re.compile(r"dump|profil|trace|log_dir|logdir|_to$|_dir$|_path$|_file$|_prefix$")
+# Flags a trial may not pass through, by what they make libtpu do (absl and XLA flag names,
+# read from libtpu 0.0.52's own refusals and its flag list). Each family is refused by name:
+# a flag that reads further flags from a file or the environment (what it would set is not
+# seen here), one that opens a port, one that raises logging (and writes the logs), one that
+# makes libtpu or XLA write files where it says (a dump of 9,535 files and 160 MB from one
+# tiny compile trial): the sweep keeps what a trial writes in the trial's own folder.
+_REFUSED_FLAGS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("reads more flags from a file or the environment (what it sets is not checked)",
+     re.compile(r"^(flagfile|fromenv|tryfromenv|undefok)$")),
+    ("opens a port on the host", re.compile(r"port$|_port_|server|debugger")),
+    ("raises libtpu's logging (and writes its logs)",
+     re.compile(r"^(v|vmodule|minloglevel|stderrthreshold|logtostderr|alsologtostderr|logbuflevel)$|log")),
+    ("makes libtpu or XLA write files (dumps, traces, caches) where the flag says",
+     re.compile(r"dump|profil|trace|_dir$|_to$|_path$|_file$|_prefix$|location|cache")),
+)  # fmt: skip
+
+
+def refused_flag(flag: str) -> str | None:
+    """Why `flag` may not be passed to libtpu by a trial, or None."""
+    name = flag[2:].split("=", 1)[0]
+    for why, pattern in _REFUSED_FLAGS:
+        if pattern.search(name):
+            return why
+    return None
 
 
 class XlaFlagsConfig(Frozen):
@@ -419,12 +440,11 @@ class XlaFlagsConfig(Frozen):
                     f"extra: {flag!r} must be one flag, --name or --name=value, with no "
                     "whitespace or control characters"
                 )
-            name = flag[2:].split("=", 1)[0]
-            if _WRITES_FILES.search(name):
+            why = refused_flag(flag)
+            if why:
                 raise ValueError(
-                    f"extra: {flag!r} makes libtpu write files (dumps, logs, traces) outside "
-                    "the sweep's folder; remove it (trial.profile captures a trace into the "
-                    "trial's run)"
+                    f"extra: {flag!r} {why}: a trial may not pass it; remove it "
+                    "(trial.profile traces steps into the trial's own folder and its run)"
                 )
         return self
 

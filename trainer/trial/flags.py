@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 # The host's LIBTPU_INIT_ARGS before a trial adds its own (a twin compile starts there).
 BASE_LIBTPU_ARGS = "SWEEPER_BASE_LIBTPU_INIT_ARGS"
@@ -61,17 +62,19 @@ def unknown_flag(flags: tuple[str, ...]) -> str | None:
     """The first flag libtpu rejects, with its message, or None when libtpu accepts them all."""
     if not flags:
         return None
-    env = {
-        **os.environ,
-        "LIBTPU_INIT_ARGS": " ".join(flags),
-        "JAX_PLATFORMS": "cpu",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # the probe opens no device; trials may be compiling
-        "TPU_ACCELERATOR_TYPE": "tpu7x-8",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=300
-    )
+    with tempfile.TemporaryDirectory(prefix="sweeper-flags-") as logs:
+        env = {
+            **os.environ,
+            "LIBTPU_INIT_ARGS": " ".join(flags),
+            "JAX_PLATFORMS": "cpu",
+            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # the probe opens no device; trials may compile
+            "TPU_ACCELERATOR_TYPE": "tpu7x-8",
+            "TPU_WORKER_HOSTNAMES": "localhost",
+            "TPU_LOG_DIR": logs,  # libtpu's logs of the probe: gone with it, not left in /tmp
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=300
+        )
     if "LIBTPU_FLAGS_OK" in proc.stdout:
         return None
     match = _UNKNOWN.search(proc.stderr + proc.stdout)

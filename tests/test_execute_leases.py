@@ -1,0 +1,45 @@
+"""Core leases of local CPU trials (sweeper/execute/processes.py): distinct cores among one Ray
+node's trials, never shared host-wide between sweeps; a trial that could lease none says so."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from sweeper.answer.notes import UNPINNED, pinning_notes
+from sweeper.execute import processes
+from sweeper.record.row import Column
+
+
+@pytest.fixture
+def leases(tmp_path, monkeypatch):
+    monkeypatch.setattr(processes, "CORE_LEASES", tmp_path)
+    return tmp_path
+
+
+def test_one_nodes_trials_lease_distinct_cores_and_another_nodes_do_not_wait(leases):
+    cores = len(os.sched_getaffinity(0))
+    with processes.lease_cores(1, "node-a") as first, processes.lease_cores(1, "node-b") as other:
+        assert first and other  # another node's (another sweep's) leases never wait on these
+        if cores > 1:
+            with processes.lease_cores(1, "node-a", timeout_s=1) as second:
+                assert second and not (second & first)
+        with processes.lease_cores(cores, "node-a", timeout_s=0.5) as none:
+            assert none is None  # every core of node-a is not free while `first` holds one
+    assert sorted(p.name for p in leases.iterdir()) == ["node-a", "node-b"]
+
+
+def test_a_trial_that_leased_no_core_is_marked_and_noted():
+    frame = pd.DataFrame(
+        {
+            Column.TRIAL_ID: ["a", "b"],
+            Column.STATUS: ["ok", "ok"],
+            Column.CORES: ["0", UNPINNED],
+            Column.REMEASURE_OF: ["", ""],
+        }
+    )
+    (note,) = pinning_notes(frame)
+    assert note.startswith("unpinned: 1 trial(s)") and "(b)" in note
+    assert pinning_notes(frame.iloc[:1]) == []
