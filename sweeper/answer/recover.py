@@ -10,11 +10,12 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper.answer.table import frame_of_rows, read_frame
+from sweeper.answer.table import frame_of_rows, read_frame, remeasured
 from sweeper.record.manifest import SUMMARY, Found
 from sweeper.record.mlflow_view import KNOB_PARAM
 from sweeper.record.row import FINAL_METRICS, LAYOUT_TAGS, Column, TrialRow
 from sweeper.record.stores import RunRecord, store_for
+from sweeper.record.tracker import bound_mlflow_requests
 from sweeper.space.errors import SpaceError
 from trainer.trial.events import FailureClass, Fidelity, TrialStatus
 from trainer.trial.result import TrialResult
@@ -42,7 +43,8 @@ def sweep_frame(found: Found) -> tuple[pd.DataFrame, list[str]]:
     if rows:
         note = (f"{SUMMARY} was {why}: the table is rebuilt from the sweep's {len(rows)} runs "
                 f"in {manifest.tracking_uri} (figures, knobs and statuses as MLflow keeps them)")  # fmt: skip
-        return frame_of_rows(rows), [note]
+        metric = manifest.space.objective.primary.metric
+        return remeasured(frame_of_rows(rows), metric), [note]
     if not manifest.ending.counts.get("total"):
         return pd.DataFrame(), [f"no trial of this sweep has ended yet ({SUMMARY} {why})"]
     raise SpaceError(
@@ -56,6 +58,7 @@ def sweep_frame(found: Found) -> tuple[pd.DataFrame, list[str]]:
 def _rows_from_tracking(found: Found) -> tuple[list[TrialRow], str]:
     manifest = found.manifest
     assert manifest is not None
+    bound_mlflow_requests()  # bounded calls, no progress bars
     try:
         store = store_for(manifest.tracking_uri)
         ids = store.search(

@@ -422,6 +422,8 @@ def bound_mlflow_requests() -> None:
     for key, value in {
         **MLFLOW_REQUEST_BOUNDS,
         "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+        # Reading a run's artifacts back (a table rebuilt from MLflow) draws no progress bars.
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }.items():
         os.environ.setdefault(key, value)
 
