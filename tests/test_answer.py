@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 
+import pandas as pd
 import pytest
 import ray
 import yaml
@@ -36,16 +37,18 @@ def finished(tmp_path_factory):
     before = os.getcwd()
     os.chdir(where)
     try:
-        result = run_sweep("smoke", trials=4, set={"trial.steps": 4})
+        result = run_sweep("smoke", trials=4, concurrency=2, set={"trial.steps": 4})
     finally:
         os.chdir(before)
         ray.shutdown()
     return result, where, package_results
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 120, columns: int = 100) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user in a `columns`-wide terminal runs it (output captured)."""
+    env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=timeout)  # fmt: skip
+                          text=True, cwd=REPO, timeout=timeout, env=env)  # fmt: skip
 
 
 def test_a_sweep_writes_where_it_is_run_and_trials_are_distinct_points(finished):
@@ -63,15 +66,20 @@ def test_the_best_trial_exported_as_a_trial_reruns_to_the_same_program(finished,
     )
     assert out.returncode == 0, out.stderr
     config = load_config(json.loads(out.stdout))
-    assert config.num_devices == 8  # self-contained: the devices it ran on
+    best = result.trials.set_index("trial_id").loc[result.best.trial_id]
+    # Self-contained: the devices it ran on, and the cores its sweep pinned it to.
+    assert config.num_devices == 8 and config.cpu_cores == len(str(best["cores"]).split(","))
     assert result.best_config == json.loads(json.dumps(result.best_config))  # plain data
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the config brings them
     rerun = subprocess.run([sys.executable, "-m", "trainer", "--config", "-"], input=out.stdout,
                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)  # fmt: skip
     events = [json.loads(line) for line in rerun.stdout.splitlines() if line.startswith("{")]
     compiled = next(e for e in events if e["event"] == "compiled")
-    best = result.trials.set_index("trial_id").loc[result.best.trial_id]
     assert compiled["program_fingerprint"] == best["program_fingerprint"]
+    # Where it reran: as many cores as the sweep gave it, not the host's (the rerun pinned
+    # itself; before, it ran on every core and measured another program on another host).
+    summary = next(e for e in events if e["event"] == "summary")
+    assert summary["hardware"] == best["hardware"], (summary["hardware"], best["hardware"])
     best_yaml = yaml.safe_load((result.sweep_dir / "best.yaml").read_text())
     assert load_config(best_yaml["trial"]) == config  # best.yaml reruns the same winner
 
@@ -101,10 +109,22 @@ def test_the_report_is_one_offline_file_with_its_plots(finished):
     assert text.count("<img") >= 5 and text.count("data:image/png;base64,") >= 5
     assert "http://" not in text and "https://" not in text and 'src="//' not in text
     assert "fidelity run (measured) on cpu" in text  # every figure says what it is
-    for heading in ("Ranked trials", "The objective against each knob", "Search progress",
-                    "Throughput against memory", "Knob importances", "Failure map", "Convergence",
-                    "The best points, measured again"):  # fmt: skip
+    for heading in ("Ranked trials", "The objective against each knob that varied",
+                    "Search progress", "Throughput against memory", "Knob importances",
+                    "Failure map", "Convergence", "The best points, measured again"):  # fmt: skip
         assert f"<h2>{heading}</h2>" in text
+    # One figure per knob that varied; the others stated once.
+    from sweeper.answer.report import varied
+    from sweeper.answer.table import searched
+
+    knobs = varied(searched(result.trials))
+    section = text.split("<h2>The objective against each knob that varied</h2>")[1]
+    assert section.split("<h2>")[0].count("<img") == len(knobs) >= 1
+    # Memory in the unit it reads in (a CPU trial's device holds MiB, not 0.00 GiB), and the
+    # convergence check's tolerance stated.
+    memory = result.trials["hbm_per_device_gib"].dropna()
+    assert ("memory/device, MiB" in text) == (memory.abs().max() < 1)
+    assert "A trial passes when its final loss lies within +-" in text
 
 
 def test_list_show_and_resume_of_a_finished_sweep(finished):
@@ -115,6 +135,13 @@ def test_list_show_and_resume_of_a_finished_sweep(finished):
     assert "finished" in listed.stdout and "4/4 ok" in listed.stdout
     shown = _cli("show", result.sweep_id[:15], "--results-dir", results)
     assert shown.returncode == 0 and result.best.trial_id in shown.stdout
+    # A 100-column terminal: the table fits it (knobs that never varied in a header line).
+    table_lines = [line for line in shown.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table_lines and max(map(len, table_lines)) <= 100, shown.stdout
+    best_line = next(line for line in table_lines if result.best.trial_id in line)
+    assert best_line == next(line for line in table_lines if line.startswith("│ "))  # first row
+    value = result.best.figure("tokens_per_sec_per_chip")
+    assert f"{value:,.1f}" in best_line and f"{value:,.1f}" in listed.stdout  # one best, one figure
     # The best points measured again show as a second figure on their first trial's row,
     # not as trials of their own.
     table = result.trials
@@ -154,12 +181,47 @@ def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
         )  # fmt: skip
         with urllib.request.urlopen(search, timeout=10) as answer:
             runs = json.loads(answer.read())["runs"]
-        assert len(runs) == 7  # the sweep's run, its 4 trials and the best 2 measured again
+        # The sweep's run and its 4 trials: the best 2 points' second measurements are on
+        # their trials' runs, not runs of their own.
+        assert len(runs) == 5, [r["info"]["run_name"] for r in runs]
+        again = [r for r in runs if any(t["key"] == "remeasured_by" for t in r["data"]["tags"])]
+        assert len(again) == 2
+        assert all(any(m["key"] == "remeasured_tokens_per_sec_per_chip"
+                       for m in r["data"]["metrics"]) for r in again)  # fmt: skip
+        assert "workflowType=machine_learning" in url  # MLflow's "Model training" mode
     finally:
         ui.terminate()
         ui.wait(timeout=30)
     with pytest.raises(OSError):  # the UI it started stopped with it
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_the_optuna_dashboard_command_the_cli_prints_serves_the_study(finished):
+    """`show` printed `optuna-dashboard sqlite:///...`, which a fresh clone did not have; the
+    project now installs it and the CLI prints it by its whole path: run as printed, it
+    serves the sweep's study."""
+    result, where, _ = finished
+    shown = _cli("show", result.sweep_id, "--results-dir", str(where / "results"))
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("Optuna study"))
+    command = shlex.split(line.split("(`", 1)[1].rsplit("`)", 1)[0])
+    assert os.path.isabs(command[0]) and command[1] == result.manifest.optuna_storage
+    port = free_port()
+    dashboard = subprocess.Popen([*command, "--port", str(port), "--quiet"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        studies = None
+        deadline = time.monotonic() + 60
+        while studies is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.loads(r.read())["study_summaries"]
+            except OSError:
+                time.sleep(0.5)
+        assert studies is not None, "optuna-dashboard did not answer"
+        assert result.manifest.study_name in [s["study_name"] for s in studies]
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=30)
 
 
 def _copy_of(finished, tmp_path):
@@ -190,7 +252,7 @@ def test_a_sweep_without_its_summary_is_shown_exported_reported_and_mended_from_
     where = ("--results-dir", str(tmp_path / "results"))
     shown = _cli("show", result.sweep_id, *where)
     assert shown.returncode == 0, shown.stderr[-2000:]
-    runs = len(result.trials)  # its 4 trials and the best points measured again
+    runs = result.counts["total"]  # its 4 trials (the points measured again are on theirs)
     assert f"rebuilt from the sweep's {runs} runs" in shown.stderr, shown.stderr[-2000:]
     assert result.best.trial_id in shown.stdout
     exported = _cli("export", result.sweep_id, "--format", "trial", *where)
@@ -200,8 +262,12 @@ def test_a_sweep_without_its_summary_is_shown_exported_reported_and_mended_from_
     assert reported.returncode == 0, reported.stderr[-2000:]
     resumed = _cli("resume", result.sweep_id, *where)
     assert resumed.returncode == 0 and "written back" in resumed.stdout, resumed.stdout[-2000:]
-    rows = (copy / "summary.csv").read_text().splitlines()
-    assert len(rows) == runs + 1 and result.best.trial_id in "".join(rows)
+    rows = pd.read_csv(copy / "summary.csv")
+    assert len(rows) == runs and result.best.trial_id in set(rows["trial_id"])
+    # The second measurements come back from the trials' runs, as summary.csv had them.
+    first = result.trials.set_index("trial_id")["remeasured_tokens_per_sec_per_chip"].dropna()
+    back = rows.set_index("trial_id")["remeasured_tokens_per_sec_per_chip"].dropna()
+    assert back.round(3).to_dict() == first.round(3).to_dict()
 
 
 def test_a_sweep_whose_study_file_is_gone_is_reported_without_importances(finished, tmp_path):

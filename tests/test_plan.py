@@ -6,6 +6,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from benchmarks.plan_against_screen import WORKLOADS as PUBLISHED
+from benchmarks.plan_against_screen import compare
 from sweeper.cli.app import app
 from sweeper.search.plan import space_for
 from sweeper.space.load import load_space
@@ -17,13 +19,7 @@ from trainer.trial.config import load_config
 from trainer.trial.hardware import GIB, Topology
 
 # The published Ironwood workloads (tpu-recipes) on their topologies.
-WORKLOADS = {
-    "llama3.1-70b 8k": ("llama3.1-70b", 8192, "tpu7x:4x4x4"),
-    "llama3.1-70b 128k": ("llama3.1-70b", 131072, "tpu7x:4x8x8"),
-    "llama3.1-405b 8k": ("llama3.1-405b", 8192, "tpu7x:4x8x8"),
-    "qwen3-235b-a22b 4k": ("qwen3-235b-a22b", 4096, "tpu7x:4x8x8"),
-    "mixtral-8x7b 4k": ("mixtral-8x7b", 4096, "tpu7x:4x4x4"),
-}
+WORKLOADS = {name: w[:3] for name, w in PUBLISHED.items()}
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
@@ -39,9 +35,9 @@ def test_every_advice_fits_by_its_own_estimate_and_the_trainer_takes_it(name):
     assert est["fits"] and est["est_memory_per_device"]["total"] <= (1 - HEADROOM) * usable
     assert est["est_memory_per_device"]["host_activations"] <= 94.5 * GIB
     assert all("estimate" in r for r in rec.reasons[:2])
-    # The smallest context degree any fitting candidate has is the one advised.
+    # The fastest candidate that fits is the one advised, whatever its context degree.
     everything = candidates({"preset": preset}, seq, target)
-    assert rec.best.mesh["context"] == min(c.mesh["context"] for c in everything)
+    assert rec.best.tokens == max(c.tokens for c in everything)
     if seq < 32768:
         assert rec.best.mesh["context"] == 1
     # FP8 is estimated before it is advised, and so is the other side of each axis.
@@ -122,11 +118,79 @@ def test_plan_writes_a_space_whose_trial_0_is_the_advice(tmp_path):
         assert getattr(trial, key) == getattr(want, key), key
     assert trial.mesh.resolve(128) == want.mesh.resolve(128)
     assert len(space.knobs) > 1  # it sweeps around the advice
-    # An offload advice keeps its placement a knob of its own.
+    assert yaml.safe_load(yaml.safe_dump(space.model_dump())) is not None
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_each_written_space_validates_and_its_first_trials_are_the_advice(name, tmp_path):
+    """Trial 0 is the bf16 advice and trial 1 the fastest fp8 candidate, each assembled by
+    the engine into the trainer's config (custom placements included)."""
+    preset, seq, target = WORKLOADS[name]
+    rec = recommend({"preset": preset}, seq, target)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(space_for(rec, {"preset": preset}, seq, target, "p"),
+                                   sort_keys=False))  # fmt: skip
+    space = load_space(str(path))
+    assert rec.fp8 is not None
+    for point, candidate, precision in zip(
+        space.search.warm_start, (rec.best, rec.fp8), ("bf16", "fp8"), strict=True
+    ):
+        got = load_config(assemble(space, point))
+        want = load_config({"model": {"preset": preset}, "seq_len": seq,
+                            "precision": {"mode": precision}, **candidate.trial()})  # fmt: skip
+        for key in ("per_device_batch", "remat", "precision", "vocab_tiling", "kernels"):
+            assert getattr(got, key) == getattr(want, key), (key, precision)
+        assert got.mesh.resolve(Topology.parse(target).devices) == want.mesh.resolve(
+            Topology.parse(target).devices
+        )
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_the_screen_finds_nothing_faster_than_the_advice_in_the_space_plan_writes(name):
+    """Each precision's best point `screen` finds in the written space is the plan's advice
+    (bf16) or its fastest fp8 candidate: the space holds only candidates the plan estimated."""
+    got = compare(name)
+    assert got.written_bf16 == pytest.approx(got.rec.best.tokens, rel=1e-9)
+    assert got.rec.fp8 is not None
+    assert got.written_fp8 == pytest.approx(got.rec.fp8.tokens, rel=1e-9)
+    if got.shipped_bf16 is not None:  # the recipe's own space holds nothing faster either
+        assert got.shipped_bf16 <= got.rec.best.tokens * (1 + 1e-9), name
+
+
+def test_the_long_context_advice_searches_context_degrees_and_fractional_batches():
+    """The 70B 128k workload: what the old plan missed (it advised context 2, batch 0.5, 647
+    tokens/s/chip) is searched, and the advice beats the published recipe's point."""
+    rec = recommend({"preset": "llama3.1-70b"}, 131072, "tpu7x:4x8x8")
+    everything = candidates({"preset": "llama3.1-70b"}, 131072, "tpu7x:4x8x8")
+    assert {c.mesh["context"] for c in everything} >= {8, 16, 32, 64}
+    assert min(c.per_device_batch for c in everything) == 0.125
+    assert rec.best.per_device_batch < 1 and rec.best.mesh["context"] >= 8
+    assert rec.best.tokens > 1000
+    # The ridge is the hardware's: one per target and precision, whatever the model.
     qwen = recommend({"preset": "qwen3-235b-a22b"}, 4096, "tpu7x:4x8x8")
-    written = space_for(qwen, {"preset": "qwen3-235b-a22b"}, 4096, "tpu7x:4x8x8", "q")
-    assert written["trial"]["remat"] == qwen.best.remat
-    assert yaml.safe_load(yaml.safe_dump(written)) == written
+    key = "hardware_intensity_ici"
+    assert rec.figures[key] == qwen.figures[key]
+
+
+def test_a_space_plan_cannot_validate_is_refused_and_not_written(tmp_path, monkeypatch):
+    import sweeper.search.plan as plan_module
+
+    written = plan_module.space_for
+
+    def broken(*args):
+        space = written(*args)
+        space["knobs"]["remat.policy"] = {"values": ["no_such_policy"]}
+        return space
+
+    monkeypatch.setattr(plan_module, "space_for", broken)
+    path = tmp_path / "q.yaml"
+    result = CliRunner().invoke(
+        app, ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--space", str(path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--space" in result.output and "nothing was written" in result.output
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    assert "Traceback" not in result.output
 
 
 def test_an_unknown_target_is_a_clear_exit_2():

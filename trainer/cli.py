@@ -35,11 +35,24 @@ def _read_config(path: str) -> TrialConfig:
 SIMULATED = "xla_force_host_platform_device_count"  # XLA's simulated CPU devices
 
 
+def pin_cores(count: int) -> None:
+    """This process on the first `count` cores it may use, before JAX starts its threads; said
+    on stderr when it may use fewer (then it runs on those it has)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < count:
+        print(f"cpu_cores {count}: this process may use {len(allowed)} cores "
+              f"({allowed}); it runs on those", file=sys.stderr)  # fmt: skip
+        return
+    os.sched_setaffinity(0, allowed[:count])
+
+
 def prepare_environment(config: TrialConfig) -> None:
     """The process environment a trial of `config` compiles and runs in (JAX platform, the
     trial's LIBTPU flags, checked): before JAX and libtpu start, as they read it once."""
     if config.backend == "cpu" or config.compile_target:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # AOT for TPU needs no TPU backend
+    if config.cpu_cores:
+        pin_cores(config.cpu_cores)
     xla_flags = os.environ.get("XLA_FLAGS", "")
     if config.backend == "cpu" and config.num_devices and SIMULATED not in xla_flags:
         # A configuration that names its CPU devices brings them (an exported trial reruns so).

@@ -30,13 +30,24 @@ MAXTEXT_BASE = (
 )
 
 
-def trial_config(space: Space, point: dict[str, Any], num_devices: int) -> TrialConfig:
+def trial_config(
+    space: Space, point: dict[str, Any], num_devices: int, cpu_cores: int | None = None
+) -> TrialConfig:
     """The trial's configuration as it ran, made self-contained: its device count is in it
-    (on CPU the trainer then makes that many simulated devices itself)."""
+    (on CPU the trainer then makes that many simulated devices itself), and for a CPU trial
+    pinned to cores by its sweep, how many (the trainer pins itself so)."""
     config = static_check(space, point, num_devices)
     if space.target.is_local:
-        config = config.model_copy(update={"num_devices": num_devices})
+        config = config.model_copy(update={"num_devices": num_devices, "cpu_cores": cpu_cores})
     return config
+
+
+def cores_of(cell: Any) -> int | None:
+    """How many cores a trial's row says it was pinned to (`cores`: "0,1"); None if none."""
+    text = "" if missing(cell) else str(cell)
+    if not text or not all(part.strip().isdigit() for part in text.split(",")):
+        return None  # not pinned, or `unpinned`
+    return len(text.split(","))
 
 
 def xla_flags(config: TrialConfig) -> str:
@@ -121,7 +132,7 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
         value = sampled(space.knobs[name], row[column])
         if value is not None:
             point[name] = value
-    config = trial_config(space, point, space.num_devices)
+    config = trial_config(space, point, space.num_devices, cores_of(row.get(Column.CORES)))
     metric = space.objective.primary.metric
     value = row.get(metric)
     shown = "-" if missing(value) else f"{value:,.1f}"

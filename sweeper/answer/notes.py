@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper.answer.table import INTERVAL, REMEASURED, ok_rows, ranked
-from sweeper.record.row import Column, knob_columns, missing
+from sweeper.answer.table import INTERVAL, ok_rows, ranked
+from sweeper.record.row import REMEASURED, Column, knob_columns, missing
 from sweeper.space.schema import Objective
 from trainer.trial.events import EffectStatus, KnobEffect
 from trainer.trial.timing import MIN_STEPS_FOR_INTERVAL

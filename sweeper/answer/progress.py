@@ -10,6 +10,7 @@ from ray.tune.experiment import Trial
 from rich.console import Console
 
 from sweeper.answer.streams import terminal
+from sweeper.space.points import REMEASURE_KEY
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
 from trainer.trial.result import PHASE_KEY, TrialResult
@@ -19,8 +20,13 @@ HEARTBEAT_S = 30.0
 
 
 class ProgressCallback(tune.Callback):
-    def __init__(self, space: Space):
+    """One line a sweep event, short enough for a terminal: trials done, running and failed,
+    and the best by the rule the final table uses (the search's own trials that ended well;
+    a point measured again is shown as such, never as another best)."""
+
+    def __init__(self, space: Space, sweep_id: str = "", sweep_dir: str = ""):
         self.space = space
+        self.sweep_id, self.sweep_dir = sweep_id, sweep_dir
         # The search's trials and, at run fidelity, the best points measured again.
         search = space.search
         self.planned = search.trials + search.remeasure_count(space.effective_fidelity)
@@ -32,18 +38,32 @@ class ProgressCallback(tune.Callback):
         self.phase: dict[str, str] = {}  # trial id -> the phase last shown
         self.shown_at: dict[str, float] = {}  # trial id -> when a line last spoke of it
         self.where: dict[str, str] = {}  # trial id -> where it was, as last shown
+        self.values: dict[str, float] = {}  # the search's trials that ended well -> objective
 
     @property
     def console(self) -> Console:
         # Made on use: Tune pickles callbacks, and a Console holds a lock.
         return terminal(stderr=True)
 
+    def setup(self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None,
+              **info: Any) -> None:  # fmt: skip
+        """The sweep's id first: what `sweeper resume` needs if this driver dies."""
+        if not self.sweep_id:
+            return
+        objective = self.space.objective.primary
+        self.console.print(
+            f"sweep {self.sweep_id}: {self.planned} trials of {self.space.name}, best = "
+            f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
+            f"`sweeper resume {self.sweep_id}`",
+            soft_wrap=True,
+        )
+
     def _line(self, text: str) -> None:
         running = self.started - self.done
         best = f"{self.best:,.1f}" if self.best is not None else "-"
         self.console.print(
             f"[dim][{self.done}/{self.planned} done, {running} running, {self.failed} failed, "
-            f"best {self.metric} {best}][/dim] {text}",
+            f"best {best}][/dim] {text}",
             soft_wrap=True,  # one line per event, whatever the terminal's width
         )
 
@@ -101,14 +121,22 @@ class ProgressCallback(tune.Callback):
     ) -> None:
         self.done += 1
         result = TrialResult.from_report(trial.last_result)
+        again = trial.config.get(REMEASURE_KEY)
         if result is not None and result.ok:
             value = result.figure(self.metric)
-            if value is not None and self._better(value):
-                self.best = value
             shown = "-" if value is None else f"{value:,.1f}"
+            if again:  # the same point measured again: beside its first figure, never a best
+                first = self.values.get(str(again))
+                said = "" if first is None else f" (first {first:,.1f})"
+                self._line(f"[green]again[/green] {again}: {shown}{said} by {trial.trial_id}")
+                return
+            if value is not None:
+                self.values[trial.trial_id] = value
+                if self._better(value):
+                    self.best = value
             fidelity = result.fidelity.value if result.fidelity else "?"
             self._line(
-                f"[green]ok[/green] {trial.trial_id} {self.metric}={shown} ({result.hardware}, fidelity {fidelity})"
+                f"[green]ok[/green] {trial.trial_id} {shown} ({fidelity} on {result.hardware})"
             )
         elif result is not None and result.status == TrialStatus.FAILED:
             self.failed += 1

@@ -13,7 +13,7 @@ import pandas as pd
 from sweeper.answer.table import frame_of_rows, read_frame, remeasured
 from sweeper.record.manifest import SUMMARY, Found
 from sweeper.record.mlflow_view import KNOB_PARAM
-from sweeper.record.row import FINAL_METRICS, LAYOUT_TAGS, Column, TrialRow
+from sweeper.record.row import FINAL_METRICS, LAYOUT_TAGS, REMEASURED, Column, TrialRow
 from sweeper.record.stores import RunRecord, store_for
 from sweeper.record.tracker import bound_mlflow_requests
 from sweeper.space.errors import SpaceError
@@ -39,12 +39,13 @@ def sweep_frame(found: Found) -> tuple[pd.DataFrame, list[str]]:
             why = "missing"
         else:
             why = "empty" if frame.empty else "damaged (no trial_id and status columns)"
-    rows, problem = _rows_from_tracking(found)
-    if rows:
-        note = (f"{SUMMARY} was {why}: the table is rebuilt from the sweep's {len(rows)} runs "
+    runs, problem = _runs_of(found)
+    if runs:
+        note = (f"{SUMMARY} was {why}: the table is rebuilt from the sweep's {len(runs)} runs "
                 f"in {manifest.tracking_uri} (figures, knobs and statuses as MLflow keeps them)")  # fmt: skip
         metric = manifest.space.objective.primary.metric
-        return remeasured(frame_of_rows(rows), metric), [note]
+        frame = remeasured(frame_of_rows(_row(run) for run in runs), metric)
+        return _with_remeasures(frame, runs), [note]
     if not manifest.ending.counts.get("total"):
         return pd.DataFrame(), [f"no trial of this sweep has ended yet ({SUMMARY} {why})"]
     raise SpaceError(
@@ -55,7 +56,8 @@ def sweep_frame(found: Found) -> tuple[pd.DataFrame, list[str]]:
     )
 
 
-def _rows_from_tracking(found: Found) -> tuple[list[TrialRow], str]:
+def _runs_of(found: Found) -> tuple[list[RunRecord], str]:
+    """The sweep's trial runs as its tracking store keeps them, or none and why."""
     manifest = found.manifest
     assert manifest is not None
     bound_mlflow_requests()  # bounded calls, no progress bars
@@ -65,9 +67,29 @@ def _rows_from_tracking(found: Found) -> tuple[list[TrialRow], str]:
             manifest.experiment_id,
             {"sweeper.sweep_id": manifest.sweep_id, "sweeper.kind": "trial"},
         )
-        return [_row(store.read(run_id)) for run_id in ids], ""
+        return [store.read(run_id) for run_id in ids], ""
     except Exception as exc:  # a store gone, a run unreadable: said, not raised
         return [], f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def _with_remeasures(frame: pd.DataFrame, runs: list[RunRecord]) -> pd.DataFrame:
+    """The second measurements a trial's run carries (`remeasured_<figure>`, `remeasured_by`)
+    as the columns summary.csv has them."""
+    again = {
+        run.tags.get("sweeper.trial_id", run.run_id): {
+            **{k: v for k, v in run.metrics.items() if k.startswith(REMEASURED)},
+            f"{REMEASURED}by": run.tags.get(f"{REMEASURED}by"),
+        }
+        for run in runs
+        if f"{REMEASURED}by" in run.tags
+    }
+    if not again:
+        return frame
+    columns = sorted({c for figures in again.values() for c in figures})
+    frame = frame.copy()
+    for column in columns:
+        frame[column] = frame[Column.TRIAL_ID].map(lambda t, c=column: again.get(t, {}).get(c))
+    return frame
 
 
 def _row(run: RunRecord) -> TrialRow:

@@ -23,8 +23,8 @@ matplotlib.use("Agg")  # files only: no display, whatever the host has
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sweeper.answer.table import INTERVAL, REMEASURED, searched
-from sweeper.record.row import Column, knob_columns, missing
+from sweeper.answer.table import INTERVAL, constant_knobs, searched
+from sweeper.record.row import REMEASURED, Column, knob_columns, missing, short_names
 from sweeper.search.outcomes import Outcome
 from trainer.trial.events import FailureClass, TrialStatus
 from trainer.trial.files import write_text
@@ -61,15 +61,21 @@ def _numeric(series: pd.Series) -> bool:
     )
 
 
-def objective_by_knob(frame: pd.DataFrame, metric: str, label: str) -> str | None:
-    """The objective of each trial that ran against each knob's value; failures at the
-    bottom, marked by class."""
-    knobs = knob_columns(frame.columns)
-    if not knobs:
-        return None
-    figure, axes = plt.subplots(1, len(knobs), figsize=(3.6 * len(knobs), 3.2), squeeze=False)
+def varied(frame: pd.DataFrame) -> dict[str, str]:
+    """column -> short name, for the knobs whose value differed between the trials."""
+    same = constant_knobs(frame)
+    knobs = {c: n for c, n in knob_columns(frame.columns).items() if n not in same}
+    names = short_names(knobs.values())
+    return {c: names[n] for c, n in knobs.items()}
+
+
+def objective_by_knob(frame: pd.DataFrame, metric: str, label: str) -> list[str]:
+    """One figure per knob that varied: the objective of each trial that ran against the
+    knob's value; failures at the bottom, marked."""
     ok = frame[Column.STATUS] == TrialStatus.OK
-    for axis, (column, knob) in zip(axes[0], knobs.items(), strict=True):
+    out = []
+    for column, knob in varied(frame).items():
+        figure, axis = plt.subplots(figsize=(6.4, 3.6))
         values = frame[column].map(lambda v: "-" if missing(v) else v)
         order = (
             sorted(set(values), key=lambda v: (str(type(v)), v))
@@ -82,13 +88,20 @@ def objective_by_knob(frame: pd.DataFrame, metric: str, label: str) -> str | Non
         if (~ok).any():
             floor = frame.loc[ok, metric].min() if ok.any() else 0.0
             axis.scatter(x[~ok], [floor * 0.9] * int((~ok).sum()), marker="x",
-                         color="tab:red", label="failed")  # fmt: skip
-        axis.set_xticks(range(len(order)), [str(v) for v in order], rotation=30, fontsize=8)
-        axis.set_title(knob, fontsize=9)
-        axis.set_ylabel(metric if axis is axes[0][0] else "")
-    axes[0][0].legend(fontsize=7)
-    figure.suptitle(f"{metric} against each knob ({label})", fontsize=10)
-    return _png(figure)
+                         color="tab:red", label="failed (placed below)")  # fmt: skip
+        axis.set_xticks(range(len(order)), [str(v) for v in order], rotation=20, fontsize=9)
+        axis.set_xlabel(knob)
+        axis.set_ylabel(metric)
+        axis.legend(fontsize=8)
+        axis.set_title(f"{metric} against {knob} ({label})", fontsize=10)
+        out.append(_png(figure))
+    return out
+
+
+def memory_unit(values: pd.Series) -> tuple[str, float]:
+    """The unit memory reads best in, and the factor from GiB: MiB below 1 GiB."""
+    largest = values.abs().max() if len(values) else 0.0
+    return ("MiB", 1024.0) if largest < 1 else ("GiB", 1.0)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -109,14 +122,16 @@ def memory_tradeoff(frame: pd.DataFrame, metric: str, label: str) -> str | None:
     ]
     if ran.empty:
         return None
+    unit, factor = memory_unit(ran[MEMORY])
+    memory = ran[MEMORY] * factor
     figure, axis = plt.subplots(figsize=(6.4, 4.0))
-    axis.scatter(ran[MEMORY], ran[metric], color="tab:blue", label="trials that ran")
-    front = pareto_front(list(zip(ran[MEMORY], ran[metric], strict=True)))
+    axis.scatter(memory, ran[metric], color="tab:blue", label="trials that ran")
+    front = pareto_front(list(zip(memory, ran[metric], strict=True)))
     axis.plot([m for m, _ in front], [v for _, v in front], color="tab:orange", marker="o",
               label="Pareto front")  # fmt: skip
-    for _, row in ran.iterrows():
-        axis.annotate(str(row[Column.TRIAL_ID])[-5:], (row[MEMORY], row[metric]), fontsize=6)
-    axis.set_xlabel("memory per device, GiB")
+    for (_, row), m in zip(ran.iterrows(), memory, strict=True):
+        axis.annotate(str(row[Column.TRIAL_ID]), (m, row[metric]), fontsize=6)
+    axis.set_xlabel(f"memory per device, {unit}")
     axis.set_ylabel(metric)
     axis.legend(fontsize=8)
     axis.set_title(f"{metric} against memory per device ({label})", fontsize=10)
@@ -175,7 +190,7 @@ def remeasure_plot(frame: pd.DataFrame, metric: str, label: str) -> str | None:
                 span = [[value - row[f"{prefix}{low}"]], [row[f"{prefix}{high}"] - value]]
             axis.errorbar(value, i + shift, xerr=span, fmt="o", color=colour, capsize=3,
                           label=name if i == 0 else None)  # fmt: skip
-    axis.set_yticks(range(len(both)), [str(t) for t in both[Column.TRIAL_ID]], fontsize=7)
+    axis.set_yticks(range(len(both)), [str(t) for t in both[Column.TRIAL_ID]], fontsize=8)
     axis.set_ylim(-0.5, len(both) - 0.5)
     axis.set_xlabel(f"{metric} (95% interval of the median step where measured)")
     axis.legend(fontsize=8)
@@ -226,7 +241,7 @@ def failure_map(frame: pd.DataFrame, label: str) -> str | None:
     if Column.STATUS not in frame:
         return None
     failed = frame[frame[Column.STATUS] != TrialStatus.OK]
-    knobs = knob_columns(frame.columns)
+    knobs = varied(searched(frame))
     if failed.empty or not knobs:
         return None
     rows, cells = [], []
@@ -257,32 +272,69 @@ def failure_map(frame: pd.DataFrame, label: str) -> str | None:
 
 
 def convergence_plot(frame: pd.DataFrame, label: str) -> str | None:
+    """Each checked trial's final loss against its reference, on the deltas' own scale; the
+    tolerance drawn where the scale reaches it and stated where it does not."""
     if "convergence_relative_delta" not in frame:
         return None
     checked = frame[frame["convergence_relative_delta"].notna()]
     if checked.empty:
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 3.2))
-    ids = [str(t)[-5:] for t in checked[Column.TRIAL_ID]]
+    figure, axis = plt.subplots(figsize=(6.4, 3.4))
+    ids = [str(t) for t in checked[Column.TRIAL_ID]]
     deltas = list(checked["convergence_relative_delta"] * 100)
     colors = [
         "tab:blue" if p is True or p == 1 else "tab:red" for p in checked[Column.CONVERGENCE_PASSED]
     ]
     axis.bar(ids, deltas, color=colors)
-    tolerance = checked["convergence_tolerance"].max() * 100
-    for sign in (1, -1):
-        axis.axhline(sign * tolerance, color="gray", linestyle="--")
-    axis.set_ylabel("final loss vs reference, %")
+    tolerance = float(checked["convergence_tolerance"].max() * 100)
+    reach = max(max(abs(d) for d in deltas), 1e-6) * 1.4
+    if tolerance <= reach * 2:  # within reach of the deltas' scale: drawn
+        reach = max(reach, tolerance * 1.15)
+        for sign in (1, -1):
+            axis.axhline(sign * tolerance, color="gray", linestyle="--")
+        axis.text(0.01, 0.97, f"tolerance +-{tolerance:.3g}%", transform=axis.transAxes,
+                  fontsize=8, va="top", color="gray")  # fmt: skip
+    else:
+        axis.text(0.01, 0.97, f"tolerance +-{tolerance:.3g}%: {tolerance / reach:,.0f}x beyond "
+                  "this scale", transform=axis.transAxes, fontsize=8, va="top", color="gray")  # fmt: skip
+    axis.set_ylim(-reach, reach)
+    axis.axhline(0, color="black", linewidth=0.6)
+    axis.set_ylabel("final loss against the reference, %")
     axis.tick_params(axis="x", labelrotation=45, labelsize=7)
     axis.set_title(f"convergence: loss against the bf16 reference ({label})", fontsize=10)
     return _png(figure)
 
 
+def convergence_words(frame: pd.DataFrame) -> str:
+    """What the check's verdict means in this sweep: how wide its tolerance was."""
+    if "convergence_tolerance" not in frame or frame["convergence_tolerance"].isna().all():
+        return ""
+    tolerance = frame["convergence_tolerance"].dropna()
+    low, high = tolerance.min() * 100, tolerance.max() * 100
+    width = f"+-{high:.3g}%" if low == high else f"+-{low:.3g}% to +-{high:.3g}%"
+    deltas = frame.get("convergence_relative_delta", pd.Series(dtype=float)).dropna().abs()
+    largest = f"; the largest |delta| was {deltas.max() * 100:.3g}%" if len(deltas) else ""
+    loose = (
+        " A tolerance this wide passes large losses: read `passed` as `did not diverge`."
+        if high >= 5
+        else ""
+    )
+    return (
+        f"A trial passes when its final loss lies within {width} of its recipe's reference "
+        f"run (the tolerance: 3x the recipe's seed noise, unless the space sets one){largest}."
+        f"{loose}"
+    )
+
+
 def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 20) -> str:
-    knobs = knob_columns(frame.columns)
-    columns = ["trial_id", "status", "failure_class", metric, f"{REMEASURED}{metric}", MEMORY,
-               "convergence_passed", "screen_rank", "verify_rank", *knobs]  # fmt: skip
+    """The trials best first; knobs that never varied are stated once above the table."""
     frame = searched(frame)  # a re-measurement shows as its point's second figure
+    knobs = varied(frame)
+    unit, factor = memory_unit(frame[MEMORY].dropna() if MEMORY in frame else pd.Series())
+    memory = f"memory/device, {unit}"
+    frame = frame.assign(**{memory: frame[MEMORY] * factor}) if MEMORY in frame else frame
+    columns = ["trial_id", "status", "failure_class", metric, f"{REMEASURED}{metric}", memory,
+               "convergence_passed", "screen_rank", "verify_rank", *knobs]  # fmt: skip
     shown = frame.sort_values(metric, ascending=not maximize, na_position="last").head(rows)
     head = "".join(
         f"<th>{html.escape(knobs.get(c, c))}</th>" for c in columns if c in frame.columns
@@ -305,7 +357,16 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
             )
             cells.append(f"<td>{html.escape(str(text))}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    same = constant_knobs(frame)
+    names = short_names(same)
+    held = (
+        "<p class='note'>the same in every trial: "
+        + html.escape(", ".join(f"{names[k]}={v}" for k, v in same.items()))
+        + "</p>"
+        if same
+        else ""
+    )
+    return f"{held}<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;
@@ -331,8 +392,8 @@ def render(
         ),
     ]
     search = searched(frame)  # the search's own trials; re-measurements have their figure
-    figures = {
-        "The objective against each knob": objective_by_knob(search, metric, label),
+    figures: dict[str, str | list[str] | None] = {
+        "The objective against each knob that varied": objective_by_knob(search, metric, label),
         "Throughput against memory": memory_tradeoff(search, metric, label),
         "Search progress": history_plot(search, metric, maximize, label),
         "Knob importances": importances_plot(importances, label),
@@ -343,12 +404,17 @@ def render(
         figures["The best points, measured again"] = remeasure_plot(frame, metric, label)
     if "screen_rank" in frame:  # a ladder's sweep
         figures["The ladder: screen against compile"] = ladder_plot(frame, metric, label)
+    words = {"Convergence": convergence_words(frame)}
     for name, png in figures.items():
+        pngs = png if isinstance(png, list) else [png] if png else []
         body = (
-            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{png}">'
-            if png
-            else '<p class="note">nothing to plot in this sweep</p>'
+            "".join(
+                f'<img alt="{html.escape(name)}" src="data:image/png;base64,{one}">' for one in pngs
+            )
+            or '<p class="note">nothing to plot in this sweep</p>'
         )
+        if words.get(name):
+            body = f"<p class='note'>{html.escape(words[name])}</p>{body}"
         sections.append((name, body))
     notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     parts = "".join(f"<h2>{html.escape(h)}</h2>{b}" for h, b in sections)

@@ -18,7 +18,7 @@ from ray.tune.experiment import Trial
 
 from sweeper.record.callback import final_of
 from sweeper.record.manifest import SUMMARY
-from sweeper.record.row import Column, TrialRow, knob_columns
+from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from sweeper.space.schema import Objective
 from trainer.trial.events import TrialStatus
@@ -28,8 +28,6 @@ from trainer.trial.result import TrialResult
 INTERVAL = {
     "tokens_per_sec_per_chip": ("tokens_per_sec_per_chip_low", "tokens_per_sec_per_chip_high")
 }
-# A re-measured point's second figure, beside its first: `remeasured_<figure>`.
-REMEASURED = "remeasured_"
 
 
 def row_of(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> TrialRow:
@@ -114,6 +112,17 @@ def remeasured(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         frame[f"{REMEASURED}{column}"] = frame[Column.TRIAL_ID].map(second[column])
     frame[f"{REMEASURED}by"] = frame[Column.TRIAL_ID].map(second[Column.TRIAL_ID])
     return frame
+
+
+def constant_knobs(frame: pd.DataFrame) -> dict[str, Any]:
+    """knob -> its value, for the knobs that took one value in every trial of `frame` (of two
+    or more; a conditional knob inactive in some trials varies)."""
+    out = {}
+    for column, name in knob_columns(frame.columns).items():
+        values = {"-" if missing(v) else str(v) for v in frame[column]}
+        if len(values) == 1 and len(frame) > 1:
+            out[name] = values.pop()
+    return out
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -118,11 +118,35 @@ def plan(
     _print_advice(rec, target)
     if space is not None:
         name = f"plan_{model}_{seq}".replace(".", "").replace("-", "_")
-        space.write_text(yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False))
-        load_space(str(space))  # what it wrote is a space the engine takes
+        _write_space(
+            space, yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False)
+        )
         console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
     if compile_:
         _compile_advice(rec, spec, seq, target, timeout)
+
+
+def _write_space(path: Path, text: str) -> None:
+    """Write the space only once the engine takes it: a temporary file beside `path`, loaded,
+    then moved into place (nothing is left where a space would not validate)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        load_space(tmp)
+        os.replace(tmp, path)
+    except SpaceError as exc:
+        fail(
+            f"--space {path}: the space written from the advice does not validate ({exc}); "
+            "nothing was written: this is a fault of `sweeper plan`, please report it"
+        )
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _print_advice(rec: Recommendation, target: str) -> None:

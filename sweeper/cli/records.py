@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from sweeper.answer.streams import terminal
 from sweeper.cli.app import (
     UI_PORT,
     ResultsDirOpt,
@@ -32,7 +31,7 @@ def list_(results_dir: ResultsDirOpt = None) -> None:
     if not found:
         console.print(f"no sweeps under {where} (`--results-dir` says where to look)")
         return
-    terminal(width=max(console.width, 160)).print(sweeps_table(found))
+    console.print(sweeps_table(found))
 
 
 @app.command()

@@ -98,14 +98,12 @@ def run(
         typer.Option(
             "--tracking-uri",
             envvar="MLFLOW_TRACKING_URI",
-            help="MLflow server; default sqlite under results/",
+            help="MLflow server (default: a SQLite file in the results folder)",
         ),
     ] = None,
     results_dir: Annotated[
         Path | None,
-        typer.Option(
-            "--results-dir", help="where sweeps write (default: the repository's results/)"
-        ),
+        typer.Option("--results-dir", help="where sweeps write (default: ./results)"),
     ] = None,
     address: Annotated[
         str | None,

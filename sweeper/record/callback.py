@@ -35,6 +35,7 @@ class TrackingCallback(tune.Callback):
         self.id_map_path = id_map_path
         self.run_ids: dict[str, str] = {}
         self.attempts: dict[str, int] = {}
+        self.repeats: dict[str, str] = {}  # re-measuring trial -> the trial whose point it repeats
         self.load()
         self.pending: dict[str, list[dict[str, Any]]] = {}
         self.finals: dict[str, TrialResult] = {}  # trial id -> what was recorded, this process
@@ -53,27 +54,31 @@ class TrackingCallback(tune.Callback):
         )
         if state:
             self.run_ids, self.attempts = state["runs"], state["attempts"]
+            self.repeats = state.get("repeats", {})
 
     def save(self) -> None:
         runs = {k: self.tracker.resolve(v) for k, v in self.run_ids.items()}
-        write_json(self.id_map_path, {"runs": runs, "attempts": self.attempts}, indent=1)
+        state = {"runs": runs, "attempts": self.attempts, "repeats": self.repeats}
+        write_json(self.id_map_path, state, indent=1)
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         self.seen[trial.trial_id] = trial
         self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
-        if trial.trial_id in self.run_ids:  # retried or resumed: reattach, do not duplicate
+        if trial.config.get(REMEASURE_KEY):
+            # A second measurement of an ended trial's point: recorded on that trial's run
+            # when it ends (never a run, a row or a trial of its own in MLflow's table).
+            self.repeats[trial.trial_id] = str(trial.config[REMEASURE_KEY])
+        elif trial.trial_id in self.run_ids:  # retried or resumed: reattach, do not duplicate
             self.tracker.tag(
                 self.run_ids[trial.trial_id],
                 {"attempts": str(self.attempts[trial.trial_id]), "status": TrialStatus.RUNNING},
             )
         else:
             number = trial.config.get(OPTUNA_NUMBER_KEY)
-            again = trial.config.get(REMEASURE_KEY)
-            tags = {"sweeper.remeasure_of": again} if again else {}
             self.run_ids[trial.trial_id] = self.tracker.start_trial(
-                trial.trial_id, knob_point(trial.config), number, tags
+                trial.trial_id, knob_point(trial.config), number, {}
             )
         self.save()
 
@@ -101,6 +106,12 @@ class TrackingCallback(tune.Callback):
         self._flush(trial.trial_id)
         final = final_of(trial, error, ending)
         self.finals[trial.trial_id] = final
+        original = self.repeats.get(trial.trial_id)
+        if original is not None:
+            run_of_original = self.run_ids.get(original)
+            if run_of_original:
+                self.tracker.log_remeasure(run_of_original, trial.trial_id, final)
+            return
         run_id = self.run_ids.get(trial.trial_id)
         if run_id:
             self.tracker.finish_trial(run_id, final)

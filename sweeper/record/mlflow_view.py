@@ -13,17 +13,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sweeper.space.points import KEY_SEPARATOR
+from sweeper.record.row import REMEASURED, short_names
 from sweeper.space.schema import Space
 
 EXPERIMENT_KIND = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
+# MLflow 3.17's web app takes its workflow (GenAI or model training: the sidebar, the tabs, an
+# experiment's landing page) from this URL parameter, else from the browser's local storage,
+# else GenAI; its feature flag reads the experiment kind from that workflow, not from the
+# experiment's tag (read from its bundle: the WorkflowType context, `Z0 = () => true`).
+WORKFLOW = "workflowType=machine_learning"
 NOTE = "mlflow.note.content"  # an experiment's or a run's description
 VIEW_PREFIX = "mlflow.sharedViewState."
 KNOB_PARAM = "knob."  # a sampled knob, as a run's param
 TRIAL_PARAM = "trial."  # the rest of the trial's configuration, as a run's params
 # The trial tags a person compares (status and failure, the verdict, where the figures are from).
-TAG_COLUMNS = ("status", "failure_class", "convergence", "fidelity", "hardware")
+TAG_COLUMNS = ("status", "failure_class", "convergence", "fidelity", "hardware", "remeasured")
+SHOWN = 1000  # runs a chart compares
 
 
 def experiment_tags(space: Space) -> dict[str, str]:
@@ -48,16 +54,33 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
     """The sweep's runs table and charts, as MLflow's UI keeps a shared view."""
     objective = space.objective.primary
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    metrics = [*space.objective.metrics, mfu, "hbm_per_device_gib"]
-    params = [f"{KNOB_PARAM}{k}" for k in space.knobs]
+    again = (
+        [f"{REMEASURED}{objective.metric}"]
+        if space.search.remeasure_count(space.effective_fidelity)
+        else []
+    )
+    metrics = [objective.metric, *again, *space.objective.metrics, mfu, "hbm_per_device_gib"]
+    varied = varied_knobs(space)
+    params = [f"{KNOB_PARAM}{k}" for k in varied]
     charts: list[dict[str, Any]] = [
-        _chart("objective", "BAR", metricKey=objective.metric, runsCountToCompare=100),
+        _chart("objective", "BAR", metricKey=objective.metric, runsCountToCompare=SHOWN),
         _chart(
             "memory",
             "SCATTER",
             xaxis={"key": "hbm_per_device_gib", "type": "METRIC"},
             yaxis={"key": objective.metric, "type": "METRIC"},
-            runsCountToCompare=100,
+            runsCountToCompare=SHOWN,
+        ),
+        # The objective against each knob that varies: one chart each.
+        *(
+            _chart(
+                f"knob-{name}",
+                "SCATTER",
+                xaxis={"key": f"{KNOB_PARAM}{name}", "type": "PARAM"},
+                yaxis={"key": objective.metric, "type": "METRIC"},
+                runsCountToCompare=SHOWN,
+            )
+            for name in varied
         ),
     ]
     if params:
@@ -82,6 +105,8 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
         "selectedColumns": columns,
         "columnOrder": columns,  # the objective first (the UI sorts them by name otherwise)
         "runsExpanded": {parent_run_id: True},
+        # Every trial in the charts (the app's default shows the first 10 runs).
+        "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts,
         "compareRunSections": [
             {
@@ -107,18 +132,33 @@ def view_tag(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, str]:
 
 
 def runs_url(base: str, experiment_id: str, sweep_id: str, charts: bool = False) -> str:
-    """The sweep's runs in the MLflow UI at `base` (http://host:port)."""
+    """The sweep's runs in the MLflow UI at `base` (http://host:port), in its model-training
+    workflow (the app keeps the `workflowType` parameter on its own links)."""
     mode = "&compareRunsMode=CHART" if charts else ""
     return (
         f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
-        f"?viewStateShareKey={view_key(sweep_id)}{mode}"
+        f"?viewStateShareKey={view_key(sweep_id)}&{WORKFLOW}{mode}"
     )
 
 
-def run_name(trial_id: str, point: dict[str, Any]) -> str:
-    """A trial's run name: its id and the knob values that set it apart (last part of each
-    knob's name, the whole name where two would read alike)."""
-    short = {k: k.rsplit(KEY_SEPARATOR, 1)[-1] for k in point}
-    clash = {s for s in short.values() if list(short.values()).count(s) > 1}
-    parts = [f"{k if short[k] in clash else short[k]}={v}" for k, v in point.items()]
+def experiments_url(base: str) -> str:
+    """The MLflow UI's list of experiments, in its model-training workflow."""
+    return f"{base.rstrip('/')}/#/experiments?{WORKFLOW}"
+
+
+def varied_knobs(space: Space) -> list[str]:
+    """The knobs whose value can differ between the sweep's trials (more than one value)."""
+    return [
+        name
+        for name, knob in space.knobs.items()
+        if (values := knob.candidates()) is None or len(values) > 1
+    ]
+
+
+def run_name(trial_id: str, point: dict[str, Any], varied: list[str] | None = None) -> str:
+    """A trial's run name: its id and the values of the knobs that vary in the sweep (last
+    part of each knob's name, the whole name where two would read alike)."""
+    point = {k: v for k, v in point.items() if varied is None or k in varied}
+    short = short_names(point)
+    parts = [f"{short[k]}={v}" for k, v in point.items()]
     return " ".join([trial_id, *parts])

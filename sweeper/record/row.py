@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
@@ -65,6 +66,9 @@ class Column(StrEnum):
 
 # Columns of the results table that hold a sampled knob: the prefix, then the knob's name.
 KNOB_PREFIX = "knob:"
+# A re-measured point's second figure, beside its first: `remeasured_<figure>` (the results
+# table's column, and the metric on the trial's MLflow run).
+REMEASURED = "remeasured_"
 # Where a trial ran, as MLflow tags too (Ray node ids, slice name, process count, device kind).
 LAYOUT_TAGS = (Column.HOSTS, Column.SLICE, Column.PROCESSES, Column.DEVICE_KIND)
 # What a running trial reports each step, and what the engine adds to it.
@@ -87,6 +91,15 @@ def knob_column(name: str) -> str:
 def knob_columns(columns: Iterable[str]) -> dict[str, str]:
     """column -> knob name, for the results table's knob columns."""
     return {c: c.removeprefix(KNOB_PREFIX) for c in columns if c.startswith(KNOB_PREFIX)}
+
+
+def short_names(knobs: Iterable[str]) -> dict[str, str]:
+    """knob -> the name every view shows it by: the last part of its dotted name, the whole
+    name where two knobs' last parts read alike (mesh.tensor -> tensor)."""
+    knobs = list(knobs)
+    short = {k: k.rsplit(".", 1)[-1] for k in knobs}
+    counts = Counter(short.values())
+    return {k: k if counts[short[k]] > 1 else short[k] for k in knobs}
 
 
 def missing(value: Any) -> bool:

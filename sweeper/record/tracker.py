@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.record import mlflow_view
 from sweeper.record.journal import TrackingJournal, is_outage
-from sweeper.record.row import LAYOUT_TAGS, STEP_METRICS, TrialRow, final_metrics, missing, readable
+from sweeper.record.row import (
+    LAYOUT_TAGS,
+    REMEASURED,
+    STEP_METRICS,
+    TrialRow,
+    final_metrics,
+    missing,
+    readable,
+)
 from sweeper.record.stores import PARENT, store_for
 from sweeper.space.points import (
     KEY_SEPARATOR,
@@ -224,7 +232,7 @@ class Tracker:
         self, trial_id: str, point: dict[str, Any], optuna_number: int | None, tags: dict[str, str]
     ) -> str:
         run_id = self._create(
-            mlflow_view.run_name(trial_id, point),
+            mlflow_view.run_name(trial_id, point, mlflow_view.varied_knobs(self.space)),
             {
                 PARENT: self.parent,
                 "sweeper.sweep_id": self.sweep_id,
@@ -302,6 +310,19 @@ class Tracker:
                 path="trainer_log_tail.txt",
             )
         self.terminate(run_id, RUN_STATUS.get(final.status, "FAILED"))
+
+    def log_remeasure(self, run_id: str, by: str, final: TrialResult) -> None:
+        """A second measurement of a trial's point, on that trial's run: `remeasured_<figure>`
+        for its objective and interval, and who measured it (`remeasured_by`, `remeasured`)."""
+        names = [*self.space.objective.metrics]
+        names += [f"{m}{end}" for m in names for end in ("_low", "_high")]
+        metrics = {f"{REMEASURED}{n}": v for n in names if (v := final.figure(n)) is not None}
+        failure = final.failure_class.value if final.failure_class else ""
+        tags = {
+            f"{REMEASURED}by": by,
+            "remeasured": final.status.value + (f": {failure}" if failure else ""),
+        }
+        self._batch(run_id, metrics=metrics, tags=tags)
 
     def terminate(self, run_id: str, status: str) -> None:
         self._write(

@@ -4,75 +4,110 @@ that holds it against the compiler."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer.estimate.plan import Candidate, Recommendation
+from trainer.estimate.plan import HEADROOM, Candidate, Recommendation
 from trainer.trial.events import parse_line
 from trainer.trial.files import trainer_command
+from trainer.trial.hardware import Topology
 
 # How many of the next-fastest candidates lend their values to the written space's knobs.
 NEIGHBOURS = 12
+AXES = ("tensor", "expert", "context")
 
 
 def space_for(
     rec: Recommendation, model: dict[str, Any], seq_len: int, target: str, name: str
 ) -> dict[str, Any]:
-    """A compile-fidelity space whose trial 0 is the advice, sweeping the values of the
-    candidates nearest it (each fits by the estimate) and the precision."""
-    near = [rec.best, *rec.alternatives][: NEIGHBOURS + 1]
+    """A compile-fidelity space whose trial 0 is the advice (trial 1 the fastest fp8
+    candidate), sweeping the values of the candidates nearest it and the precision.
+
+    Every point of it is a candidate the plan estimated (each knob's values are candidates'
+    values; one custom placement and one Splash block, the advice's; the plan's memory limit
+    as the space's budget), so `screen` finds no point faster than the advice in its precision.
+    """
+    best = rec.best
+    near = [c for c in [best, *rec.alternatives][: NEIGHBOURS + 1] if _expressible(c, best)]
+    fp8 = rec.fp8 if rec.fp8 is not None and _expressible(rec.fp8, best) else None
+    near += [fp8] if fp8 is not None else []
     knobs: dict[str, Any] = {}
-    for axis in ("tensor", "expert", "context"):
-        values = sorted({c.mesh[axis] for c in near})
-        if len(values) > 1:
-            knobs[f"mesh.{axis}"] = {"values": values}
-    batches = sorted({c.per_device_batch for c in near})
-    if len(batches) > 1:
-        knobs["per_device_batch"] = {"values": batches}
-    policies = list(dict.fromkeys(c.remat["policy"] for c in near))
-    if len(policies) > 1:
-        knobs["remat.policy"] = {"values": policies}
-    if "custom" in policies:
-        knobs["remat.custom.decoder_layer_input"] = {
-            "values": ["offload", "device"],
-            **({"when": {"remat.policy": "custom"}} if len(policies) > 1 else {}),
-        }
+    for axis in AXES:
+        _vary(knobs, f"mesh.{axis}", [c.mesh[axis] for c in near], sort=True)
+    _vary(knobs, "per_device_batch", [c.per_device_batch for c in near], sort=True)
+    _vary(knobs, "vocab_tiling", [c.vocab_tiling for c in near], sort=True)
+    _vary(knobs, "remat.policy", [c.remat["policy"] for c in near])
+    placement = _placement(near)
+    if "remat.policy" in knobs and placement:
+        for tensor, where in placement.items():
+            knobs[f"remat.custom.{tensor}"] = {
+                "values": [where],
+                "when": {"remat.policy": "custom"},
+            }
     knobs["precision.mode"] = {"values": ["bf16", "fp8"]}
-    warm = _knob_values(rec.best, knobs)
     trial: dict[str, Any] = {
         "seq_len": seq_len,
-        "per_device_batch": rec.best.per_device_batch,
-        "mesh": rec.mesh,
-        "remat": rec.best.remat,
+        **{k: v for k, v in best.trial().items() if k != "remat"},
+        "remat": {"policy": best.remat["policy"]} if "remat.policy" in knobs else best.remat,
     }
+    warm = [_knob_values(best, knobs, "bf16")]
+    warm += [_knob_values(fp8, knobs, "fp8")] if fp8 is not None else []
     return {
         "name": name,
         "description": f"{model.get('preset', 'model')} at {seq_len:,} on {target} (compile "
-        f"fidelity), starting from `sweeper plan`'s advice: {rec.best.describe()}.",
+        f"fidelity), starting from `sweeper plan`'s advice: {best.describe()}.",
         "target": target,
         "fidelity": "compile",
         "model": model,
         "trial": trial,
-        "search": {"sampler": "tpe", "trials": 12, "concurrency": 1, "warm_start": [warm]},
+        "constraints": {"max_memory_per_device_gib": round(memory_limit_gib(target), 3)},
+        "search": {"sampler": "tpe", "trials": 12, "concurrency": 1, "warm_start": warm},
         "knobs": knobs,
     }
 
 
-def _knob_values(best: Candidate, knobs: dict[str, Any]) -> dict[str, Any]:
-    values: dict[str, Any] = {"precision.mode": "bf16"}
-    for axis in ("tensor", "expert", "context"):
-        if f"mesh.{axis}" in knobs:
-            values[f"mesh.{axis}"] = best.mesh[axis]
-    if "per_device_batch" in knobs:
-        values["per_device_batch"] = best.per_device_batch
-    if "remat.policy" in knobs:
-        values["remat.policy"] = best.remat["policy"]
-    if best.remat["policy"] == "custom" and "remat.custom.decoder_layer_input" in knobs:
-        values["remat.custom.decoder_layer_input"] = best.remat["custom"]["decoder_layer_input"]
-    return values
+def memory_limit_gib(target: str) -> float:
+    """The plan's budget: a device's usable HBM less HEADROOM, rounded down to the MiB."""
+    usable = Topology.parse(target).accelerator.usable_hbm_per_device
+    return math.floor(usable * (1 - HEADROOM) / 2**20) / 1024
+
+
+def _expressible(c: Candidate, best: Candidate) -> bool:
+    """Whether the space written around `best` can hold `c`: one Splash block and at most one
+    custom placement (the first near the advice) in a space, so that its points stay
+    candidates."""
+    custom = best.remat if best.remat["policy"] == "custom" else None
+    return c.splash_block == best.splash_block and (
+        c.remat["policy"] != "custom" or custom is None or c.remat == custom
+    )
+
+
+def _placement(near: list[Candidate]) -> dict[str, str]:
+    customs = [c.remat["custom"] for c in near if c.remat["policy"] == "custom"]
+    return dict(customs[0]) if customs else {}
+
+
+def _vary(knobs: dict[str, Any], key: str, values: list[Any], sort: bool = False) -> None:
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) > 1:
+        knobs[key] = {"values": sorted(distinct) if sort else distinct}
+
+
+def _knob_values(c: Candidate, knobs: dict[str, Any], precision: str) -> dict[str, Any]:
+    """The candidate as a point of the space's knobs."""
+    values: dict[str, Any] = {
+        **{f"mesh.{axis}": c.mesh[axis] for axis in AXES},
+        "per_device_batch": c.per_device_batch,
+        "vocab_tiling": c.vocab_tiling,
+        "remat.policy": c.remat["policy"],
+        **{f"remat.custom.{k}": v for k, v in c.remat.get("custom", {}).items()},
+        "precision.mode": precision,
+    }
+    return {k: v for k, v in values.items() if k in knobs}
 
 
 def compile_trial(

@@ -112,18 +112,56 @@ class SweepSearch(Searcher):
         if self.exhausted or len(self._ot_trials) >= self._sweep_space.search.trials:
             return self._next_remeasure(trial_id)
         for _ in range(MAX_REPEATS):
+            if not self._queued() and self._sweep_space.search.sampler != "grid":
+                # Drawn where repeats are invisible: the study is asked once, for a new point.
+                params = self._fresh_params()
+                if params is None:
+                    break
+                self._ot_study.enqueue_trial(params)
             ot_trial = self._ot_study.ask()
             ot_trial.set_user_attr("sweep_id", self._sweep_id)
             key = point_key(self._sweep_space, self._point(ot_trial))
             ot_trial.set_user_attr("point_key", key)
-            if key in self._points:
+            if key in self._points:  # a warm-start point listed twice
                 self._tell_repeat(ot_trial, key)
                 continue
             self._points[key] = trial_id
             self._ot_trials[trial_id] = ot_trial
             return self._config(trial_id, ot_trial)
-        self.exhausted = True  # every recent ask was a point this sweep has: it has them all
+        self.exhausted = True  # every recent draw was a point this sweep has: it has them all
         return self._next_remeasure(trial_id)
+
+    def _queued(self) -> bool:
+        """Whether the study holds points queued to run (the space's warm start)."""
+        return bool(self._ot_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def _fresh_params(self) -> dict[str, Any] | None:
+        """A point this sweep has not run, drawn by the study's sampler from a scratch copy of
+        the study (its running and ended trials): a draw that repeats a point is told there,
+        with that point's result, and never reaches the study (whose trials are each a point
+        once). None when the draws keep repeating: the sweep has every point."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            scratch = optuna.create_study(
+                directions=self._ot_study.directions, sampler=self._ot_study.sampler
+            )
+            scratch.add_trials([t for t in self._ot_study.get_trials(deepcopy=False)
+                                if t.state != TrialState.WAITING])  # fmt: skip
+        for _ in range(MAX_REPEATS):
+            draw = scratch.ask()
+            params = self._point(draw)
+            key = point_key(self._sweep_space, params)
+            if key not in self._points:
+                return params
+            earlier = self.measured(key)
+            if earlier is None:  # still running here: the draw teaches nothing, it is dropped
+                scratch.tell(draw, None, state=TrialState.FAIL)
+                continue
+            for name, value in earlier.constraints.items():
+                draw.set_constraint(name, value)
+            values = earlier.values
+            scratch.tell(draw, values[0] if len(values) == 1 else values)
+        return None
 
     def _next_remeasure(self, trial_id: str) -> dict[str, Any] | str | None:
         """Once every trial of the search has ended, the best ok points not yet measured

@@ -5,6 +5,7 @@ path every sweep and `sweeper validate` take (`check_space`)."""
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import Any
 
 import yaml
@@ -16,12 +17,31 @@ from sweeper.space.points import KEY_SEPARATOR, active, assemble, count_points, 
 from sweeper.space.schema import Knob, Space
 from trainer.trial.checks import check_static
 from trainer.trial.config import ConfigError, TrialConfig, load_config
+from trainer.trial.events import SUMMARY_NUMBERS
 from trainer.trial.hardware import Backend
 from trainer.trial.maxtext import KNOB_PREFIX, to_maxtext
 
 
+def check_objective(space: Space, root: yaml.Node | None, file: str) -> None:
+    """Each objective names a number a trial's summary carries."""
+    for which, objective in (("primary", space.objective.primary),
+                             ("secondary", space.objective.secondary)):  # fmt: skip
+        if objective is not None and objective.metric not in SUMMARY_NUMBERS:
+            near = get_close_matches(objective.metric, SUMMARY_NUMBERS, n=3)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            raise SpaceError(
+                f"unknown metric {objective.metric!r}: {hint}a trial reports "
+                "tokens_per_sec_per_chip, mfu, step_time_median_s, est_tokens_per_sec_per_chip, "
+                "hbm_per_device_gib and the other numbers in docs/reference.md (trainer events)",
+                file=file,
+                line=line_of(root, ("objective", which, "metric")),
+                field=f"objective.{which}.metric",
+            )
+
+
 def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
     """Each knob value, with its conditions met, must make a valid trial configuration."""
+    check_objective(space, root, file)
     try:
         load_config(space.base_trial())
     except ConfigError as exc:
@@ -64,7 +84,7 @@ def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
 
 # What a MaxText trial handles itself though MaxText has no setting for it: its data is
 # MaxText's synthetic data, its devices the slice's, its warm-up steps skipped by the driver.
-_MAXTEXT_HANDLED = frozenset({"data.source", "num_devices", "measure.skip_steps"})
+_MAXTEXT_HANDLED = frozenset({"data.source", "num_devices", "cpu_cores", "measure.skip_steps"})
 
 
 def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:

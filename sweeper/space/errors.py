@@ -17,5 +17,7 @@ class SpaceError(ValueError):
         where = file or "<space>"
         if line is not None:
             where += f":{line}"
-        super().__init__(f"{where}: {field + ': ' if field else ''}{message}")
+        if file is None and field and field.startswith("--"):
+            where = ""  # a command-line option's fault, not a space's: the option names it
+        super().__init__(f"{where + ': ' if where else ''}{field + ': ' if field else ''}{message}")
         self.file, self.line, self.field, self.message = file, line, field, message

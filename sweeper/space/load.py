@@ -14,7 +14,7 @@ from sweeper.space.checks import check_knobs
 from sweeper.space.errors import SpaceError
 from sweeper.space.file import SpaceFileError, line_of, read_space_file
 from sweeper.space.points import KEY_SEPARATOR, join_key, set_path
-from sweeper.space.schema import Space
+from sweeper.space.schema import Knob, Space
 from trainer.trial.schema import first_error
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -90,8 +90,8 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
 
 def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<space>") -> None:
     """`--set` / API override of any space key; knob names contain the separator, so
-    `knobs.mesh.tensor.values=[1,2]` addresses the knob `mesh.tensor` (an existing one, or a
-    new one when the whole definition is given: `knobs.mesh.tensor={values: [1, 2]}`)."""
+    `knobs.mesh.tensor.values=[1,2]` addresses the knob `mesh.tensor`: an existing one, or a
+    new one (by a field of it, as here, or whole: `knobs.mesh.tensor={values: [1, 2]}`)."""
     if not dotted or any(not part for part in dotted.split(KEY_SEPARATOR)):
         raise SpaceError(
             f"{dotted!r} is not a dotted key such as trial.steps", file=file, field="--set"
@@ -106,7 +106,10 @@ def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<sp
             key=len,
             default=rest,
         )
-        if name == rest:
+        field = rest.rsplit(KEY_SEPARATOR, 1)
+        if name == rest and len(field) == 2 and field[1] in Knob.model_fields:
+            knobs[field[0]] = {field[1]: value}  # a new knob by one of its fields: NAME.values=...
+        elif name == rest:
             knobs[name] = value
         else:
             if not isinstance(knobs[name], dict):

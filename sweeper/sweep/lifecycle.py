@@ -422,7 +422,7 @@ class Sweep:
         os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_EVERY_S)
         all_callbacks: list[tune.Callback] = [self.tracking, FinishCallback(self)]
         if progress:
-            all_callbacks.append(ProgressCallback(self.space))
+            all_callbacks.append(ProgressCallback(self.space, self.sweep_id, str(self.sweep_dir)))
         all_callbacks += callbacks or []
         LIVE_CALLBACKS[self.sweep_id] = all_callbacks
         runtime = TrialRuntime(
@@ -574,7 +574,8 @@ class Sweep:
     def best_config(self, point: dict[str, Any]) -> dict[str, Any]:
         """A point's trial configuration as it ran, devices included: what `python -m
         trainer --config FILE` reruns (sweeper/answer/export.py)."""
-        config = trial_config(self.space, point, self.placement.num_devices)
+        cores = self.placement.cpus_per_trial or None
+        config = trial_config(self.space, point, self.placement.num_devices, cores)
         return config.model_dump(mode="json", exclude_defaults=True)
 
     def close_leftovers(self) -> list[str]:

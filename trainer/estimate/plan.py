@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.estimate.analytic import estimate, parameter_count
 from trainer.trial.checks import check_static
-from trainer.trial.config import TrialConfig, load_config
+from trainer.trial.config import SPLASH_BLOCKS, TrialConfig, load_config
 from trainer.trial.hardware import GIB, Accelerator, Backend, Topology
 
 LONG_SEQUENCE = 32768  # the guide contrasts 8k (compute-bound) with 128k (memory-bound)
@@ -26,6 +26,12 @@ TIE = 0.03
 # on the published recipes' trial 0 is 6% (benchmarks/memory_model.py).
 HEADROOM = 0.05
 BATCHES = (0.125, 0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# The loss untiled, or in tiles of the vocabulary (the published 128k and qwen3 recipes' 4 and 8):
+# at long sequences the logits' copies are what does not fit.
+VOCAB_TILINGS = (1, 4, 8)
+# Splash blocks, all six alike: the kernel's default and the published recipes' larger ones.
+DEFAULT_BLOCK = 512
+SPLASH_BLOCK_SIZES = (DEFAULT_BLOCK, 1024, 2048)
 # Lightest first: what the backward recomputes grows down the list.
 REMATS: tuple[dict[str, Any], ...] = (
     {"policy": "minimal_with_context"},
@@ -38,7 +44,15 @@ REMATS: tuple[dict[str, Any], ...] = (
     {"policy": "full"},
     # What the published 405B and qwen3 recipes run: full remat, the layer input on host.
     {"policy": "custom", "custom": {"decoder_layer_input": "offload"}},
-)
+    # The published llama3.1-70b 8k recipe's placements (attention's inputs kept on device).
+    {"policy": "custom", "custom": dict.fromkeys(
+        ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "qkv_proj"),
+        "device")},
+    # The published llama3.1-70b 128k recipe's (the MLP's output kept; its input recomputed).
+    {"policy": "custom", "custom": dict.fromkeys(
+        ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "mlpwo"),
+        "device")},
+)  # fmt: skip
 
 
 @dataclass
@@ -47,6 +61,8 @@ class Candidate:
     remat: dict[str, Any]
     per_device_batch: float
     estimate: dict[str, Any]
+    vocab_tiling: int = 1  # the loss computed in this many tiles of the vocabulary
+    splash_block: int = 512  # every Splash block (the kernel's default, or the recipes' larger)
 
     @property
     def gib(self) -> float:
@@ -62,14 +78,23 @@ class Candidate:
             "per_device_batch": self.per_device_batch,
             "mesh": {"fsdp": -1, **self.mesh},
             "remat": self.remat,
-        }
+            **({"vocab_tiling": self.vocab_tiling} if self.vocab_tiling > 1 else {}),
+            **({"kernels": dict.fromkeys(SPLASH_BLOCKS, self.splash_block)}
+               if self.splash_block != DEFAULT_BLOCK else {}),
+        }  # fmt: skip
 
     def describe(self) -> str:
         mesh = ", ".join(f"{k} {v}" for k, v in self.mesh.items() if v > 1) or "fsdp only"
         remat = self.remat["policy"]
         if remat == "custom":
             remat += " " + ", ".join(f"{k}: {v}" for k, v in self.remat["custom"].items())
-        return f"mesh fsdp -1 ({mesh}), remat {remat}, per-device batch {self.per_device_batch:g}"
+        tiles = f", the loss in {self.vocab_tiling} tiles" if self.vocab_tiling > 1 else ""
+        if self.splash_block != DEFAULT_BLOCK:
+            tiles += f", Splash blocks {self.splash_block}"
+        return (
+            f"mesh fsdp -1 ({mesh}), remat {remat}, per-device batch {self.per_device_batch:g}"
+            f"{tiles}"
+        )
 
 
 @dataclass
@@ -83,6 +108,9 @@ class Recommendation:
     )  # the others that fit, fastest first
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    # The fastest fp8 candidate, searched as the bf16 ones are (bf16 advice on a target with
+    # an fp8 peak): what an fp8 trial is held against.
+    fp8: Candidate | None = None
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -94,7 +122,9 @@ class Recommendation:
 
 
 def _divisors(n: int, devices: int, cap: int) -> list[int]:
-    return [d for d in (1, 2, 4, 8, 16, 32) if d <= cap and n % d == 0 and devices % d == 0]
+    return [
+        d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= cap and n % d == 0 and devices % d == 0
+    ]
 
 
 def meshes(config: TrialConfig, devices: int) -> list[dict[str, int]]:
@@ -104,7 +134,9 @@ def meshes(config: TrialConfig, devices: int) -> list[dict[str, int]]:
     m = config.model
     tensors = _divisors(m.num_kv_heads, devices, 8)
     experts = _divisors(m.num_experts, devices, 16) if m.is_moe else [1]
-    contexts = _divisors(config.seq_len, devices, 32) if config.seq_len >= LONG_SEQUENCE else [1]
+    contexts = (
+        _divisors(config.seq_len, devices, devices) if config.seq_len >= LONG_SEQUENCE else [1]
+    )
     out = []
     for t, e, c in itertools.product(tensors, experts, contexts):
         if devices % (t * e * c) == 0 and devices // (t * e * c) >= 1:
@@ -133,16 +165,21 @@ def candidates(
     base = {"model": model, "seq_len": seq_len, "precision": {"mode": precision}}
     limit = accel.usable_hbm_per_device * (1 - HEADROOM)
     found: list[Candidate] = []
-    for mesh in meshes(load_config(base), devices):
-        for remat in REMATS:
-            for batch in BATCHES:
-                knobs = {"mesh": {"fsdp": -1, **mesh}, "remat": remat, "per_device_batch": batch}
-                est = _estimate(base, knobs, accel, devices)
-                if est is None:
-                    continue
-                if est["est_memory_per_device"]["total"] > limit or not est["fits"]:
-                    break  # a larger batch only needs more (device or host memory)
-                found.append(Candidate(mesh, remat, batch, est))
+    tilings = [t for t in VOCAB_TILINGS if seq_len % t == 0]
+    blocks = [b for b in SPLASH_BLOCK_SIZES if seq_len % b == 0]
+    for mesh, remat, tiles, block in itertools.product(
+        meshes(load_config(base), devices), REMATS, tilings, blocks
+    ):
+        for batch in BATCHES:
+            knobs = {"mesh": {"fsdp": -1, **mesh}, "remat": remat, "per_device_batch": batch,
+                     "vocab_tiling": tiles,
+                     "kernels": dict.fromkeys(SPLASH_BLOCKS, block)}  # fmt: skip
+            est = _estimate(base, knobs, accel, devices)
+            if est is None:
+                continue
+            if est["est_memory_per_device"]["total"] > limit or not est["fits"]:
+                break  # a larger batch only needs more (device or host memory)
+            found.append(Candidate(mesh, remat, batch, est, tiles, block))
     return sorted(found, key=lambda c: (-c.tokens, sum(c.mesh.values())))
 
 
@@ -164,11 +201,12 @@ def recommend(
             f"state against {slice_hbm_gib:,.0f} GiB usable): use a larger topology"
         )
     long = seq_len >= LONG_SEQUENCE
-    # The smallest context degree that fits keeps the batch axes whole.
-    context = min(c.mesh["context"] for c in fits)
-    fits = _simplest_first([c for c in fits if c.mesh["context"] == context])
-    best, top = fits[0], max(c.tokens for c in fits)
+    # The fastest that fits, whatever its context degree and batch: long sequences need a
+    # context axis and fractions of a sequence per device to be fast, not only to fit.
+    best = fits[0]
+    context = best.mesh["context"]
     est = best.estimate
+    ridge = accel.intensity_flops_per_ici_byte(precision)
     figures: dict[str, Any] = {
         "params": params,
         "state_gib": state_gib,
@@ -177,19 +215,25 @@ def recommend(
         "est_memory_gib": best.gib,
         "est_tokens_per_sec_per_chip": best.tokens,
         "arithmetic_intensity_ici": est["arithmetic_intensity_ici"],
-        "hardware_intensity_ici": est["hardware_intensity_ici"],
+        # The hardware's ridge: peak FLOP/s per ICI link byte/s, one per target and precision.
+        "hardware_intensity_ici": ridge,
         "bound": est["bound"],
     }
     reasons = [
         f"{best.describe()}: {best.gib:.1f} GiB per device of {accel.usable_hbm_per_device / GIB:.2f} "
-        f"usable, {best.tokens:,.0f} tokens/s/chip; of {len(fits)} candidates that fit, the "
-        f"simplest within {TIE:.0%} of the fastest ({top:,.0f}; estimate)",
+        f"usable, {best.tokens:,.0f} tokens/s/chip: the fastest of {len(fits)} candidates that "
+        f"fit (estimate)",
         f"{est['arithmetic_intensity_ici']:,.0f} FLOP per byte over each ICI link against the "
-        f"hardware's {est['hardware_intensity_ici']:,.0f}: {est['bound']}-bound (estimate)",
+        f"hardware's ridge of {ridge:,.0f} ({accel.name}, {precision} peak); at the rate this "
+        f"step computes, {est['hardware_intensity_ici']:,.0f}: {est['bound']}-bound (estimate)",
+        *_simpler(best, fits),
     ]
     reasons += _batch_advice(best, fits)
     reasons += _axis_advice(best, fits, config)
-    reasons += _fp8_advice(best, model, seq_len, accel, devices, precision, figures)
+    fp8 = None
+    if precision == "bf16" and "fp8" in accel.peak_tflops:
+        fp8 = next(iter(candidates(model, seq_len, target, "fp8")), None)
+    reasons += _fp8_advice(best, fp8, model, seq_len, accel, devices, figures)
     workload, primary, secondary = _row(config, best, long, state_gib, slice_hbm_gib)
     if m.is_moe and state_gib > 0.5 * slice_hbm_gib:
         reasons.append(
@@ -199,17 +243,17 @@ def recommend(
         )
     if long:
         reasons.append(
-            f"sequence {seq_len:,}: context parallelism {context} is the smallest degree that fits"
+            f"sequence {seq_len:,}: context parallelism {context}, the fastest that fits; the "
+            f"smallest that fits is {min(c.mesh['context'] for c in fits)}"
         )
-    return Recommendation(workload, primary, secondary, best, fits[1:], reasons, figures)
+    return Recommendation(workload, primary, secondary, best, fits[1:], reasons, figures, fp8)
 
 
-def _simplest_first(fits: list[Candidate]) -> list[Candidate]:
-    """Candidates fastest first, but the simplest within TIE of the fastest first of all:
-    fewest sharded axes, then the largest per-device batch, then the cheapest remat."""
-    top = fits[0].tokens
-    ties = [c for c in fits if c.tokens >= (1 - TIE) * top]
-    best = min(
+def _simpler(best: Candidate, fits: list[Candidate]) -> list[str]:
+    """A simpler candidate (fewer sharded axes, then a larger batch, then lighter remat) within
+    TIE of the advice, where there is one: what a person might start from instead."""
+    ties = [c for c in fits if c.tokens >= (1 - TIE) * best.tokens]
+    simplest = min(
         ties,
         key=lambda c: (
             sum(v > 1 for v in c.mesh.values()),
@@ -217,7 +261,12 @@ def _simplest_first(fits: list[Candidate]) -> list[Candidate]:
             REMATS.index(c.remat),
         ),
     )
-    return [best, *(c for c in fits if c is not best)]
+    if simplest is best:
+        return []
+    return [
+        f"within {TIE:.0%} of it, simpler: {simplest.describe()}, {simplest.tokens:,.0f} "
+        f"tokens/s/chip ({simplest.tokens / best.tokens - 1:+.1%}, estimate)"
+    ]
 
 
 def _row(
@@ -261,14 +310,15 @@ def _batch_advice(best: Candidate, fits: list[Candidate]) -> list[str]:
 
 def _fp8_advice(
     best: Candidate,
+    fastest: Candidate | None,
     model: dict[str, Any],
     seq_len: int,
     accel: Accelerator,
     devices: int,
-    precision: str,
     figures: dict[str, Any],
 ) -> list[str]:
-    if precision != "bf16" or "fp8" not in accel.peak_tflops:
+    """The advice under fp8, and the fastest fp8 candidate where it is another."""
+    if fastest is None:
         return []
     base = {"model": model, "seq_len": seq_len, "precision": {"mode": "fp8"}}
     fp8 = _estimate(base, best.trial(), accel, devices)
@@ -276,7 +326,8 @@ def _fp8_advice(
         return []
     gain = fp8["est_tokens_per_sec_per_chip"] / best.tokens - 1
     figures["fp8_est_tokens_per_sec_per_chip"] = fp8["est_tokens_per_sec_per_chip"]
-    ridge = fp8["hardware_intensity_ici"]
+    figures["fp8_best_est_tokens_per_sec_per_chip"] = fastest.tokens
+    ridge = accel.intensity_flops_per_ici_byte("fp8")
     if best.estimate["bound"] == "compute":
         why = (
             f"compute-bound: fp8 doubles the peak, so the ridge moves to {ridge:,.0f} FLOP per "
@@ -284,9 +335,15 @@ def _fp8_advice(
         )
     else:
         why = f"{best.estimate['bound']}-bound: fp8 shortens only the compute"
-    return [
+    out = [
         f"fp8: {fp8['est_tokens_per_sec_per_chip']:,.0f} tokens/s/chip ({gain:+.0%}, estimate); {why}"
     ]
+    if fastest.trial() != best.trial():
+        out.append(
+            f"fastest in fp8: {fastest.describe()}, {fastest.tokens:,.0f} tokens/s/chip "
+            f"({fastest.tokens / best.tokens - 1:+.0%} on the advice, estimate)"
+        )
+    return out
 
 
 def _axis_advice(best: Candidate, fits: list[Candidate], config: TrialConfig) -> list[str]:

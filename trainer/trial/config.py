@@ -616,6 +616,10 @@ class TrialConfig(Frozen):
     )
     num_devices: int | None = Field(default=None, gt=0)
     """devices to use (default: all the backend shows)."""
+    cpu_cores: int | None = Field(default=None, gt=0, le=4096)
+    """a CPU trainer's cores: it pins itself to the first this many it may use before JAX
+    starts (an exported trial reruns on as many as its sweep gave it; XLA's CPU program
+    depends on them)."""
     measure: MeasureConfig = MeasureConfig()
     """how step time is measured."""
     profile: ProfileConfig | None = None

@@ -153,6 +153,7 @@ FIXED = {
 # settings, convergence, limits, fault and xla.judge, are no part of a MaxText run.)
 TRAINER_ONLY = {
     "num_devices": "MaxText trains on every device of the slice",
+    "cpu_cores": "MaxText runs on the host's cores",
     "measure.skip_steps": "MaxText reports every step's time; the engine skips warm-up steps",
     "data.max_corpus_mib": "the stdlib corpus is this trainer's",
 }
