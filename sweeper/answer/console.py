@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich import box
 from rich.table import Table
 
 from sweeper.answer.notes import UNPINNED
@@ -64,9 +65,12 @@ def sweep_header(manifest: SweepManifest, frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) -> Table:
+def sweep_table(
+    manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10, width: int | None = None
+) -> Table:
     """The sweep's trials, best first: id, status, objective (and its re-measure), MFU,
-    convergence verdict and the values of the knobs that varied, by their short names."""
+    convergence verdict and the values of the knobs that varied, by their short names: a
+    column each where they fit `width`, else one column of `name=value` words."""
     space = manifest.space
     metric = space.objective.primary.metric
     again = f"{REMEASURED}{metric}"  # the best points' second figure, on their first row
@@ -74,45 +78,58 @@ def sweep_table(manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10) ->
     same = constant_knobs(frame)
     knobs = {c: n for c, n in knob_columns(frame.columns).items() if n not in same}
     names = short_names(knobs.values())
-    table = Table(title=f"best {min(rows, len(frame))} of {len(frame)}", title_justify="left")
     # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    remeasured = again in frame
-    table.add_column("trial", no_wrap=True)
-    table.add_column("status")
-    table.add_column(metric_label(metric), justify="right")
-    if remeasured:
-        table.add_column("again", justify="right")
-    table.add_column(mfu, justify="right")
-    table.add_column("conv.")
-    for name in knobs.values():
-        table.add_column(names[name])
-    if frame.empty:
-        return table
+    heads = ["trial", "status", metric_label(metric), *(["again"] if again in frame else []),
+             mfu, "conv."]  # fmt: skip
     ordered = frame.sort_values(
         metric, ascending=space.objective.primary.mode == "min", na_position="last"
     )
-    for _, row in ordered.head(rows).iterrows():
-        value = row.get(metric)
-        status = (
-            row[Column.STATUS]
-            if row[Column.STATUS] == TrialStatus.OK
-            else f"{row[Column.STATUS]}: {row[Column.FAILURE_CLASS]}"
-        )
-        if not missing(row.get(Column.REUSED_FROM)):
-            status += f" (reused #{int(row[Column.REUSED_FROM])})"
-        if str(row.get(Column.CORES)) == UNPINNED:
-            status += " (unpinned)"
-        table.add_row(
-            str(row[Column.TRIAL_ID]),
-            status,
-            "-" if missing(value) else f"{value:,.1f}",
-            *([("-" if missing(row[again]) else f"{row[again]:,.1f}")] if remeasured else []),
-            "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
-            _VERDICT.get(row.get(Column.CONVERGENCE_PASSED), "-"),
-            *["-" if missing(row[c]) else str(row[c]) for c in knobs],
-        )
+    lines = [_cells(row, metric, again in frame, mfu) for _, row in ordered.head(rows).iterrows()]
+    values = [
+        ["-" if missing(r[c]) else str(r[c]) for c in knobs]
+        for _, r in ordered.head(rows).iterrows()
+    ]
+    knob_heads = [names[n] for n in knobs.values()]
+    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(heads)]
+    widths += [max([len(h), *(len(v[i]) for v in values)]) for i, h in enumerate(knob_heads)]
+    apart = width is None or sum(w + 2 for w in widths) <= width  # a space either side of each
+    table = Table(title=f"best {len(lines)} of {len(frame)}", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
+    for i, head in enumerate(heads):
+        table.add_column(head, no_wrap=True, justify="right" if 1 < i < 5 else "left")
+    if apart:
+        for head in knob_heads:
+            table.add_column(head)
+    elif knob_heads:
+        table.add_column("knobs that varied", ratio=1)
+    for line, value in zip(lines, values, strict=True):
+        words = [f"{h}={v}" for h, v in zip(knob_heads, value, strict=True) if v != "-"]
+        table.add_row(*line, *(value if apart else ([" ".join(words)] if words else [])))
     return table
+
+
+def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]:
+    """A trial's cells before its knobs: id, status, objective, its re-measure, MFU, verdict."""
+    value = row.get(metric)
+    again = f"{REMEASURED}{metric}"
+    status = (
+        row[Column.STATUS]
+        if row[Column.STATUS] == TrialStatus.OK
+        else f"{row[Column.STATUS]}: {row[Column.FAILURE_CLASS]}"
+    )
+    if not missing(row.get(Column.REUSED_FROM)):
+        status += f" (reused #{int(row[Column.REUSED_FROM])})"
+    if str(row.get(Column.CORES)) == UNPINNED:
+        status += " (unpinned)"
+    return [
+        str(row[Column.TRIAL_ID]),
+        status,
+        "-" if missing(value) else f"{value:,.1f}",
+        *([("-" if missing(row[again]) else f"{row[again]:,.1f}")] if remeasured else []),
+        "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
+        _VERDICT.get(row.get(Column.CONVERGENCE_PASSED), "-"),
+    ]
 
 
 def dashboard_command(storage: str) -> list[str] | None:
@@ -146,7 +163,7 @@ def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -
     """The sweep as the terminal shows it (its width: COLUMNS, else the terminal's)."""
     for line in sweep_header(manifest, frame):
         console.print(line)
-    console.print(sweep_table(manifest, frame))
+    console.print(sweep_table(manifest, frame, width=console.width))
     for note in manifest.ending.notes:
         console.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
     for line in where(manifest, sweep_dir):
@@ -155,7 +172,8 @@ def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -
 
 def sweeps_table(found: list[Found]) -> Table:
     """The sweeps, newest first: id (its start time), space, state, trials, the best."""
-    table = Table(title=f"{len(found)} sweep{'s' if len(found) != 1 else ''}", title_justify="left")
+    table = Table(title=f"{len(found)} sweep{'s' if len(found) != 1 else ''}", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     table.add_column("sweep (started)", no_wrap=True)
     table.add_column("space")
     table.add_column("state")

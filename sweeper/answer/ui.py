@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import IO
 
 from sweeper.record.manifest import SweepManifest
@@ -20,6 +21,7 @@ from sweeper.record.stores import MEMORY_SCHEME
 from sweeper.space.errors import SpaceError
 
 HOST = "127.0.0.1"
+APP = "sweeper"  # the MLflow app plugin pyproject.toml registers (answer/mlflow_app)
 START_TIMEOUT_S = 120.0
 
 
@@ -39,6 +41,12 @@ def serve(manifest: SweepManifest, port: int, say: Callable[[str], None]) -> Non
     # defaults started 4 uvicorn workers and a huey job runner, 12 processes, 3.4 GB).
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                "--host", HOST, "--port", str(port), "--workers", "1"]  # fmt: skip
+    if APP in {e.name for e in entry_points(group="mlflow.app")}:
+        command += ["--app-name", APP]  # its page opens in Model training (answer/mlflow_app)
+    else:
+        say(f"note: the `{APP}` MLflow app is not installed (pip install -e . registers it); a "
+            "page without the URL's workflowType opens MLflow in GenAI until you choose Model "
+            "training in its sidebar")  # fmt: skip
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     base = f"http://{HOST}:{port}"
     # A SIGTERM (a supervisor, `kill`) stops the UI as Ctrl-C does, never orphaning it.

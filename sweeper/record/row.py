@@ -93,11 +93,16 @@ def knob_columns(columns: Iterable[str]) -> dict[str, str]:
     return {c: c.removeprefix(KNOB_PREFIX) for c in columns if c.startswith(KNOB_PREFIX)}
 
 
+# Knobs every sweep has, by the name a person calls them.
+SHORT_NAMES = {"per_device_batch": "batch", "remat.policy": "remat"}
+
+
 def short_names(knobs: Iterable[str]) -> dict[str, str]:
-    """knob -> the name every view shows it by: the last part of its dotted name, the whole
-    name where two knobs' last parts read alike (mesh.tensor -> tensor)."""
+    """knob -> the name every view shows it by: without its namespace (mesh.tensor -> tensor,
+    remat.custom.context -> custom.context, a few by their usual name: per_device_batch ->
+    batch), the whole name where two would read alike."""
     knobs = list(knobs)
-    short = {k: k.rsplit(".", 1)[-1] for k in knobs}
+    short = {k: SHORT_NAMES.get(k) or k.split(".", 1)[-1] for k in knobs}
     counts = Counter(short.values())
     return {k: k if counts[short[k]] > 1 else short[k] for k in knobs}
 
