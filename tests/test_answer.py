@@ -194,6 +194,10 @@ def test_sweeper_ui_serves_the_sweeps_runs_on_loopback(finished):
         assert all(any(m["key"] == "remeasured_tokens_per_sec_per_chip"
                        for m in r["data"]["metrics"]) for r in again)  # fmt: skip
         assert "workflowType=machine_learning" in url  # MLflow's "Model training" mode
+        # Its page stores Model training as the browser's choice where it has none, so links
+        # without the parameter (the breadcrumb, the experiments list) stay in it.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
+            assert b"localStorage.setItem('mlflow.workflowType_v1'" in page.read()
     finally:
         ui.terminate()
         ui.wait(timeout=30)
