@@ -75,7 +75,9 @@ class ProgressCallback(tune.Callback):
     ) -> None:
         self.started += 1
         self.since[trial.trial_id] = self.shown_at[trial.trial_id] = time.monotonic()
-        self._line(f"started {trial.trial_id}")
+        again = trial.config.get(REMEASURE_KEY)
+        said = f": {again} measured again" if again else ""
+        self._line(f"started {trial.trial_id}{said}")
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any

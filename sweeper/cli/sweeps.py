@@ -220,7 +220,14 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     from sweeper.answer.console import print_sweep
     from sweeper.record.manifest import SweepManifest
 
-    print_sweep(SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir)
+    try:
+        print_sweep(
+            SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir
+        )
+    except KeyboardInterrupt:  # the sweep had ended: only its printing was cut
+        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `sweeper show "
+                  f"{result.sweep_id}` prints it")  # fmt: skip
+        raise typer.Exit(130) from None
     if result.interrupted:
         err.print(
             "[red]interrupted[/red]: finished trials are kept; running ones were killed. "

@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +109,27 @@ def stop_ray() -> None:
         context = ray.get_runtime_context()
         session = Path(context.get_temp_dir()) / context.get_session_name()
         node_id = context.get_node_id()
-        ray.shutdown()
+        with _ctrl_c_held():
+            ray.shutdown()
         shutil.rmtree(lease_folder(node_id), ignore_errors=True)
         _remove_session(session)
     _RAY_STARTED_HERE = False
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Ray's shutdown is not cut by a Ctrl-C (a cut one leaves its servers running, and the
+    KeyboardInterrupt would replace the sweep's own ending): one that arrives meanwhile is
+    dropped, the sweep being over by then. Only the main thread can hold it."""
+    try:
+        before = signal.signal(signal.SIGINT, lambda *_: None)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _remove_session(session: Path) -> None:

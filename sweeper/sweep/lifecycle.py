@@ -599,16 +599,26 @@ class Sweep:
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
         tuner = self.tuner(callbacks, progress)
-        with watching_ctrl_c(self):
-            try:
-                tuner.fit()
-            except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: stopped now, resumable
-                running = self.stop_resumable()
-                raise SweepInterrupted(self.sweep_id, running) from None
-            except BaseException:  # a store gone or full: no run left RUNNING
-                self.abandon()
-                raise
-        return self.finish()
+        try:
+            with watching_ctrl_c(self):
+                try:
+                    tuner.fit()
+                except KeyboardInterrupt:
+                    raise
+                except BaseException:  # a store gone or full: no run left RUNNING
+                    self.abandon()
+                    raise
+            return self.finish()
+        except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM, even as Tune returns
+            if self.result is not None and not self.result.interrupted:
+                return self.result  # it came after the sweep had ended well: nothing to stop
+            raise self.interrupted_now() from None
+
+    def interrupted_now(self) -> SweepInterrupted:
+        """A second Ctrl-C / SIGTERM: the sweep stopped at once, left resumable (its records
+        closed by `stop_resumable` unless its interrupted ending was already written)."""
+        running = [] if self.result is not None else self.stop_resumable()
+        return SweepInterrupted(self.sweep_id, running)
 
     def stop_resumable(self) -> list[str]:
         """Close what a sweep stopped at once leaves open, so that `resume` continues it: the
