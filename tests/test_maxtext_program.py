@@ -424,3 +424,41 @@ if __name__ == "__main__":  # the settings the kept logs were made with
             program_settings(static_check(space, {}), space.maxtext_program(), {}, "cpu").argv()
         )
     )
+
+
+def test_a_trials_profile_is_maxtexts_profiler_and_its_traces_are_kept(tmp_path):
+    """trial.profile is MaxText's xplane profiler over the same steps, and the traces MaxText
+    writes under its (temporary) output folder are copied to the trial's profile folder
+    (issue 48, item 7: they were deleted with the folder)."""
+    from trainer.maxtext.driver import keep_traces
+    from trainer.trial.config import load_config
+    from trainer.trial.maxtext import to_maxtext
+
+    config = load_config(
+        {"model": {"preset": "tiny-dense"}, "profile": {"start_step": 3, "steps": 2}}
+    )
+    args = to_maxtext(config).args
+    assert (args["profiler"], args["skip_first_n_steps_for_profiler"], args["profiler_steps"]) == (
+        "xplane",
+        "3",
+        "2",
+    )
+    work = tmp_path / "work" / "sweeper" / "tensorboard" / "plugins" / "profile" / "2026_12_05"
+    work.mkdir(parents=True)
+    (work / "host.xplane.pb").write_bytes(b"trace")
+    kept = keep_traces(tmp_path / "work", tmp_path / "profile")
+    assert [p.relative_to(tmp_path) for p in kept] == [
+        Path("profile/plugins/profile/2026_12_05/host.xplane.pb")
+    ]
+
+
+@pytest.mark.slow
+@needs_maxtext
+def test_a_maxtext_run_keeps_its_profile_in_the_trials_folder(tmp_path):
+    from sweeper.sweep.run import run_sweep
+
+    result = run_sweep(str(SPACES / "smoke_maxtext.yaml"), results_dir=tmp_path, trials=1,
+                       set={"search.remeasure": 0, "trial.profile.start_step": 3})  # fmt: skip
+    assert result.counts == {"total": 1, "ok": 1}
+    traces = list(tmp_path.rglob("profile/plugins/profile/*/*.xplane.pb"))
+    assert traces, sorted(str(p) for p in tmp_path.rglob("*profile*"))

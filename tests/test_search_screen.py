@@ -10,6 +10,7 @@ from sweeper.cli.app import app
 from sweeper.search.screen import FITS, INVALID, OVER_HBM, screen, unseen_knobs
 from sweeper.space.load import load_space
 from sweeper.space.points import count_points
+from sweeper.space.schema import Space
 
 
 def _row(frame: pd.DataFrame, point: dict) -> pd.Series:
@@ -67,11 +68,31 @@ def test_a_sample_screens_that_many_points_and_the_cli_says_its_fidelity(tmp_pat
     assert local.exit_code == 2 and "TPU target" in local.output
 
 
+def test_a_maxtext_space_screens_as_ours_and_says_what_its_figures_are_of():
+    """A MaxText space screens (issue 48; it was refused): each point is estimated as the same
+    shape and settings in the engine's model, its `maxtext.*` knobs named as unseen, and the
+    screen says its figures are not MaxText's program."""
+    maxtext = load_space("llama31_70b_8k_maxtext")
+    ours = maxtext.model_dump(mode="json")
+    ours.update(program="sweeper-trainer", maxtext=None)
+    ours["knobs"] = {k: v for k, v in ours["knobs"].items() if not k.startswith("maxtext.")}
+    ours["search"]["warm_start"] = []
+    frame, same = screen(maxtext), screen(Space.model_validate(ours))
+    assert "maxtext.optimizer_memory_host_offload" in unseen_knobs(frame)
+    assert (frame["verdict"] != "invalid").all()
+    knobs = [c for c in same.columns if c.startswith("knob:")]
+    figures = ["verdict", "est_tokens_per_sec_per_chip", "est_hbm_per_device_gib"]
+    both = frame.drop_duplicates(knobs).merge(same, on=knobs, suffixes=("", "_ours"))
+    assert len(both) == len(same)
+    for figure in figures:
+        assert (both[figure] == both[f"{figure}_ours"]).all(), figure
+    said = CliRunner().invoke(app, ["screen", "llama31_70b_8k_maxtext"], env={"COLUMNS": "200"})
+    assert said.exit_code == 0 and "not MaxText's program" in said.output, said.output
+
+
 def test_a_screen_that_cannot_judge_says_why():
-    """A MaxText space is refused by name (the estimate is our trainer's); a space whose every
-    point is invalid screens to a table of verdicts and their reasons, not a traceback."""
-    maxtext = CliRunner().invoke(app, ["screen", "llama31_70b_8k_maxtext"])
-    assert maxtext.exit_code == 2 and "program: maxtext" in maxtext.output, maxtext.output
+    """A space whose every point is invalid screens to a table of verdicts and their reasons,
+    not a traceback."""
     invalid = CliRunner().invoke(
         app, ["screen", "dense_short_tpu7x", "--set", "trial.mesh.context=3"]
     )

@@ -77,6 +77,8 @@ def export(
     if fmt != "maxtext":
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     platform = config.backend if config.backend != "auto" else "tpu"
+    # The command that trains on the target's TPUs: compile_topology is train_compile's.
+    config = config.model_copy(update={"compile_target": None})
     settings = (
         program_settings(config, *maxtext, Backend(platform))
         if maxtext

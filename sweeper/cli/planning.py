@@ -35,7 +35,7 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
-    from sweeper.search.screen import FITS, unseen_knobs
+    from sweeper.search.screen import FITS, caveats, unseen_knobs
     from sweeper.search.screen import screen as screen_space
 
     try:
@@ -76,6 +76,8 @@ def screen(
             f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
             "(a compile does: fidelity compile)"
         )
+    for caveat in caveats(loaded):
+        console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     if out is not None:
         frame.to_csv(out, index=False)
         console.print(f"wrote {out}")
@@ -118,15 +120,18 @@ def plan(
     _print_advice(rec, target)
     if space is not None:
         name = f"plan_{model}_{seq}".replace(".", "").replace("-", "_")
-        _write_space(
-            space, yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False)
+        write_space(
+            space,
+            yaml.safe_dump(space_for(rec, spec, seq, target, name), sort_keys=False),
+            "--space",
+            "sweeper plan",
         )
         console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
     if compile_:
         _compile_advice(rec, spec, seq, target, timeout)
 
 
-def _write_space(path: Path, text: str) -> None:
+def write_space(path: Path, text: str, option: str, made_by: str) -> None:
     """Write the space only once the engine takes it: a temporary file beside `path`, loaded,
     then moved into place (nothing is left where a space would not validate)."""
     import os
@@ -141,8 +146,8 @@ def _write_space(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except SpaceError as exc:
         fail(
-            f"--space {path}: the space written from the advice does not validate ({exc}); "
-            "nothing was written: this is a fault of `sweeper plan`, please report it"
+            f"{option} {path}: the space {made_by} wrote does not validate ({exc}); nothing "
+            f"was written: this is a fault of `{made_by}`, please report it"
         )
     finally:
         if os.path.exists(tmp):

@@ -32,12 +32,6 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     it is an estimate, else by est. tokens/s). `sample`: that many points drawn at random."""
     if not space.is_tpu_target:
         raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
-    if space.program != "sweeper-trainer":
-        raise ValueError(
-            f"program: {space.program}: the screen is our trainer's analytic estimate, which "
-            "cannot judge MaxText's program; compile it (sweeper run), or screen the same knobs "
-            "with program sweeper-trainer"
-        )
     topology = space.target.tpu
     chosen = points(space, ENUMERATE_AT_MOST)
     if sample is not None and sample < len(chosen):
@@ -69,11 +63,11 @@ def _judge(
     space: Space, point: dict[str, Any], topology: Topology, limit_gib: float
 ) -> dict[str, Any]:
     row: dict[str, Any] = {knob_column(k): v for k, v in point.items()}
-    if maxtext_knobs(point):
-        row.update(verdict=INVALID, why="maxtext.* knobs are MaxText's: the estimate is ours")
-        return row
+    # MaxText's own settings (`maxtext.*` knobs) are none of the estimate's: it judges the
+    # point without them (`unseen_knobs` names them), as it judges our trainer's.
+    ours = {k: v for k, v in point.items() if k not in maxtext_knobs(point)}
     try:
-        config = static_check(space, point, topology.devices)
+        config = static_check(space, ours, topology.devices)
         est = estimate(config, topology.accelerator, topology.devices)
     except ConfigError as exc:
         row.update(verdict=INVALID, why=f"{exc.field}: {exc.message}")
@@ -93,6 +87,24 @@ def _judge(
         bound=est["bound"],
     )
     return row
+
+
+def caveats(space: Space) -> list[str]:
+    """What the screen's figures are of, where that is not the space's own program."""
+    if space.program != "maxtext":
+        return []
+    said = [
+        "program maxtext: the estimate is the engine's model of the same shape and settings, "
+        "not MaxText's program (a compile measures that: the ladder's verify rung, or `sweeper "
+        "run`)"
+    ]
+    recipe = space.maxtext_program().recipe
+    if recipe is not None and recipe.unmodeled:
+        said.append(
+            "the estimate does not model: " + "; ".join(recipe.unmodeled) + " (its figures for "
+            "this model are of the shape alone: rank by them with care, verify by compile)"
+        )
+    return said
 
 
 def unseen_knobs(frame: pd.DataFrame) -> list[str]:

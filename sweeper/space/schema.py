@@ -310,11 +310,6 @@ class Space(Frozen):
                 f"search.ladder: the ladder screens and compiles for a TPU target; target is "
                 f"{self.target}: give a target such as tpu7x:4x4x4, or drop search.ladder"
             )
-        if self.program != "sweeper-trainer":
-            raise ValueError(
-                "search.ladder: the screen is our trainer's estimate, which cannot judge MaxText "
-                "settings: use the ladder with program sweeper-trainer"
-            )
         if self.fidelity not in ("auto", "compile"):
             raise ValueError(
                 f"search.ladder: the ladder sets each rung's fidelity (its verify rung compiles); "

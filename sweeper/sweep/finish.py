@@ -207,6 +207,12 @@ def sweep_notes(
         *noise_notes(frame, objective.metric, objective.mode == "max"),
         *pinning_notes(frame),
     ]
+    recipe = sweep.space.maxtext_program().recipe if sweep.space.program == "maxtext" else None
+    if recipe is not None and recipe.unmodeled:
+        notes.append(
+            "model: MFU and model FLOPs count the model's shape alone (memory and step time are "
+            "MaxText's compiled program's); not counted: " + "; ".join(recipe.unmodeled)
+        )
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
         notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")

@@ -338,15 +338,20 @@ def run_trial(
             chips=where.chips,
         )
     )  # fmt: skip
-    steps = _train(program, settings, emitter)
+    profile = config.profile.dir if config.profile is not None else None
+    steps = _train(program, settings, emitter, Path(profile) if profile else None)
     return _run_summary(config, steps, where, "cpu" if cpu else "tpu")
 
 
 def _train(
-    program: MaxTextProgram, settings: MaxTextSettings, emitter: Emitter
+    program: MaxTextProgram,
+    settings: MaxTextSettings,
+    emitter: Emitter,
+    profile: Path | None = None,
 ) -> list[logs.StepLine]:
     """MaxText's train run to its end, each step it logs emitted as ours; its steps, or
-    TrialFailure when it failed or logged none."""
+    TrialFailure when it failed or logged none. The traces MaxText's profiler wrote (under its
+    output folder, a temporary one) are kept in `profile` (the trial's folder)."""
     steps: list[logs.StepLine] = []
 
     def on_line(line: str) -> None:
@@ -370,6 +375,8 @@ def _train(
                 *settings.argv()]  # fmt: skip
         libtpu = {"LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args)}
         output = run_maxtext(program.interpreter(), TRAIN, argv, libtpu, on_line)
+        if profile is not None:
+            keep_traces(work, profile)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if output.returncode or not steps:
@@ -377,6 +384,19 @@ def _train(
             raise TrialFailure(FailureClass.CRASHED, "MaxText train logged no completed step")
         raise _failed(output, "train")
     return steps
+
+
+def keep_traces(work: Path, profile: Path) -> list[Path]:
+    """MaxText's profiler traces (`plugins/profile/<run>/` under its tensorboard folder) copied
+    into `profile`, as our trainer writes its own; the files kept."""
+    kept = []
+    for trace in sorted(work.rglob("plugins/profile/*")):
+        if trace.is_dir():
+            shutil.copytree(trace, profile / "plugins" / "profile" / trace.name, dirs_exist_ok=True)
+            kept += [
+                p for p in (profile / "plugins" / "profile" / trace.name).rglob("*") if p.is_file()
+            ]
+    return kept
 
 
 def _run_summary(

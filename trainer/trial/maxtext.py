@@ -42,6 +42,38 @@ MAXTEXT_VENV = Path(__file__).resolve().parents[2] / ".maxtext"
 Scalar = str | int | float | bool
 
 
+class MaxTextRecipe(Frozen):
+    """The MaxText command a space was imported from (`sweeper import`). Trial 0 runs it as it
+    was; any trial runs it with what its configuration changes against `trial`."""
+
+    command: str = ""
+    """the command as it was given (provenance; not read)."""
+    settings: dict[str, str]
+    """its key=value settings as MaxText 0.2.5 names them, values as written."""
+    libtpu_init_args: list[str] = Field(default_factory=list)
+    """its LIBTPU_INIT_ARGS (XLA_FLAGS' compiler flags included)."""
+    trial: dict[str, Any]
+    """the trial configuration these settings are, as the importer read them: a trial's
+    settings are the recipe's, changed where its configuration maps differently."""
+    changes: list[str] = Field(default_factory=list)
+    """what the importer changed for MaxText 0.2.5 or the engine (a renamed key, a setting
+    refused, the run's name and output folder), each with why."""
+    unmodeled: list[str] = Field(default_factory=list)
+    """the model's features the engine's estimates do not model (its checks and MFU use the
+    shape alone)."""
+
+    @field_validator("settings")
+    @classmethod
+    def _known(cls, settings: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(settings) - BASE_KEYS)
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a MaxText 0.2.5 setting (its base.yml keys)")
+        return settings
+
+    def config(self) -> TrialConfig:
+        return TrialConfig.model_validate(self.trial)
+
+
 class MaxTextProgram(Frozen):
     """A space's `maxtext:` section: which MaxText runs its trials, and settings every trial
     of it gets beside those its knobs map to."""
@@ -54,6 +86,9 @@ class MaxTextProgram(Frozen):
     """MaxText's base config file (default: the package's configs/base.yml)."""
     extra: dict[str, Scalar] = Field(default_factory=dict)
     """more MaxText settings (keys of its base.yml), e.g. {dcn_data_parallelism: 2}."""
+    recipe: MaxTextRecipe | None = None
+    """the command the space was imported from (`sweeper import`): each trial runs it, changed
+    where the trial's configuration differs from the recipe's."""
 
     @field_validator("extra")
     @classmethod
@@ -186,14 +221,36 @@ def program_settings(
     knobs: dict[str, Any] | None = None,
     platform: Backend = Backend.TPU,
 ) -> MaxTextSettings:
-    """The settings of a MaxText trial: the trial's knobs mapped (`to_maxtext`), then the
+    """The settings of a MaxText trial: the trial's knobs mapped (`to_maxtext`; over an imported
+    recipe, the recipe's settings changed where the trial maps differently from it), then the
     space's `maxtext:` section, then the point's `maxtext.*` knobs (each named as MaxText's)."""
     settings = to_maxtext(config, platform)
+    if program.recipe is not None:
+        settings = over_recipe(program.recipe, settings, platform)
     if program.model_name:
         settings.args["model_name"] = program.model_name
     for key, value in {**program.extra, **(knobs or {})}.items():
         settings.args[key.removeprefix(KNOB_PREFIX)] = _text(value)
     return settings
+
+
+def over_recipe(
+    recipe: MaxTextRecipe, trial: MaxTextSettings, platform: Backend = Backend.TPU
+) -> MaxTextSettings:
+    """The recipe's settings and flags, each kept as written unless the trial's mapped settings
+    (`trial`) differ from what the recipe's own configuration maps to: then the trial's."""
+    own = to_maxtext(recipe.config(), platform)
+    args = dict(recipe.settings)
+    for key, value in trial.args.items():
+        if own.args.get(key) != value:
+            args[key] = value
+    for key in own.args.keys() - trial.args.keys():
+        args.pop(key, None)
+    dropped = set(own.libtpu_init_args) - set(trial.libtpu_init_args)
+    flags = [f for f in recipe.libtpu_init_args if f not in dropped]
+    flags += [f for f in trial.libtpu_init_args if f not in own.libtpu_init_args and f not in flags]
+    unmapped = [u for u in trial.unmapped if u not in own.unmapped]
+    return MaxTextSettings(args, flags, unmapped)
 
 
 def _text(value: Any) -> str:
@@ -383,6 +440,10 @@ def _run(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
         out["hardware"] = config.backend
     if config.backend == "cpu":  # one process: MaxText's CPU path would wait for a launcher
         out["skip_jax_distributed_system"] = "true"
+    if config.profile is not None:  # MaxText's xplane trace of the same steps (kept by the driver)
+        out["profiler"] = "xplane"
+        out["skip_first_n_steps_for_profiler"] = str(config.profile.start_step)
+        out["profiler_steps"] = str(config.profile.steps)
     if config.compile_target:
         topology = Topology.parse(config.compile_target)
         out["compile_topology"] = f"{topology.prefix}-{topology.slice_devices}"
@@ -417,8 +478,9 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
     """The trial configuration (as a dict for `load_config`) that MaxText settings describe:
     the inverse of `to_maxtext` on what it maps."""
     trial: dict[str, Any] = {}
-    if "model_name" in args:
-        preset = next(ours for ours, theirs in MODEL_NAMES.items() if theirs == args["model_name"])
+    name = args.get("model_name")
+    preset = next((ours for ours, theirs in MODEL_NAMES.items() if theirs == name), None)
+    if preset is not None:  # a model MaxText names and we have no preset of: the caller's
         _set(trial, "model.preset", preset)
     for ours, theirs in SHAPE.items():
         if theirs in args:
@@ -451,7 +513,7 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
     if args.get("compile_topology"):
         prefix, _, devices = args["compile_topology"].rpartition("-")
         slices = int(args.get("compile_topology_num_slices", "1"))
-        trial["compile_target"] = _target(prefix, int(devices)) + (
+        trial["compile_target"] = slice_target(prefix, int(devices)) + (
             f"x{slices}" if slices > 1 else ""
         )
     xla = _flags_back(libtpu_init_args or [])
@@ -528,7 +590,7 @@ SHAPES = ("1x1x1", "2x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8"
           "8x8x8", "8x8x16", "8x16x16", "16x16x16")  # fmt: skip
 
 
-def _target(prefix: str, devices: int) -> str:
+def slice_target(prefix: str, devices: int) -> str:
     """A compile_topology (`tpu7x-128`) as our target (`tpu7x:4x4x4`)."""
     accelerator = Topology.parse(f"{prefix}:1x1x1").accelerator
     chips = devices // accelerator.devices_per_chip
