@@ -462,3 +462,34 @@ def test_a_maxtext_run_keeps_its_profile_in_the_trials_folder(tmp_path):
     assert result.counts == {"total": 1, "ok": 1}
     traces = list(tmp_path.rglob("profile/plugins/profile/*/*.xplane.pb"))
     assert traces, sorted(str(p) for p in tmp_path.rglob("*profile*"))
+
+
+@pytest.mark.slow
+@needs_maxtext
+def test_a_models_flops_are_maxtexts_own_count_where_the_shape_alone_misses_some():
+    """The MFU of a MaxText trial divides by the model's FLOPs as MaxText counts them (its
+    maxtext_utils): for llama3.1-70b the engine's count of the shape is the same figure; for
+    gemma4-26b (a shared expert, sliding windows, ...) the shape alone is 3% short."""
+    from trainer.estimate.analytic import estimate
+    from trainer.maxtext.driver import maxtext_tflops
+    from trainer.trial.config import load_config
+    from trainer.trial.hardware import Topology
+
+    configs = Path(MAXTEXT).parent.parent.glob("lib/python3*/site-packages/maxtext/configs")
+    base = str(next(configs) / "base.yml")
+    topology = Topology.parse("tpu7x:4x4x4")
+    common = ["max_target_length=8192", "compile_topology=tpu7x-128", "dataset_type=synthetic"]
+    theirs = {
+        name: maxtext_tflops(str(MAXTEXT), [base, f"model_name={name}", f"per_device_batch_size={b}", *common])
+        for name, b in (("llama3.1-70b", 2), ("gemma4-26b", 4))
+    }  # fmt: skip
+    llama = load_config(
+        {"model": {"preset": "llama3.1-70b"}, "seq_len": 8192, "per_device_batch": 2}
+    )
+    ours = estimate(llama, topology.accelerator, topology.devices)["model_flops_per_step"]
+    assert ours / topology.devices / 1e12 == pytest.approx(theirs["llama3.1-70b"], rel=1e-3)
+    gemma = {"d_model": 2816, "num_layers": 30, "num_heads": 16, "num_kv_heads": 8, "head_dim": 256,
+             "mlp_dim": 704, "vocab_size": 262144, "num_experts": 128, "experts_per_token": 8}  # fmt: skip
+    shape = load_config({"model": gemma, "seq_len": 8192, "per_device_batch": 4})
+    ours = estimate(shape, topology.accelerator, topology.devices)["model_flops_per_step"]
+    assert theirs["gemma4-26b"] > ours / topology.devices / 1e12 * 1.02

@@ -242,7 +242,44 @@ def compile_trial(
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _compiled_summary(config, topology, memory, hlo, compile_s, emitter)
+    summary = _compiled_summary(config, topology, memory, hlo, compile_s, emitter)
+    tflops = maxtext_tflops(python, [base, *settings.argv()])
+    if tflops is not None:  # the model's FLOPs as MaxText counts them, for its MFU
+        flops = tflops * 1e12 * topology.devices
+        summary["est_mfu"] *= flops / summary["model_flops_per_step"]
+        summary["model_flops_per_step"] = flops
+        summary["model_flops_source"] = "maxtext"
+    return summary
+
+
+# MaxText's own count of a step's training FLOPs per device (its maxtext_utils, as its train
+# logs "Per train step: Total TFLOPs"): printed as one JSON line.
+_TFLOPS = """
+import json, sys
+from maxtext.configs import pyconfig
+from maxtext.utils import maxtext_utils
+config = pyconfig.initialize([sys.argv[0], *sys.argv[1:]])
+total, learnable, attention = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
+print("SWEEPER_TFLOPS " + json.dumps([total, learnable, attention]))
+"""
+
+
+def maxtext_tflops(python: str, argv: list[str]) -> float | None:
+    """A step's training TFLOPs per device as MaxText counts them for this model and these
+    settings (its own formulas: MLA, sliding windows, shared experts included); None when
+    MaxText could not say (the summary keeps the engine's count of the shape then)."""
+    env = maxtext_env({"JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"})
+    try:
+        done = subprocess.run(
+            [python, "-c", _TFLOPS, *argv, "skip_jax_distributed_system=true"],
+            capture_output=True, text=True, env=env, timeout=300, preexec_fn=die_with_parent,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        if line.startswith("SWEEPER_TFLOPS "):
+            return float(json.loads(line.removeprefix("SWEEPER_TFLOPS "))[0])
+    return None
 
 
 def _optimized_hlo(dump: Path) -> str:
