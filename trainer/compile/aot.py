@@ -20,7 +20,7 @@ from trainer.program.build import (
     memory_per_device,
 )
 from trainer.program.hlo import count_collectives, fingerprint, parse
-from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.config import SPLASH_BLOCKS, ConfigError, TrialConfig
 from trainer.trial.events import (
     Compiled,
     Emitter,
@@ -122,6 +122,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     topology = Topology.parse(config.compile_target or "")
     accel = topology.accelerator
     devices = topology_devices(topology.target)
+    config, tuned, ran = tuned_blocks(config, topology, devices)
     program = build_program(config, devices)
     emitter.emit(
         accepted_event(
@@ -143,11 +144,45 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             collectives=record["collectives"],
             program_fingerprint=record["fingerprint"],
             shared_compile=shared,
-            effects=_judged_effects(config, devices, record, fits, flags, cache),
+            effects={**_judged_effects(config, devices, record, fits, flags, cache), **tuned},
             program_cost=record["cost"],
         )
     )
-    return compile_summary(config, program.global_batch, program.degrees, topology, record, shared)
+    summary = compile_summary(
+        config, program.global_batch, program.degrees, topology, record, shared
+    )
+    if ran:  # the blocks the tuner chose (the trial's own where those priced lowest)
+        summary.update({f"tuned_{k}": getattr(config.kernels, k) for k in SPLASH_BLOCKS})
+    return summary
+
+
+def tuned_blocks(
+    config: TrialConfig, topology: Topology, devices: list[jax.Device]
+) -> tuple[TrialConfig, dict[str, dict[str, str]], bool]:
+    """`kernels.tune: compile`: the trial with each Splash kernel's blocks the tuner chose
+    (trainer/compile/tiles.py), its effect (active where it changed a block, inert where the
+    trial's own were the best or it could not run), and whether it ran."""
+    if config.kernels.tune != "compile":
+        return config, {}, False
+    from trainer.compile.tiles import tunable, tune_splash
+    from trainer.trial.checks import global_batch_size
+
+    degrees = config.mesh.resolve(topology.devices)
+    why = tunable(config, degrees["context"])
+    if why is not None:
+        return config, {"kernels.tune": {"status": "inert", "reason": why}}, False
+    batch = global_batch_size(config, topology.devices)
+    tuning = tune_splash(config, batch, degrees, topology, devices[0], cache_dir(config))
+    chosen = tuning.blocks()
+    changed = {k: v for k, v in chosen.items() if getattr(config.kernels, k) != v}
+    kernels = config.kernels.model_copy(update=chosen)
+    status = "active" if changed else "inert"
+    took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
+    reason = f"{tuning.summary()}; tuned in {took}"
+    if not changed:
+        reason = "the trial's own blocks priced lowest: " + reason
+    effect = {"kernels.tune": {"status": status, "reason": reason}}
+    return config.model_copy(update={"kernels": kernels}), effect, True
 
 
 def compile_summary(

@@ -32,7 +32,7 @@ FLAG_KNOBS = {
 }
 
 
-def _libtpu_version() -> str:
+def libtpu_version() -> str:
     try:
         return metadata.version("libtpu")
     except metadata.PackageNotFoundError:
@@ -56,7 +56,7 @@ def program_key(lowered_text: str, flags: list[str], target: str) -> str:
     """A compile record's identity: the lowered program, its flags, target and compiler,
     and the code that read the record from the compiled program."""
     inputs = [_readers_digest(), lowered_text, sorted(flags), target, jax.__version__,
-              _libtpu_version()]  # fmt: skip
+              libtpu_version()]  # fmt: skip
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:24]
 
 

@@ -126,6 +126,15 @@ def step_time(
     }
 
 
+def kernel_seconds(
+    flops: float, steps: float, accel: Accelerator, mxu_efficiency: float = MXU_EFFICIENCY
+) -> float:
+    """One bf16 kernel call's time as the step model runs it: its FLOPs (over the MXU share
+    its blocks fill, `kernel_flops`) at the MXU's rate, and at least GRID_STEP_S a grid step."""
+    rates = _Rates(accel, mxu_efficiency, FP8_MXU_EFFICIENCY)
+    return max(rates.compute(0.0, flops, 0.0), steps * GRID_STEP_S)
+
+
 class _Rates:
     """Seconds of work on one device of `accel`."""
 

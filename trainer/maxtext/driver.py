@@ -248,7 +248,7 @@ def compile_trial(
         flops = tflops * 1e12 * topology.devices
         summary["est_mfu"] *= flops / summary["model_flops_per_step"]
         summary["model_flops_per_step"] = flops
-        summary["model_flops_source"] = "maxtext"
+        summary["maxtext_tflops_per_device"] = tflops
     return summary
 
 

@@ -133,6 +133,12 @@ def _attention(
         effects["kernels.max_logit_const"] = _active("numerics: softmax uses exp(s - c)")
     if config.kernels.dq_reduction_steps:
         effects["kernels.dq_reduction_steps"] = _dq_reduction_effect(config, platform, kernels)
+    if config.kernels.tune != "off" and config.compile_target is None:
+        effects["kernels.tune"] = _effect(
+            EffectStatus.INERT,
+            f"the tuner compiles for a TPU target (compile fidelity); a run on {platform} takes "
+            "the blocks as set (an interpreted or foreign kernel's time says nothing of a TPU's)",
+        )
     return effects
 
 

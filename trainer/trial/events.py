@@ -245,6 +245,17 @@ class Summary(_Event):
     figure_fidelity: dict[Fidelity, list[str]] | None = None
     # Estimated (the analytic model).
     model_flops_per_step: float | None = None
+    maxtext_tflops_per_device: float | None = Field(
+        default=None,
+        description="a MaxText trial: a step's training TFLOPs per device as MaxText counts "
+        "them (model_flops_per_step and est_mfu are then its)",
+    )
+    tuned_block_q: int | None = Field(default=None, description="kernels.tune: the chosen block")
+    tuned_block_kv: int | None = None
+    tuned_block_kv_compute: int | None = None
+    tuned_block_q_dkv: int | None = None
+    tuned_block_kv_dkv: int | None = None
+    tuned_block_kv_dkv_compute: int | None = None
     recompute_flops_per_step: float | None = None
     est_step_time_s: float | None = None
     est_compute_s: float | None = None

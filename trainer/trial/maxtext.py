@@ -393,6 +393,14 @@ def _kernels(config: TrialConfig, platform: Backend, unmapped: list[Unmapped]) -
     out["use_max_logit_estimate"] = _text(
         -1 if kernels.max_logit_const is None else int(kernels.max_logit_const)
     )
+    if config.kernels.tune != "off":
+        unmapped.append(
+            Unmapped(
+                "kernels.tune",
+                config.kernels.tune,
+                "the tuner compiles our trainer's kernels; MaxText takes its blocks as set",
+            )
+        )
     if kernels.attention == "splash" and kernels.dq_reduction_steps:
         out["use_tokamax_splash"] = "true"  # MaxText's own Splash has no dQ reduction steps
     if kernels.max_logit_const is not None and kernels.max_logit_const != int(
