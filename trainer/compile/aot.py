@@ -122,7 +122,6 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     topology = Topology.parse(config.compile_target or "")
     accel = topology.accelerator
     devices = topology_devices(topology.target)
-    config, tuned, ran = tuned_blocks(config, topology, devices)
     program = build_program(config, devices)
     emitter.emit(
         accepted_event(
@@ -131,6 +130,11 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             libtpu_init_args=config.xla.libtpu_init_args(),
         )
     )  # fmt: skip
+    # The tuner compiles kernels alone (the trial says `compiling` meanwhile), then the
+    # trial's program is built again with the blocks it chose.
+    config, tuned, ran = tuned_blocks(config, topology, devices)
+    if ran:
+        program = build_program(config, devices)
     cache = ProgramCache(cache_dir(config))
     # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
