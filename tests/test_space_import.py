@@ -169,11 +169,12 @@ def test_a_command_without_a_topology_asks_for_one(tmp_path):
 
 def test_the_recipes_settings_are_read_through_shell_quoting():
     text = (
-        "export LIBTPU_INIT_ARGS='--xla_a=1 --xla_b=2'\n"
+        "export JAX_PLATFORMS=tpu;export LIBTPU_INIT_ARGS='--xla_a=1 --xla_b=2'\n"
         'XLA_FLAGS="--xla_c=3" python3 -m maxtext.trainers.pre_train.train '
         '"$(python3 -c \'print(1)\')" \\\n  model_name=llama3-8b \\\n  run_name="a b" && echo done'
     )
     command = read_command(text)
+    assert command.changes[0].startswith("JAX_PLATFORMS=tpu not carried over")  # `;` ends it
     assert command.settings == {"model_name": "llama3-8b", "run_name": "a b"}
     assert command.libtpu_init_args == ["--xla_a=1", "--xla_b=2"]
     translate(command)

@@ -99,8 +99,10 @@ def read_command(text: str) -> Command:
     """The MaxText invocation in a shell command or script (the last one, if several)."""
     joined = re.sub(r"\\\r?\n", " ", text)
     lines = [ln for ln in joined.splitlines() if not ln.lstrip().startswith("#")]
-    try:
-        tokens = shlex.split("\n".join(lines), comments=True)
+    try:  # `;`, `&&` and `|` end a command even unspaced (`export A=1;python3 ...`)
+        lexer = shlex.shlex("\n".join(lines), posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        tokens = list(lexer)
     except ValueError as exc:
         raise SpaceError(
             f"the command does not parse as a shell line ({exc})", field="COMMAND"
@@ -110,8 +112,7 @@ def read_command(text: str) -> Command:
     target = _xpk_target(tokens)
     for i, token in enumerate(tokens):
         if token in ("--command", "--command=") and i + 1 < len(tokens):
-            inner = read_command(tokens[i + 1])  # xpk: the workload's own command
-            found, env = inner, env | {}
+            found = read_command(tokens[i + 1])  # xpk: the workload's own command
             break
         if token.startswith("--command="):
             found = read_command(token.removeprefix("--command="))
