@@ -46,7 +46,8 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     bad = t.start_trial("t2", {"mesh.fsdp": 4}, 1, {})
     t.log_steps(ok, STEPS)
     t.finish_trial(ok, TrialResult(status="ok", figures={"tokens_per_sec_per_chip": 123.5,
-                                   "mfu": 0.25}, convergence=Convergence(passed=True),
+                                   "mfu": 0.25, "tuned_block_q": 1024.0},
+                                   convergence=Convergence(passed=True),
                                    trial_config='{"steps": 3}'))  # fmt: skip
     t.finish_trial(bad, TrialResult.failed("oom_hbm", "needs 200 GiB", log_tail="last words"))
     best = TrialRow(trial_id="t1", status="ok", figures={"tokens_per_sec_per_chip": 123.5})
@@ -69,6 +70,7 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     assert good.metrics["tokens_per_sec_per_chip"] == 123.5  # the final, over the step values
     assert sorted(good.history["loss"]) == [(1, 4.0), (2, 3.0), (3, 2.0)]
     assert good.texts["trial.json"] == '{"steps": 3}'
+    assert good.params["tuned.block_q"] == "1024"  # a block kernels.tune chose, as a setting
 
     failed = store.read(bad)
     assert failed.status == "FAILED" and failed.tags["failure_class"] == "oom_hbm"

@@ -291,7 +291,18 @@ class Tracker:
         }
         if final.reused_from is not None:
             tags["reused_from"] = f"optuna trial {final.reused_from}"
-        self._batch(run_id, metrics={k: v for k, v in metrics.items() if v is not None}, tags=tags)
+        # The blocks kernels.tune chose, as the run's settings (`tuned.block_q`, ...).
+        tuned = {
+            f"tuned.{k.removeprefix('tuned_')}": int(v)
+            for k, v in final.figures.items()
+            if k.startswith("tuned_")
+        }
+        self._batch(
+            run_id,
+            params=tuned,
+            metrics={k: v for k, v in metrics.items() if v is not None},
+            tags=tags,
+        )
         if final.trial_config:  # from the trial's result: the driver may not see its disk
             self._write("log_text", run_id=run_id, text=final.trial_config, path="trial.json")
         if final.profile_dir and Path(final.profile_dir).is_dir():  # where this host sees it
