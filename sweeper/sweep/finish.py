@@ -209,10 +209,18 @@ def sweep_notes(
     ]
     recipe = sweep.space.maxtext_program().recipe if sweep.space.program == "maxtext" else None
     if recipe is not None and recipe.unmodeled:
-        notes.append(
-            "model: MFU and model FLOPs count the model's shape alone (memory and step time are "
-            "MaxText's compiled program's); not counted: " + "; ".join(recipe.unmodeled)
+        counted = (
+            "maxtext_tflops_per_device" in frame
+            and frame["maxtext_tflops_per_device"].notna().any()
         )
+        whose = (
+            "MFU and model FLOPs are MaxText's own count (maxtext_tflops_per_device), memory "
+            "and step time its compiled program's; the screen's estimates"
+            if counted
+            else "MFU, model FLOPs and the screen's estimates count the model's shape alone "
+            "(memory and step time are MaxText's compiled program's); they"
+        )
+        notes.append(f"model: {whose} do not model: " + "; ".join(recipe.unmodeled))
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
         notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
