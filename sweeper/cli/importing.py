@@ -4,7 +4,7 @@ that command (sweeper/space/command.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -76,6 +76,12 @@ def import_(
     text = "".join(f"# {line}\n" for line in header)
     text += yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, default_flow_style=None)
     write_space(path, text, "-o", "sweeper import")
+    _say(path, name, data)
+
+
+def _say(path: Path, name: str, data: dict[str, Any]) -> None:
+    """What the import wrote: its settings, each knob around the command, what changed."""
+    recipe = data["maxtext"]["recipe"]
     console.print(f"wrote {path}: space {name!r}, trial 0 is the command", soft_wrap=True)
     console.print(
         f"  {len(recipe['settings'])} settings kept; {len(recipe['libtpu_init_args'])} libtpu "

@@ -35,7 +35,7 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
-    from sweeper.search.screen import FITS, caveats, unseen_knobs
+    from sweeper.search.screen import FITS
     from sweeper.search.screen import screen as screen_space
 
     try:
@@ -66,6 +66,17 @@ def screen(
             f"{row['est_tokens_per_sec_per_chip']:,.0f}" if fits else "-",
         )
     console.print(table)
+    _screen_notes(frame, loaded)
+    if out is not None:
+        frame.to_csv(out, index=False)
+        console.print(f"wrote {out}")
+
+
+def _screen_notes(frame: Any, space: Any) -> None:
+    """Below the screen's table: why points were left out, the knobs the estimate cannot
+    tell apart, and what its figures are of."""
+    from sweeper.search.screen import FITS, caveats, unseen_knobs
+
     if "why" in frame:  # the commonest reasons points were left out
         why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
         for reason, count in why.value_counts().head(3).items():
@@ -76,11 +87,8 @@ def screen(
             f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
             "(a compile does: fidelity compile)"
         )
-    for caveat in caveats(loaded):
+    for caveat in caveats(space):
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
-    if out is not None:
-        frame.to_csv(out, index=False)
-        console.print(f"wrote {out}")
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -160,6 +160,21 @@ def resume(
     _drive(dict(resume=sweep_id, results_dir=results_dir, tracking_uri=tracking_uri), address)
 
 
+def _unwritable(full: str, folder: Any) -> NoReturn:
+    """Exit 2: the results folder took no more writes; what to do about it."""
+    if full == "read-only database":  # SQLite says so of a file deleted under it too
+        fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
+    elif "read-only" in full.lower():
+        fix = "Make it writable or give another `--results-dir`"
+    else:
+        fix = "Free space"
+    fail(
+        f"the results folder ({folder}) took no more writes ({full}). What was written "
+        f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
+        "resume ID` continues it"
+    )
+
+
 def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due."""
     import os
@@ -205,18 +220,7 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         full = disk_full(exc)
         if full is None:
             raise
-        folder = kwargs.get("results_dir") or "./results"
-        if full == "read-only database":  # SQLite says so of a file deleted under it too
-            fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
-        elif "read-only" in full.lower():
-            fix = "Make it writable or give another `--results-dir`"
-        else:
-            fix = "Free space"
-        fail(
-            f"the results folder ({folder}) took no more writes ({full}). What was written "
-            f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
-            "resume ID` continues it"
-        )
+        _unwritable(full, kwargs.get("results_dir") or "./results")
     from sweeper.answer.console import print_sweep
     from sweeper.record.manifest import SweepManifest
 

@@ -78,6 +78,8 @@ MODEL_KEYS = (
 )
 # Activations as our model computes them (SwiGLU).
 OUR_ACTIVATIONS = (["silu", "linear"],)
+# An imported space's search: TPE over a few compile trials, one at a time, trial 0 first.
+SEARCH = {"sampler": "tpe", "trials": 8, "concurrency": 1, "seed": 0, "trial_timeout_s": 7200}
 _ENV = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$", re.S)
 _SETTING = re.compile(r"^([a-z_][a-z0-9_]*)=(.*)$", re.S)
 
@@ -290,16 +292,43 @@ def space_of(
     """The space a command makes: program maxtext, compile fidelity on its topology, trial 0
     the command (its recipe record), knobs around its values."""
     translate(command)
-    chosen = target or command.target
+    topology = _topology(target or command.target)
+    recipe = recipe_of(command)
+    config = recipe.config()
+    knobs, start = knobs_around(config, command.settings, topology)
+    return {
+        "name": name,
+        "description": (
+            f"{command.settings.get('model_name', 'a model')} at "
+            f"{config.seq_len} on {topology.target} through MaxText, from its command "
+            "(sweeper import)"
+        ),
+        "target": topology.target,
+        "fidelity": "compile",
+        "program": "maxtext",
+        "model": recipe.trial["model"],
+        "trial": {k: v for k, v in recipe.trial.items() if k != "model"},
+        "search": {**SEARCH, "warm_start": [start]},
+        "knobs": knobs,
+        "maxtext": {"recipe": recipe.model_dump(mode="json", exclude_defaults=True)},
+    }
+
+
+def _topology(chosen: str | None) -> Topology:
     if chosen is None:
         raise SpaceError(
             "the command does not say its topology: give --target (e.g. tpu7x:4x4x4)",
             field="--target",
         )
     try:
-        topology = Topology.parse(chosen)
+        return Topology.parse(chosen)
     except ValueError as exc:
         raise SpaceError(str(exc), field="--target") from None
+
+
+def recipe_of(command: Command) -> MaxTextRecipe:
+    """The command's recipe record: its settings and flags as written, and the trial they
+    read as (the model of record: a preset, or MaxText's config's shape)."""
     model, unmodeled = model_of(command.settings)
     trial = from_maxtext(command.settings, command.libtpu_init_args)
     trial.pop("compile_target", None)
@@ -314,7 +343,7 @@ def space_of(
     recorded = config.model_dump(mode="json", exclude_defaults=True)
     if "preset" in model:  # the preset says the shape: kept as the command said it
         recorded["model"] = trial["model"]
-    recipe = MaxTextRecipe(
+    return MaxTextRecipe(
         command=command.text,
         settings=command.settings,
         libtpu_init_args=command.libtpu_init_args,
@@ -322,31 +351,6 @@ def space_of(
         changes=command.changes,
         unmodeled=unmodeled,
     )
-    knobs, start = knobs_around(config, command.settings, topology)
-    body = {k: v for k, v in recorded.items() if k != "model"}
-    return {
-        "name": name,
-        "description": (
-            f"{command.settings.get('model_name', 'a model')} at "
-            f"{config.seq_len} on {topology.target} through MaxText, from its command "
-            "(sweeper import)"
-        ),
-        "target": topology.target,
-        "fidelity": "compile",
-        "program": "maxtext",
-        "model": recorded["model"],
-        "trial": body,
-        "search": {
-            "sampler": "tpe",
-            "trials": 8,
-            "concurrency": 1,
-            "seed": 0,
-            "trial_timeout_s": 7200,
-            "warm_start": [start],
-        },
-        "knobs": knobs,
-        "maxtext": {"recipe": recipe.model_dump(mode="json", exclude_defaults=True)},
-    }
 
 
 def knobs_around(
@@ -359,14 +363,7 @@ def knobs_around(
     base = config.model_dump(mode="json")
 
     def valid(key: str, value: Any, when: dict[str, Any]) -> bool:
-        trial = copy.deepcopy(base)
-        for dotted, v in {**when, key: value}.items():
-            set_path(trial, dotted, v)
-        try:
-            load_config(trial)
-        except ConfigError:
-            return False
-        return True
+        return _makes_a_trial(base, {**when, key: value})
 
     def vary(
         key: str, at: Any, values: list[Any], when: dict[str, Any] | None = None, one: bool = False
@@ -410,6 +407,17 @@ def knobs_around(
         if config.model.is_moe:
             vary("mesh.expert", mesh.expert, [1, 2, 4])
     return knobs, start
+
+
+def _makes_a_trial(base: dict[str, Any], values: dict[str, Any]) -> bool:
+    trial = copy.deepcopy(base)
+    for dotted, value in values.items():
+        set_path(trial, dotted, value)
+    try:
+        load_config(trial)
+    except ConfigError:
+        return False
+    return True
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

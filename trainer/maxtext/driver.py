@@ -243,12 +243,21 @@ def compile_trial(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summary = _compiled_summary(config, topology, memory, hlo, compile_s, emitter)
-    tflops = maxtext_tflops(python, [base, *settings.argv()])
-    if tflops is not None:  # the model's FLOPs as MaxText counts them, for its MFU
-        flops = tflops * 1e12 * topology.devices
-        summary["est_mfu"] *= flops / summary["model_flops_per_step"]
-        summary["model_flops_per_step"] = flops
-        summary["maxtext_tflops_per_device"] = tflops
+    return _with_maxtext_flops(summary, maxtext_tflops(python, [base, *settings.argv()]),
+                               topology.devices)  # fmt: skip
+
+
+def _with_maxtext_flops(
+    summary: dict[str, Any], tflops: float | None, devices: int
+) -> dict[str, Any]:
+    """The summary with the model's FLOPs as MaxText counts them, and its MFU over them
+    (unchanged where MaxText could not say)."""
+    if tflops is None:
+        return summary
+    flops = tflops * 1e12 * devices
+    summary["est_mfu"] *= flops / summary["model_flops_per_step"]
+    summary["model_flops_per_step"] = flops
+    summary["maxtext_tflops_per_device"] = tflops
     return summary
 
 
