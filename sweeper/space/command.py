@@ -60,12 +60,10 @@ UNMODELED = {
     "share_kv_projections": "keys and values from one projection",
     "mlp_activations": "MLP activations {}",
     "final_logits_soft_cap": "logit soft-capping ({})",
+    "attention_sink": "attention sinks",
+    "attention_bias": "biases in attention's projections",
+    "inhomogeneous_layer_cycle_interval": "layers alternating every {} (e.g. sliding and full)",
 }
-UNMODELED.update(
-    attention_sink="attention sinks",
-    attention_bias="biases in attention's projections",
-    inhomogeneous_layer_cycle_interval="layers alternating every {} (e.g. sliding and full)",
-)
 # MaxText 0.2.5's model configs, the keys the engine reads of each (SHAPE_OF, UNMODELED and
 # the MoE widths): the file says how to regenerate it from MaxText's configs/models/.
 MODELS_FILE = Path(__file__).with_name("maxtext_0.2.5_models.yaml")
