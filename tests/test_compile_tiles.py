@@ -6,11 +6,12 @@ program runs the choice, and a second trial with the same kernels reads it back.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.compile_helpers import _compile
-from trainer.compile.tiles import TILES_DIR, candidates
+from trainer.compile.tiles import TILES_DIR, splash_candidates
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -31,13 +32,13 @@ def _splash_blocks(events: dict) -> dict[str, tuple[int, ...]]:
     out = {}
     for call in calls:
         if call["name"].startswith("splash_") and call["blocks"]:
-            kernel = "forward" if "_fwd" in call["name"] else "backward"
+            kernel = "splash forward" if "_fwd" in call["name"] else "splash backward"
             out[kernel] = (call["blocks"][0][-2], call["blocks"][1][-2])
     return out
 
 
 def test_candidates_hold_the_trials_blocks_and_divide_the_sequence():
-    listed = candidates(2048, (256, 256, 256))
+    listed = splash_candidates(2048, (256, 256, 256))
     assert listed[0] == (256, 256, 256)
     assert set(listed[1:]) == {(q, kv, kv) for q in (512, 1024, 2048) for kv in (512, 1024, 2048)}
 
@@ -54,11 +55,11 @@ def test_the_tuner_chooses_blocks_that_fit_the_vmem_limit_and_the_program_runs_t
         priced = [t for t in tuned["tried"] if t["seconds"] is not None]
         assert refused and priced, tuned  # 2048-row blocks overflow 16 MiB; smaller compile
         assert all(2048 in t["blocks"] and "vmem" in t["failure"] for t in refused), refused
-        assert len(refused) + len(priced) == len(candidates(2048, (512, 512, 512)))
+        assert len(refused) + len(priced) == len(splash_candidates(2048, (512, 512, 512)))
         best = min(t["seconds"] for t in priced)
         assert next(t for t in priced if t["blocks"] == tuned["chosen"])["seconds"] == best
     # The forward's 512-row blocks cost more grid steps than larger ones that fit: changed.
-    assert tuning["forward"]["chosen"] != tuning["forward"]["given"]
+    assert tuning["splash forward"]["chosen"] != tuning["splash forward"]["given"]
     # The trial's program carries the chosen blocks (it would carry 512 if the choice were
     # ignored), and the tuner said so: active, with what it tried.
     chosen = {k: tuple(t["chosen"][:2]) for k, t in tuning.items()}
@@ -88,3 +89,90 @@ def test_at_run_fidelity_the_tuner_is_inert_and_says_why(tmp_path):
     assert code == 0, err[-3000:]
     accepted = next(e for e in events if e["event"] == "accepted")
     assert accepted["effects"]["kernels.tune"]["status"] == "inert"
+
+
+# A 1-layer MoE whose experts run tokamax's kernels (attention in XLA: only the grouped
+# matmuls are tuned), under a 16 MiB scoped VMEM limit where 1024-row weight-gradient tiles
+# overflow it.
+MOE = {"preset": "tiny-moe", "d_model": 1024, "mlp_dim": 1024, "num_layers": 1, "num_heads": 8,
+       "num_kv_heads": 8, "head_dim": 128, "num_experts": 8, "experts_per_token": 2}  # fmt: skip
+TUNED_SWEEP = {
+    "name": "tuned_gmm",
+    "target": "tpu7x:2x2x1",
+    "fidelity": "compile",
+    "model": MOE,
+    "trial": {
+        "seq_len": 2048,
+        "kernels": {"attention": "xla", "moe_gmm": "tokamax"},
+        "xla": {"scoped_vmem_kib": 16384, "judge": False},
+    },
+    "search": {"sampler": "grid", "trials": 2, "concurrency": 1, "seed": 0},
+    "knobs": {"kernels.tune": {"values": ["off", "compile"]}},
+}
+
+
+def _gmm_tiles(trial_dir) -> dict[str, set[tuple[int, ...]]]:
+    """The tiles each tokamax kernel of the trial's compiled program carries (from its log)."""
+    lines = (trial_dir / "trainer.log").read_text().splitlines()
+    events = [json.loads(x) for x in lines if x.startswith("{")]
+    compiled = next(e for e in events if e.get("event") == "compiled")
+    out: dict[str, set[tuple[int, ...]]] = {}
+    for call in compiled["program_cost"]["kernel_calls"]:
+        for kernel, name in (("drhs", "_tgmm"), ("dlhs", "_gmm_transpose_rhs"), ("fwd", "_gmm")):
+            if call["name"].endswith(name):
+                out.setdefault(kernel, set()).add(tuple(call["tiling"]))
+                break
+    return out
+
+
+def test_a_sweep_tunes_the_grouped_matmul_tiles_and_records_every_candidate(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sweeper.answer.export import export_trial
+    from sweeper.record.manifest import find_sweep
+    from sweeper.space.load import load_space
+    from sweeper.sweep.run import run_sweep
+
+    result = run_sweep(load_space(TUNED_SWEEP), results_dir=tmp_path)
+    frame = result.trials.set_index("knob:kernels.tune")
+    assert list(frame["status"]) == ["ok", "ok"], frame["failure_message"]
+    # The tuned trial's folder holds every candidate: refused ones with the compiler's words
+    # (VMEM), priced ones with the step model's time, the cheapest chosen.
+    (record,) = (tmp_path / "ray").glob("*/trial_*/tuning.json")
+    tuning = json.loads(record.read_text())
+    kernels = {k["kernel"]: k for k in tuning["kernels"]}
+    assert set(kernels) == {f"{w} {p}" for w in ("wi", "wo") for p in ("fwd", "dlhs", "drhs")}
+    refused = [t for k in kernels.values() for t in k["tried"] if t["failure"]]
+    assert refused and all("vmem" in t["failure"] for t in refused), refused
+    for tuned in kernels.values():
+        priced = [t for t in tuned["tried"] if t["seconds"] is not None]
+        best = min(t["seconds"] for t in priced)
+        assert next(t for t in priced if t["blocks"] == tuned["chosen"])["seconds"] == best
+    chosen = {k.split()[1]: tuple(v["chosen"]) for k, v in kernels.items() if k.startswith("wi")}
+    assert chosen != {p: (512, 1024, 1024) for p in chosen}, "the given tiles were best: no test"
+    # The trial's compiled program runs the chosen tiles (the untuned one MaxText's defaults).
+    tuned_dir = record.parent
+    assert _gmm_tiles(tuned_dir) == {p: {chosen[p]} for p in chosen}
+    (other,) = [d for d in (tmp_path / "ray").glob("*/trial_*") if d != tuned_dir]
+    assert _gmm_tiles(other) == {p: {(512, 1024, 1024)} for p in chosen}
+    metric = "est_tokens_per_sec_per_chip"
+    assert frame.loc["compile", metric] > frame.loc["off", metric]
+    # summary.csv, the MLflow run (params and the record as an artifact), export and report.
+    settings = json.loads(frame.loc["compile", "tuned"])
+    assert settings == tuning["settings"]
+    assert settings["tokamax_tiles.wi_fwd"] == "x".join(map(str, chosen["fwd"]))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(frame.loc["compile", "mlflow_run_id"])
+    assert run.data.params["tuned.tokamax_tiles.wi_drhs"] == settings["tokamax_tiles.wi_drhs"]
+    saved = client.download_artifacts(run.info.run_id, "tuning.json", str(tmp_path))
+    assert json.loads(Path(saved).read_text())["kernels"] == tuning["kernels"]
+    found = find_sweep(result.sweep_id, tmp_path)
+    exported = json.loads(
+        export_trial(found, result.trials, frame.loc["compile", "trial_id"], "trial")
+    )
+    tiles = exported["kernels"]["tokamax_tiles"]
+    assert (
+        tiles["wi_fwd"] == settings["tokamax_tiles.wi_fwd"] and exported["kernels"]["tune"] == "off"
+    )
+    report = (result.sweep_dir / "report.html").read_text()
+    assert "Kernel tiles the tuner chose" in report and settings["tokamax_tiles.wo_drhs"] in report

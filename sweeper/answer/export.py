@@ -12,12 +12,12 @@ from typing import Any
 import pandas as pd
 
 from sweeper.record.manifest import Found
-from sweeper.record.row import Column, knob_columns, missing
+from sweeper.record.row import Column, TrialRow, knob_columns, missing
 from sweeper.space.checks import static_check
 from sweeper.space.errors import SpaceError
 from sweeper.space.points import maxtext_knobs
 from sweeper.space.schema import Knob, Space
-from trainer.trial.config import SPLASH_BLOCKS, TrialConfig
+from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend
 from trainer.trial.maxtext import MaxTextProgram, program_settings, to_maxtext
 
@@ -135,9 +135,9 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
         if value is not None:
             point[name] = value
     config = trial_config(space, point, space.num_devices, cores_of(row.get(Column.CORES)))
-    tuned = {k: int(row[f"tuned_{k}"]) for k in SPLASH_BLOCKS if not missing(row.get(f"tuned_{k}"))}
-    if tuned:  # the blocks kernels.tune chose are the ones the trial ran
-        kernels = config.kernels.model_copy(update={**tuned, "tune": "off"})
+    tuned = TrialRow.from_record({str(k): v for k, v in row.items()}).tuned
+    if tuned:  # the tiles kernels.tune chose are the ones the trial ran
+        kernels = config.kernels.tuned(tuned).model_copy(update={"tune": "off"})
         config = config.model_copy(update={"kernels": kernels})
     metric = space.objective.primary.metric
     value = row.get(metric)
@@ -147,7 +147,7 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
         f"status {row[Column.STATUS]}, fidelity {row.get('fidelity') or '-'} on "
         f"{row.get('hardware') or '-'}",
         f"knobs: {json.dumps(point)}",
-        *([f"Splash blocks as kernels.tune chose them: {json.dumps(tuned)}"] if tuned else []),
+        *([f"kernel tiles as kernels.tune chose them: {json.dumps(tuned)}"] if tuned else []),
     ]
     program = (
         (space.maxtext_program(), maxtext_knobs(point)) if space.program == "maxtext" else None

@@ -12,7 +12,7 @@ import pandas as pd
 
 from sweeper.answer.table import frame_of_rows, read_frame, remeasured
 from sweeper.record.manifest import SUMMARY, Found
-from sweeper.record.mlflow_view import KNOB_PARAM
+from sweeper.record.mlflow_view import KNOB_PARAM, TUNED_PARAM
 from sweeper.record.row import FINAL_METRICS, LAYOUT_TAGS, REMEASURED, Column, TrialRow
 from sweeper.record.stores import RunRecord, store_for
 from sweeper.record.tracker import bound_mlflow_requests
@@ -122,6 +122,11 @@ def _row(run: RunRecord) -> TrialRow:
         remeasure_of=tags.get("sweeper.remeasure_of", ""),
         knobs={
             k.removeprefix(KNOB_PARAM): v for k, v in run.params.items() if k.startswith(KNOB_PARAM)
+        },
+        tuned={
+            k.removeprefix(TUNED_PARAM): int(v) if v.isdigit() else v
+            for k, v in run.params.items()
+            if k.startswith(TUNED_PARAM)
         },
         **layout,
     )

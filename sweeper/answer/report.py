@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,16 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from sweeper.answer.table import INTERVAL, constant_knobs, searched
-from sweeper.record.row import REMEASURED, Column, knob_columns, missing, short_names
+from sweeper.record.row import (
+    KNOB_PREFIX,
+    REMEASURED,
+    TUNING_FILE,
+    Column,
+    knob_column,
+    knob_columns,
+    missing,
+    short_names,
+)
 from sweeper.search.outcomes import Outcome
 from trainer.trial.events import FailureClass, TrialStatus
 from trainer.trial.files import write_text
@@ -369,6 +379,36 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
     return f"{held}<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def tuned_table(frame: pd.DataFrame, metric: str) -> str | None:
+    """The kernel tiles `kernels.tune` chose in each trial that tuned (one column a setting:
+    Splash's blocks, tokamax's tiles per weight and pass), beside the trial's objective and
+    its scoped VMEM limit where that varied: what each limit unlocked. None without any."""
+    if Column.TUNED not in frame:
+        return None
+    rows = [(r, json.loads(r[Column.TUNED])) for _, r in frame.iterrows()
+            if isinstance(r[Column.TUNED], str) and r[Column.TUNED]]  # fmt: skip
+    if not rows:
+        return None
+    settings = sorted({k for _, t in rows for k in t})
+    vmem = knob_column("xla.scoped_vmem_kib")
+    front = ["trial_id", metric, *([vmem] if vmem in frame else [])]
+    head = "".join(f"<th>{html.escape(c.removeprefix(KNOB_PREFIX))}</th>" for c in front + settings)
+    body = []
+    for row, tuned in rows:
+        cells = [row[c] for c in front] + [tuned.get(k, "") for k in settings]
+        text = [
+            "" if missing(v) else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells
+        ]
+        body.append("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in text) + "</tr>")
+    note = (
+        "<p class='note'>each kernel compiled alone for the target with candidate tiles under "
+        "the trial's scoped VMEM limit, the compiler's refusals dropped, the rest priced by "
+        f"the step model (estimates, not timings); every candidate is in the trial's "
+        f"{TUNING_FILE} and its MLflow run</p>"
+    )
+    return f"{note}<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;
 font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}
 h2{margin-top:1.6em}.note{color:#555;font-size:13px}img{max-width:100%}"""
@@ -391,6 +431,9 @@ def render(
             ranked_table(frame, metric, maximize) if not frame.empty else "<p>no trials</p>",
         ),
     ]
+    tuned = tuned_table(frame, metric)
+    if tuned:
+        sections.append(("Kernel tiles the tuner chose", tuned))
     search = searched(frame)  # the search's own trials; re-measurements have their figure
     figures: dict[str, str | list[str] | None] = {
         "The objective against each knob that varied": objective_by_knob(search, metric, label),
@@ -438,8 +481,8 @@ def importances_of(study: Any, sweep_id: str) -> dict[str, float]:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.user_attrs.get("sweep_id") == sweep_id and t.user_attrs.get("outcome") == Outcome.OK
     ]
-    if len(ran) < 2 or len(study.directions) != 1:
-        return {}
+    if len(ran) < 2 or len(study.directions) != 1 or len({t.value for t in ran}) < 2:
+        return {}  # one value: nothing for a knob to explain
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line
     try:

@@ -29,6 +29,7 @@ from sweeper.execute.processes import Handle, LocalHandle, TrainerProcess, lease
 from sweeper.execute.programs import program_of
 from sweeper.execute.slices import reserve_slice, start_slice
 from sweeper.record.callback import LOG_TAIL_LINES, TRAINER_LOG
+from sweeper.record.row import TUNING_FILE
 from sweeper.space.checks import static_check
 from sweeper.space.points import REUSE_KEY, knob_point
 from sweeper.space.schema import Space
@@ -47,7 +48,7 @@ from trainer.trial.events import (
     TrialStatus,
     parse_event,
 )
-from trainer.trial.files import trainer_command
+from trainer.trial.files import trainer_command, write_json
 from trainer.trial.result import Convergence, Layout, TrialResult, running_report
 
 Report = Callable[[dict[str, Any]], None]  # tune.report
@@ -109,6 +110,8 @@ class TrialRun:
             report(running_report(self.objectives, "compiling"))
         elif isinstance(event, Compiled):
             self.compiled = event
+            if event.kernel_tuning is not None:  # kernels.tune's candidates, with the trial
+                write_json(self.trial_dir / TUNING_FILE, event.kernel_tuning, indent=1)
             # A compile trial then reads its program (and judges its flags); a run trains.
             trains = self.space.effective_fidelity == "run"
             report(running_report(self.objectives, "training" if trains else "finishing"))
@@ -192,6 +195,7 @@ class TrialRun:
             trial_config=self.config.to_json() if self.config else "",
             program_fingerprint=self.compiled.program_fingerprint if self.compiled else "",
             profile_dir=(summary.profile_dir or "") if summary else "",
+            kernel_tuning=self.compiled.kernel_tuning if self.compiled else None,
             log_tail="\n".join(self.tail),
         )
 

@@ -26,6 +26,7 @@ WORKFLOW = "workflowType=machine_learning"
 NOTE = "mlflow.note.content"  # an experiment's or a run's description
 VIEW_PREFIX = "mlflow.sharedViewState."
 KNOB_PARAM = "knob."  # a sampled knob, as a run's param
+TUNED_PARAM = "tuned."  # a kernel tile kernels.tune chose, as a run's param
 TRIAL_PARAM = "trial."  # the rest of the trial's configuration, as a run's params
 # The trial tags a person compares (status and failure, the verdict, where the figures are from).
 TAG_COLUMNS = ("status", "failure_class", "convergence", "fidelity", "hardware", "remeasured")

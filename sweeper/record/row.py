@@ -62,7 +62,11 @@ class Column(StrEnum):
     PROGRAM_FINGERPRINT = "program_fingerprint"
     PROFILE_DIR = "profile_dir"
     EFFECTS = "effects"
+    TUNED = "tuned"
 
+
+# kernels.tune's record of a trial: in its folder, and an artifact of its MLflow run.
+TUNING_FILE = "tuning.json"
 
 # Columns of the results table that hold a sampled knob: the prefix, then the knob's name.
 KNOB_PREFIX = "knob:"
@@ -190,6 +194,9 @@ class TrialRow(BaseModel):
     program_fingerprint: str = ""
     profile_dir: str = ""
     effects: dict[str, KnobEffect] = Field(default_factory=dict)
+    tuned: dict[str, int | str] = Field(
+        default_factory=dict, description="the kernel tiles kernels.tune chose, as settings"
+    )
     knobs: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)  # columns added after the trials
 
@@ -235,6 +242,7 @@ class TrialRow(BaseModel):
             program_fingerprint=final.program_fingerprint,
             profile_dir=final.profile_dir,
             effects=dict(final.effects),
+            tuned=dict((final.kernel_tuning or {}).get("settings") or {}),
             knobs=dict(knobs),
         )
 
@@ -288,6 +296,7 @@ class TrialRow(BaseModel):
             )
             if self.effects
             else "",
+            Column.TUNED: json.dumps(self.tuned) if self.tuned else "",
             **{knob_column(k): v for k, v in self.knobs.items()},
         }
         return {str(k): v for k, v in {**record, **self.extra}.items()}
@@ -300,6 +309,7 @@ class TrialRow(BaseModel):
         failure = _text(cells.get(Column.FAILURE_CLASS))
         fidelity = _text(cells.get(Column.FIDELITY))
         effects = _text(cells.get(Column.EFFECTS))
+        tuned = _text(cells.get(Column.TUNED))
         return cls(
             trial_id=_text(cells[Column.TRIAL_ID]),
             status=TrialStatus(_text(cells[Column.STATUS])),
@@ -330,6 +340,7 @@ class TrialRow(BaseModel):
             effects={k: KnobEffect.model_validate(v) for k, v in json.loads(effects).items()}
             if effects
             else {},
+            tuned=json.loads(tuned) if tuned else {},
             knobs={
                 name: cells[c]
                 for c, name in knob_columns(cells).items()

@@ -21,6 +21,7 @@ from sweeper.record.row import (
     LAYOUT_TAGS,
     REMEASURED,
     STEP_METRICS,
+    TUNING_FILE,
     TrialRow,
     final_metrics,
     missing,
@@ -291,12 +292,10 @@ class Tracker:
         }
         if final.reused_from is not None:
             tags["reused_from"] = f"optuna trial {final.reused_from}"
-        # The blocks kernels.tune chose, as the run's settings (`tuned.block_q`, ...).
-        tuned = {
-            f"tuned.{k.removeprefix('tuned_')}": int(v)
-            for k, v in final.figures.items()
-            if k.startswith("tuned_")
-        }
+        # The tiles kernels.tune chose, as the run's settings (`tuned.block_q`,
+        # `tuned.tokamax_tiles.wi_fwd`, ...).
+        chosen = (final.kernel_tuning or {}).get("settings") or {}
+        tuned = {f"{mlflow_view.TUNED_PARAM}{k}": v for k, v in chosen.items()}
         self._batch(
             run_id,
             params=tuned,
@@ -305,6 +304,9 @@ class Tracker:
         )
         if final.trial_config:  # from the trial's result: the driver may not see its disk
             self._write("log_text", run_id=run_id, text=final.trial_config, path="trial.json")
+        if final.kernel_tuning:  # every candidate kernels.tune tried, as the trial's folder has it
+            text = json.dumps(final.kernel_tuning, indent=1)
+            self._write("log_text", run_id=run_id, text=text, path=TUNING_FILE)
         if final.profile_dir and Path(final.profile_dir).is_dir():  # where this host sees it
             self._write("log_artifacts", run_id=run_id, local_dir=final.profile_dir, path="profile")
         if final.effects:

@@ -20,7 +20,7 @@ from trainer.program.build import (
     memory_per_device,
 )
 from trainer.program.hlo import count_collectives, fingerprint, parse
-from trainer.trial.config import SPLASH_BLOCKS, ConfigError, TrialConfig
+from trainer.trial.config import ConfigError, TrialConfig
 from trainer.trial.events import (
     Compiled,
     Emitter,
@@ -132,8 +132,8 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     )  # fmt: skip
     # The tuner compiles kernels alone (the trial says `compiling` meanwhile), then the
     # trial's program is built again with the blocks it chose.
-    config, tuned, ran = tuned_blocks(config, topology, devices)
-    if ran:
+    config, tuned, tuning = tuned_blocks(config, topology, devices)
+    if tuning is not None:
         program = build_program(config, devices)
     cache = ProgramCache(cache_dir(config))
     # The flags libtpu runs with: the host's and the trial's (cli.py put both in the env).
@@ -149,44 +149,43 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
             program_fingerprint=record["fingerprint"],
             shared_compile=shared,
             effects={**_judged_effects(config, devices, record, fits, flags, cache), **tuned},
+            kernel_tuning=tuning,
             program_cost=record["cost"],
         )
     )
     summary = compile_summary(
         config, program.global_batch, program.degrees, topology, record, shared
     )
-    if ran:  # the blocks the tuner chose (the trial's own where those priced lowest)
-        summary.update({f"tuned_{k}": getattr(config.kernels, k) for k in SPLASH_BLOCKS})
     return summary
 
 
 def tuned_blocks(
     config: TrialConfig, topology: Topology, devices: list[jax.Device]
-) -> tuple[TrialConfig, dict[str, dict[str, str]], bool]:
-    """`kernels.tune: compile`: the trial with each Splash kernel's blocks the tuner chose
-    (trainer/compile/tiles.py), its effect (active where it changed a block, inert where the
-    trial's own were the best or it could not run), and whether it ran."""
+) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
+    """`kernels.tune: compile`: the trial with each tunable kernel's tiles the tuner chose
+    (trainer/compile/tiles/), its effect (active where it changed a tile, inert where the
+    trial's own were the best or nothing could be tuned), and the tuning's record (None
+    when the tuner did not run)."""
     if config.kernels.tune != "compile":
-        return config, {}, False
-    from trainer.compile.tiles import tunable, tune_splash
+        return config, {}, None
+    from trainer.compile.tiles import as_json, tune
     from trainer.trial.checks import global_batch_size
 
     degrees = config.mesh.resolve(topology.devices)
-    why = tunable(config, degrees["context"])
-    if why is not None:
-        return config, {"kernels.tune": {"status": "inert", "reason": why}}, False
     batch = global_batch_size(config, topology.devices)
-    tuning = tune_splash(config, batch, degrees, topology, devices[0], cache_dir(config))
-    chosen = tuning.blocks()
-    changed = {k: v for k, v in chosen.items() if getattr(config.kernels, k) != v}
-    kernels = config.kernels.model_copy(update=chosen)
-    status = "active" if changed else "inert"
+    tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config))
+    if not tuning.kernels:
+        return config, {"kernels.tune": {"status": "inert", "reason": "; ".join(untuned)}}, None
+    kernels = tuning.apply(config.kernels)
+    changed = kernels != config.kernels
     took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
     reason = f"{tuning.summary()}; tuned in {took}"
+    if untuned:
+        reason += f"; not tuned: {'; '.join(untuned)}"
     if not changed:
-        reason = "the trial's own blocks priced lowest: " + reason
-    effect = {"kernels.tune": {"status": status, "reason": reason}}
-    return config.model_copy(update={"kernels": kernels}), effect, True
+        reason = "the trial's own tiles priced lowest: " + reason
+    effect = {"kernels.tune": {"status": "active" if changed else "inert", "reason": reason}}
+    return config.model_copy(update={"kernels": kernels}), effect, as_json(tuning, untuned)
 
 
 def compile_summary(

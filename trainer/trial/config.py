@@ -347,6 +347,16 @@ class KernelsConfig(Frozen):
             return blocks
         return {k: min(v, q_len if k in Q_BLOCKS else kv_len) for k, v in blocks.items()}
 
+    def tuned(self, settings: dict[str, int | str]) -> KernelsConfig:
+        """These kernels running the tiles the tuner chose (`settings`: Splash block fields,
+        and `tokamax_tiles.<weight>_<pass>` "TMxTKxTN")."""
+        prefix = "tokamax_tiles."
+        tiles = {k.removeprefix(prefix): v for k, v in settings.items() if k.startswith(prefix)}
+        update: dict[str, Any] = {k: v for k, v in settings.items() if not k.startswith(prefix)}
+        if tiles:
+            update["tokamax_tiles"] = TokamaxTiles(**{**self.tokamax_tiles.model_dump(), **tiles})
+        return self.model_copy(update=update)
+
     def resolved_attention(
         self, platform: Backend, context: int = 1, seq_len: int | None = None
     ) -> str:

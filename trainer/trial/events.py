@@ -165,6 +165,11 @@ class Compiled(_Event):
         description="knob effects found by compiling: a flag knob is inert when the program "
         "with it at its default is the same",
     )
+    kernel_tuning: dict[str, Any] | None = Field(
+        default=None,
+        description="kernels.tune: each kernel's candidates (priced, or refused with the "
+        "compiler's words), the tiles chosen, and what was not tuned (the trial's tuning.json)",
+    )
 
 
 class Step(_Event):
@@ -250,12 +255,6 @@ class Summary(_Event):
         description="a MaxText trial: a step's training TFLOPs per device as MaxText counts "
         "them (model_flops_per_step and est_mfu are then its)",
     )
-    tuned_block_q: int | None = Field(default=None, description="kernels.tune: the chosen block")
-    tuned_block_kv: int | None = None
-    tuned_block_kv_compute: int | None = None
-    tuned_block_q_dkv: int | None = None
-    tuned_block_kv_dkv: int | None = None
-    tuned_block_kv_dkv_compute: int | None = None
     recompute_flops_per_step: float | None = None
     est_step_time_s: float | None = None
     est_compute_s: float | None = None

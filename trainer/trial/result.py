@@ -80,6 +80,9 @@ class TrialResult(BaseModel):
     trial_config: str = ""  # the validated TrialConfig, as JSON
     program_fingerprint: str = ""  # the compiled program's identity (optimized HLO hash)
     profile_dir: str = ""  # a profiler trace's folder, on the host that ran process 0
+    kernel_tuning: dict[str, Any] | None = Field(
+        default=None, description="kernels.tune's record (the Compiled event's kernel_tuning)"
+    )
     log_tail: str = ""
     reused_from: int | None = None  # the Optuna trial whose measurement this reuses
     recovered: bool = False  # recorded before a resumed sweep's driver died

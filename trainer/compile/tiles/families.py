@@ -1,0 +1,162 @@
+"""The kernels a trial's tiles are tuned for, in families compiled together: Splash's forward
+and fused dK/dV backward in one attention layer; each expert weight's (wi, wo) three
+grouped matmuls (forward, input gradient, weight gradient) in one MoE matmul. A family knows
+its kernels' per-device shapes, their candidate tiles (the trial's own first), how to compile
+one program of them for a device, and which kernel a compiled call (or a refusal) is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from trainer.compile.cost import program_cost
+from trainer.model.grouped_matmul import tokamax_tpu_configs
+from trainer.program.hlo import parse
+from trainer.program.kernels import gmm_layer_hlo, splash_layer_hlo
+from trainer.trial.config import GMM_PASSES, TrialConfig
+from trainer.trial.hardware import Backend
+
+Blocks = tuple[int, ...]
+
+# Splash: its kernels, the block fields each takes, and how each is named in a compiled
+# program (and in the compiler's refusals).
+SPLASH = {
+    "splash forward": ("block_q", "block_kv", "block_kv_compute"),
+    "splash backward": ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute"),
+}
+SPLASH_NAMES = {"splash forward": "splash_mqa_fwd", "splash backward": "splash_mqa_dkv"}
+SPLASH_SIZES = (512, 1024, 2048, 4096)
+# tokamax's TPU grouped matmul: each pass's kernel as a compiled program names it (the
+# longest first: "gmm" is in the other two), and the tile sizes tried (rows; contraction
+# and output columns), each at most the pass's dim.
+GMM_NAMES = {
+    "drhs": "ragged_dot_tgmm",
+    "dlhs": "ragged_dot_gmm_transpose_rhs",
+    "fwd": "ragged_dot_gmm",
+}
+GMM_ROWS = (256, 512, 1024)
+GMM_COLUMNS = (512, 1024, 2048)
+
+
+@dataclass
+class Family:
+    """Kernels compiled together: each one's settings (`knobs`), the trial's tiles
+    (`given`), the candidates (`listed`, the given first), what identifies their programs
+    besides the tiles (`identity`), and how to compile them (`calls`: the kernel calls of
+    the program of a trial config, under compiler `options`)."""
+
+    name: str
+    knobs: Mapping[str, tuple[str, ...]]
+    given: Mapping[str, Blocks]
+    listed: Mapping[str, list[Blocks]]
+    identity: dict[str, Any]
+    calls: Callable[[TrialConfig, dict[str, Any] | None], list[dict]]
+    names: dict[str, str]
+
+    def owner(self, text: str) -> str | None:
+        """The kernel a call name (or a compiler's refusal) names, if one."""
+        return next((k for k, n in self.names.items() if n in text), None)
+
+
+def splash_candidates(seq: int, given: Blocks) -> list[Blocks]:
+    """The trial's blocks first, then square blocks that divide the sequence."""
+    sizes = [s for s in SPLASH_SIZES if s <= seq and seq % s == 0]
+    square = [(q, kv, kv) for q in sizes for kv in sizes]
+    return [given, *(c for c in square if c != given)]
+
+
+def gmm_candidates(dims: tuple[int, int, int], given: Blocks) -> list[Blocks]:
+    """The trial's tiles first, then every (rows, contraction, columns) of `GMM_ROWS` x
+    `GMM_COLUMNS`^2 clamped to the pass's dims (each distinct once)."""
+    out = [given]
+    for tm in GMM_ROWS:
+        for tk in GMM_COLUMNS:
+            for tn in GMM_COLUMNS:
+                tiles = tuple(min(t, d) for t, d in zip((tm, tk, tn), dims, strict=True))
+                if tiles not in out:
+                    out.append(tiles)
+    return out
+
+
+def families(
+    config: TrialConfig, global_batch: int, degrees: dict[str, int], device: jax.Device
+) -> tuple[list[Family], list[str]]:
+    """The families of this trial's program that can be tuned, and why any other cannot."""
+    kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
+    out: list[Family] = []
+    why: list[str] = []
+    if kernels.attention == "splash":
+        if degrees["context"] != 1:
+            why.append("Splash under context parallelism (the mask is sharded): not tuned yet")
+        else:
+            out.append(_splash(config, global_batch, degrees, device))
+    if config.model.is_moe:
+        if kernels.moe_gmm == "tokamax":
+            for weight in ("wi", "wo"):
+                family = _gmm(config, global_batch, degrees, device, weight)
+                if isinstance(family, Family):
+                    out.append(family)
+                else:
+                    why.append(family)
+        else:
+            why.append(
+                f"the experts' grouped matmul is {kernels.moe_gmm}: only tokamax's tiles are tuned"
+            )
+    if not out and not why:
+        why.append("no Splash or tokamax grouped-matmul kernel in the program")
+    return out, why
+
+
+def _splash(config, global_batch, degrees, device) -> Family:
+    m = config.model
+    batch = global_batch // (degrees["data"] * degrees["fsdp"] * degrees["expert"])
+    tensor = degrees["tensor"]
+    shapes = {"batch": max(batch, 1), "seq": config.seq_len, "heads": m.num_heads // tensor,
+              "kv_heads": max(m.num_kv_heads // tensor, 1), "head_dim": m.head_dim}  # fmt: skip
+    given = {k: tuple(getattr(config.kernels, b) for b in f) for k, f in SPLASH.items()}
+    listed = {k: splash_candidates(config.seq_len, given[k]) for k in SPLASH}
+    k = config.kernels
+    layouts = [k.q_layout, k.k_layout, k.v_layout, k.dq_reduction_steps]
+
+    def calls(trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
+        hlo = splash_layer_hlo(trial.kernels, shapes, device, True, options)
+        return program_cost(parse(hlo))["kernel_calls"]
+
+    return Family("splash", SPLASH, given, listed, {"shapes": shapes, "layouts": layouts},
+                  calls, SPLASH_NAMES)  # fmt: skip
+
+
+def _gmm(config, global_batch, degrees, device, weight: str) -> Family | str:
+    from trainer.estimate.analytic import routed_rows
+
+    m = config.model
+    tokens = global_batch * config.seq_len
+    local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * degrees["context"])
+    rows = max(round(routed_rows(config, degrees, local)), 1)
+    d, mlp = m.d_model, m.mlp_dim // degrees["tensor"]
+    k_in, n_out = (d, mlp) if weight == "wi" else (mlp, d)
+    groups = m.num_experts // degrees["expert"]
+    dims = {"fwd": (rows, k_in, n_out), "dlhs": (rows, n_out, k_in), "drhs": (rows, k_in, n_out)}
+    fp8 = config.precision if config.fp8_experts_in_tokamax(Backend.TPU) else None
+    shapes = {"rows": rows, "in": k_in, "out": n_out, "groups": groups}
+    configs = tokamax_tpu_configs(
+        jax.ShapeDtypeStruct((rows, k_in), "bfloat16"),
+        jax.ShapeDtypeStruct((groups, k_in, n_out), "bfloat16"),
+        weight, config.kernels.tokamax_tiles, fp8 is not None,
+    )  # fmt: skip
+    if any(c is None for c in configs.values()):
+        return f"{weight}: tokamax takes its tiles from its own tuned table here (not tuned)"
+    given = {f"{weight} {p}": (c.tile_m, c.tile_k, c.tile_n) for p, c in configs.items() if c}
+    listed = {f"{weight} {p}": gmm_candidates(dims[p], given[f"{weight} {p}"]) for p in GMM_PASSES}
+    knobs = {f"{weight} {p}": (f"tokamax_tiles.{weight}_{p}",) for p in GMM_PASSES}
+    names = {f"{weight} {p}": GMM_NAMES[p] for p in ("drhs", "dlhs", "fwd")}
+
+    def calls(trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
+        hlo = gmm_layer_hlo(trial.kernels, fp8, shapes, device, weight, options)
+        return program_cost(parse(hlo))["kernel_calls"]
+
+    identity = {"shapes": shapes, "fp8": fp8.model_dump() if fp8 else None}
+    return Family(f"gmm {weight}", knobs, given, listed, identity, calls, names)

@@ -1,0 +1,165 @@
+"""Each family's candidates compiled and priced (see the package's docstring), and the
+results kept by what identifies them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from trainer.compile.records import libtpu_version
+from trainer.compile.step_model import kernel_flops, kernel_seconds
+from trainer.compile.tiles.families import Blocks, Family, families
+from trainer.compile.tiles.record import Tried, Tuned, Tuning
+from trainer.trial.config import TrialConfig
+from trainer.trial.hardware import Topology
+
+TILES_DIR = "tiles"
+VMEM_OPTION = "xla_tpu_scoped_vmem_limit_kib"
+
+
+class Search:
+    """One trial's tuning: its shapes and batch, the device and target it compiles for, and
+    the scoped VMEM limit (None: the trial's flags as they stand)."""
+
+    def __init__(self, config, global_batch, degrees, topology: Topology, device, vmem_kib=None):
+        self.config, self.global_batch, self.degrees = config, global_batch, degrees
+        self.topology, self.device = topology, device
+        self.vmem_kib = vmem_kib
+        self.options = {VMEM_OPTION: vmem_kib} if vmem_kib else None
+        self.families, self.untuned = families(config, global_batch, degrees, device)
+
+    def key(self) -> str:
+        """The kernels' identity: shapes, layouts, dtypes, flags, VMEM limit, candidates,
+        target, compiler, and this package's and the step model's code."""
+        flags = sorted(os.environ.get("LIBTPU_INIT_ARGS", "").split())
+        inputs: list[Any] = [[f.name, f.identity, f.given, f.listed] for f in self.families]
+        inputs += [flags, self.vmem_kib, self.topology.accelerator.name, jax.__version__,
+                   libtpu_version(), _source_digest()]  # fmt: skip
+        return hashlib.sha256(json.dumps(inputs, default=str).encode()).hexdigest()[:24]
+
+    def run(self, cache: Path) -> Tuning:
+        path = cache / TILES_DIR / f"{self.key()}.json"
+        if path.is_file():
+            return Tuning.from_json(json.loads(path.read_text()), cached=True)
+        started = time.perf_counter()
+        kernels = [t for f in self.families for t in self.tune(f)]
+        tuning = Tuning(kernels, seconds=time.perf_counter() - started, vmem_kib=self.vmem_kib)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(tuning.to_json(), indent=1))
+        return tuning
+
+    def tune(self, family: Family) -> list[Tuned]:
+        """Every candidate of the family's kernels tried, the i-th of each compiled together
+        (a shorter list repeats its first, the trial's own), and each kernel's cheapest."""
+        tried: dict[str, dict[Blocks, Tried]] = {k: {} for k in family.knobs}
+        n = max(len(x) for x in family.listed.values())
+        for i in range(n):
+            pick = {k: xs[i] if i < len(xs) else xs[0] for k, xs in family.listed.items()}
+            self._try(family, pick, tried)
+        return [_chosen(family, k, tried[k]) for k in family.knobs]
+
+    def _try(self, family: Family, pick: dict[str, Blocks], tried, retry: bool = True) -> None:
+        """Compile one program of `pick` and price each kernel's call. A compile the compiler
+        refuses names the kernel it refused (else every wanted one fails): that candidate
+        fails, and the others are compiled again beside a tile of it that compiled (the
+        trial's own where none has yet)."""
+        want = {k: b not in tried[k] for k, b in pick.items()}
+        if not any(want.values()):
+            return
+        trial = self._with(family, pick)
+        try:
+            calls = family.calls(trial, self.options)
+        except Exception as exc:  # the compiler's refusal, and the kernel it names
+            failure, named = _failure(exc), family.owner(" ".join(str(exc).split()))
+            for kernel in [named] if named else list(pick):
+                if want[kernel]:
+                    tried[kernel][pick[kernel]] = Tried(pick[kernel], failure=failure)
+            if named and retry and any(w for k, w in want.items() if k != named):
+                fits = [t.blocks for t in tried[named].values() if t.seconds is not None]
+                other = fits[0] if fits else family.given[named]
+                if other != pick[named]:
+                    self._try(family, {**pick, named: other}, tried, retry=False)
+            return
+        for kernel, blocks in pick.items():
+            if want[kernel]:
+                seconds = self._price(trial, family, calls, kernel)
+                tried[kernel][blocks] = (
+                    Tried(blocks, seconds=seconds)
+                    if seconds is not None
+                    else Tried(blocks, failure="compiled without this kernel (XLA's path ran)")
+                )
+
+    def _with(self, family: Family, pick: dict[str, Blocks]) -> TrialConfig:
+        kernels = [Tuned(k, family.knobs[k], family.given[k], b) for k, b in pick.items()]
+        update = {"kernels": Tuning(kernels).apply(self.config.kernels)}
+        return self.config.model_copy(update=update)
+
+    def _price(self, trial, family: Family, calls: list, kernel: str) -> float | None:
+        """The step model's time for one execution of each of `kernel`'s calls, summed."""
+        accel = self.topology.accelerator
+        flops = kernel_flops(trial, self.global_batch, self.topology.devices, 1, calls,
+                             self.degrees["expert"], accel.mxu_width)  # fmt: skip
+        seconds = [
+            kernel_seconds(f, n, accel)
+            for c, f, n in zip(calls, flops.each, flops.steps, strict=True)
+            if family.owner(c["name"]) == kernel
+        ]
+        return sum(seconds) if seconds else None
+
+
+def _chosen(family: Family, kernel: str, tried: dict[Blocks, Tried]) -> Tuned:
+    given = family.given[kernel]
+    priced = [t for t in tried.values() if t.seconds is not None]
+    best = min(priced, key=lambda t: (t.seconds, t.blocks != given)) if priced else None
+    chosen = best.blocks if best else given
+    return Tuned(kernel, family.knobs[kernel], given, chosen, list(tried.values()))
+
+
+def _source_digest() -> str:
+    """This package's and the step model's code: a change to how candidates are made or
+    priced makes every earlier result a miss."""
+    here = Path(__file__).parent
+    files = [*sorted(here.glob("*.py")), here.parent / "step_model.py"]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+
+
+def _failure(exc: Exception) -> str:
+    """The compiler's words (its VMEM figures where it gives them)."""
+    text = " ".join(str(exc).split())
+    limit = re.search(
+        r"Scoped allocation with size \S+ and limit \S+ exceeded scoped vmem limit by \S+"
+        r"|Used \S+ of \S+ vmem",
+        text,
+    )
+    at = text.find("Ran out of memory")
+    said = limit.group(0) if limit else (text[at : at + 160] if at >= 0 else text[:200])
+    return f"{type(exc).__name__}: {said}"
+
+
+def tune(
+    config: TrialConfig,
+    global_batch: int,
+    degrees: dict[str, int],
+    topology: Topology,
+    device: jax.Device,
+    cache: Path,
+    vmem_kib: int | None = None,
+) -> tuple[Tuning, list[str]]:
+    """This trial's kernels tuned (read from `cache` where tuned before), and why any
+    kernel of its program was not."""
+    search = Search(config, global_batch, degrees, topology, device, vmem_kib)
+    if not search.families:
+        return Tuning([], vmem_kib=vmem_kib), search.untuned
+    return search.run(cache), search.untuned
+
+
+def as_json(tuning: Tuning, untuned: list[str]) -> dict[str, Any]:
+    """A tuning as the trial records it (its folder's tuning.json)."""
+    return {**tuning.to_json(), "untuned": untuned, "settings": tuning.settings()}
