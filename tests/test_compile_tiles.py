@@ -6,6 +6,7 @@ program runs the choice, and a second trial with the same kernels reads it back.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,31 @@ def test_a_sweep_tunes_the_grouped_matmul_tiles_and_records_every_candidate(tmp_
     )
     report = (result.sweep_dir / "report.html").read_text()
     assert "Kernel tiles the tuner chose" in report and settings["tokamax_tiles.wo_drhs"] in report
+
+
+def test_tiles_says_what_each_scoped_vmem_limit_unlocks(tmp_path, monkeypatch):
+    """`sweeper tiles`: trial 0's kernels tuned under each of the space's VMEM limits; the
+    limit reaches the compiler (8 MiB refuses blocks 64 MiB admits)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from sweeper.cli import app
+
+    space = {"name": "tiles", "target": "tpu7x:2x2x1", "fidelity": "compile",
+             "model": MODEL, "trial": {"seq_len": 2048, "kernels": {"attention": "splash"},
+                                       "xla": {"judge": False}},
+             "knobs": {"xla.scoped_vmem_kib": {"values": [65536, 8192]}}}  # fmt: skip
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    monkeypatch.setenv("SWEEPER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["tiles", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if "│" in line}
+    assert "8 MiB" in result.output and "64 MiB" in result.output
+    for kernel in ("splash forward", "splash backward"):
+        small, large = re.findall(r"\((\d+)/9 refused\)", rows[kernel])
+        assert int(small) > int(large), rows[kernel]  # columns in limit order: 8, then 64 MiB
+    # A target without TPUs: said, exit 2, nothing run.
+    local = CliRunner().invoke(app, ["tiles", str(path), "--target", "local"])
+    assert local.exit_code == 2 and "TPU target" in local.output

@@ -1,0 +1,152 @@
+"""`sweeper tiles SPACE`: what each scoped VMEM limit unlocks. Trial 0's kernels (Splash, and
+tokamax's grouped matmuls) are tuned for the space's TPU target under each limit, as
+`kernels.tune: compile` tunes them (trainer/compile/tiles/): the tiles each limit admits,
+the best of them as the step model prices them (an estimate, at compile fidelity)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
+from trainer.trial.config import ConfigError
+from trainer.trial.files import trainer_command
+
+# TPU7x's VMEM is 64 MiB a TensorCore; libtpu's default scoped limit is below it.
+DEFAULT_LIMITS = (16384, 32768, 49152, 65536)
+
+
+@app.command()
+def tiles(
+    space: Annotated[str, typer.Argument(help="a YAML file, or a built-in space name")],
+    vmem: Annotated[
+        str | None,
+        typer.Option(
+            "--vmem",
+            help="scoped VMEM limits in KiB, comma-separated (default: the space's "
+            "xla.scoped_vmem_kib values, else 16, 32, 48 and 64 MiB)",
+        ),
+    ] = None,
+    target: TargetOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Tune trial 0's kernel tiles under each scoped VMEM limit and print, per kernel, the
+    tiles each limit admits and the best of them as the step model prices them."""
+    try:
+        loaded = load_space(space, overrides(None, None, None, target, set_))
+        if loaded.target.topology is None:
+            raise SpaceError(
+                "the tuner compiles for a TPU target: use --target tpu7x:2x2x1", field="target"
+            )
+        limits = _limits(loaded, vmem)
+        config = _trial_zero(loaded)
+    except (SpaceError, ValueError) as exc:
+        fail(str(exc))
+    started = time.perf_counter()
+    with console.status(f"tuning {loaded.name}'s kernels for {loaded.target} under "
+                        f"{len(limits)} VMEM limits (compiles each candidate)..."):  # fmt: skip
+        found = _run(config, limits, lambda line: console.print(line))
+    console.print(_table(loaded.name, str(loaded.target), found, time.perf_counter() - started))
+
+
+def _limits(space: Any, given: str | None) -> list[int]:
+    if given:
+        try:
+            return [int(v) for v in given.split(",") if v.strip()]
+        except ValueError:
+            raise SpaceError(
+                f"--vmem {given!r}: KiB as integers, e.g. 16384,65536", field="--vmem"
+            ) from None
+    knob = space.knobs.get("xla.scoped_vmem_kib")
+    return sorted(int(v) for v in knob.values) if knob and knob.values else list(DEFAULT_LIMITS)
+
+
+def _trial_zero(space: Any) -> dict[str, Any]:
+    """Trial 0 (the first warm start, else the space's trial), as the trainer reads it."""
+    from sweeper.space.checks import static_check
+
+    point = dict(space.search.warm_start[0]) if space.search.warm_start else {}
+    try:
+        config = static_check(space, point, space.num_devices)
+    except ConfigError as exc:
+        raise SpaceError(exc.message, field=exc.field) from None
+    data: dict[str, Any] = json.loads(config.to_json())
+    data["compile_target"] = str(space.target)
+    return data
+
+
+def _run(
+    config: dict[str, Any], limits: list[int], say: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The tuner in a child process (libtpu is loaded there), one record per limit."""
+    found: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sweeper-tiles-") as tmp:
+        path = Path(tmp) / "trial.json"
+        path.write_text(json.dumps(config))
+        argv = trainer_command(path, ["--vmem", ",".join(map(str, limits))])
+        argv[argv.index("trainer")] = "trainer.compile.tiles"
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "JAX_PLATFORMS": "cpu"})  # fmt: skip
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if "error" in record:
+                fail(record["error"])
+            took = "read from the cache" if record["cached"] else f"{record['seconds']:.0f} s"
+            say(f"{record['vmem_kib']} KiB: {len(record['kernels'])} kernels tuned ({took})")
+            found.append(record)
+        code = proc.wait()
+        if code:  # a crash, not the user's to fix: its last words
+            said = proc.stderr.read()[-1500:] if proc.stderr else ""
+            console.print(f"[red]error:[/red] the tuner failed (exit {code}): {said}")
+            raise typer.Exit(1)
+    return found
+
+
+def _table(name: str, target: str, found: list[dict[str, Any]], took: float) -> Table:
+    """One row per kernel, one column per limit: the chosen tiles, their priced time per call
+    and how many candidates the compiler refused; the last row sums one call of each."""
+    table = Table(title=f"{name}: trial 0's kernel tiles per scoped VMEM limit on {target} "
+                        f"(tuned in {took:.0f} s; times are the step model's, per call)")  # fmt: skip
+    table.add_column("kernel")
+    for record in found:
+        table.add_column(f"{record['vmem_kib'] // 1024} MiB", justify="right")
+    kernels = list(dict.fromkeys(k["kernel"] for r in found for k in r["kernels"]))
+    totals = [0.0] * len(found)
+    for kernel in kernels:
+        cells = []
+        for i, record in enumerate(found):
+            tuned = next((k for k in record["kernels"] if k["kernel"] == kernel), None)
+            cells.append(_cell(tuned, totals, i))
+        table.add_row(kernel, *cells)
+    table.add_row("all, one call each", *(f"{t * 1e6:,.1f} µs" if t else "-" for t in totals))
+    untuned = {u for r in found for u in r.get("untuned", [])}
+    if untuned:
+        table.caption = "not tuned: " + "; ".join(sorted(untuned))
+    return table
+
+
+def _cell(tuned: dict[str, Any] | None, totals: list[float], i: int) -> str:
+    if tuned is None:
+        return "-"
+    times = {tuple(t["blocks"]): t["seconds"] for t in tuned["tried"]}
+    refused = sum(1 for t in tuned["tried"] if t["failure"])
+    seconds = times.get(tuple(tuned["chosen"]))
+    if seconds is None:
+        return f"none fits ({refused} refused)"
+    totals[i] += seconds
+    tiles = "x".join(map(str, tuned["chosen"]))
+    return f"{tiles} {seconds * 1e6:,.1f} µs ({refused}/{len(tuned['tried'])} refused)"
