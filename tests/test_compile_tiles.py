@@ -80,16 +80,25 @@ def test_the_tuner_chooses_blocks_that_fit_the_vmem_limit_and_the_program_runs_t
     assert _splash_blocks(again) == chosen
 
 
-def test_at_run_fidelity_the_tuner_is_inert_and_says_why(tmp_path):
+@pytest.mark.parametrize("method", ["compile", "time"])
+def test_a_run_on_cpu_tunes_nothing_and_says_why(tmp_path, method):
+    """On CPU neither tuner acts (the compile tuner is compile fidelity's; timing needs the
+    TPU): inert, with why, and the trial runs its tiles as set."""
     from tests.helpers import run_trainer
 
     config = {**TRIAL, "steps": 2, "backend": "cpu", "num_devices": 1,
               "convergence": {"enabled": False}, "per_device_batch": 1}  # fmt: skip
+    config["kernels"] = {**config["kernels"], "tune": method}
     config.pop("xla")
     code, events, err = run_trainer(config, tmp_path, timeout=600)
     assert code == 0, err[-3000:]
     accepted = next(e for e in events if e["event"] == "accepted")
-    assert accepted["effects"]["kernels.tune"]["status"] == "inert"
+    effect = accepted["effects"]["kernels.tune"]
+    assert effect["status"] == "inert", effect
+    assert ("TPU target" if method == "compile" else "interprets") in effect["reason"]
+    compiled = next(e for e in events if e["event"] == "compiled")
+    assert compiled.get("kernel_tuning") is None
+    assert "kernels.tune" not in compiled.get("effects", {})
 
 
 # A 1-layer MoE whose experts run tokamax's kernels (attention in XLA: only the grouped
@@ -205,3 +214,32 @@ def test_tiles_says_what_each_scoped_vmem_limit_unlocks(tmp_path, monkeypatch):
     # A target without TPUs: said, exit 2, nothing run.
     local = CliRunner().invoke(app, ["tiles", str(path), "--target", "local"])
     assert local.exit_code == 2 and "TPU target" in local.output
+
+
+def test_timing_drops_what_does_not_compile_and_runs_the_fastest(tmp_path):
+    """`kernels.tune: time`'s path (tune-jax on the trial's device), exercised on this CPU
+    with Splash interpreted: every candidate compiled or refused with the compiler's words,
+    the rest timed, the fastest chosen, a second call read back. Interpreted times say
+    nothing of a TPU's: a trial on CPU never runs this (next test), only this test does."""
+    import jax
+
+    from trainer.compile.tiles.timing import timed_tiles
+    from trainer.trial.config import load_config
+
+    model = {**MODEL, "num_heads": 1, "num_kv_heads": 1}
+    # 384-row blocks do not divide 1024: the kernel refuses them; 512 and 1024 compile.
+    blocks = dict.fromkeys(("block_q", "block_kv", "block_kv_compute"), 384)
+    config = load_config({"model": model, "seq_len": 1024,
+                          "kernels": {"attention": "splash", "tune": "time", **blocks}})  # fmt: skip
+    degrees = dict.fromkeys(("data", "fsdp", "expert", "tensor", "context"), 1)
+    device = jax.devices("cpu")[0]
+    tuning, untuned = timed_tiles(config, 1, degrees, device, tmp_path, interpret=True)
+    assert not untuned and not tuning.cached
+    forward = next(k for k in tuning.kernels if k.kernel == "splash forward")
+    (refused,) = [t for t in forward.tried if t.failure]
+    assert refused.blocks == (384, 384, 384) and "384" in refused.failure
+    timed = {t.blocks: t.seconds for t in forward.tried if t.seconds is not None}
+    assert set(timed) == {(q, kv, kv) for q in (512, 1024) for kv in (512, 1024)}
+    assert forward.chosen == min(timed, key=timed.__getitem__)
+    again, _ = timed_tiles(config, 1, degrees, device, tmp_path, interpret=True)
+    assert again.cached and again.settings() == tuning.settings()

@@ -12,9 +12,11 @@ it (tests/test_layering.py holds the code to that, and to having no import cycle
 - model/     the transformer: attention and grouped-matmul kernels, MoE routing, fp8, loss.
 - program/   a trial's program: built from a configuration for a list of devices, lowered,
              compiled; the train step; the one reader of compiled HLO text.
-- run/       training it: data, the timed loop, metrics, the convergence check.
+- run/       training it: data, the timed loop, metrics, the convergence check (and, on a
+             TPU, compile/'s tile tuner timing the trial's kernels first).
 - compile/   compile fidelity: AOT for a TPU topology, compile records, the program's counted
-             cost and schedule, and the step-time model read from them.
+             cost and schedule, the step-time model read from them, and the kernel tile
+             tuner (tiles/: compiled and priced, or timed on a TPU).
 - maxtext/    MaxText as the trial program: MaxText's train_compile or train run in its own
              Python, what it prints read back as this trainer's events; its compiled HLO
              read by compile/'s step model.
@@ -30,7 +32,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "parallel": frozenset({"trial"}),
     "model": frozenset({"trial", "parallel"}),
     "program": frozenset({"trial", "parallel", "model"}),
-    "run": frozenset({"trial", "parallel", "program"}),
+    "run": frozenset({"trial", "parallel", "program", "compile"}),
     "compile": frozenset({"trial", "program", "estimate"}),
     "maxtext": frozenset({"trial", "program", "compile"}),
 }

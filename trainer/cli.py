@@ -107,6 +107,23 @@ def _estimate(config: TrialConfig) -> dict:
     return estimate(config, topology.accelerator, topology.devices)
 
 
+def _tiles(config: TrialConfig, limits: str) -> None:
+    """`--tiles-vmem`: the trial's kernels tuned under each limit, a JSON line each."""
+    if not config.compile_target:
+        raise ConfigError("compile_target", "the tuner compiles for a TPU target: set --target")
+    try:
+        kib = [int(v) for v in limits.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(
+            "--tiles-vmem", f"{limits!r}: KiB as integers, e.g. 16384,65536"
+        ) from None
+    from trainer.compile.aot import topology_devices  # imports JAX: after the environment
+    from trainer.compile.tiles.search import per_vmem
+
+    for record in per_vmem(config, kib, topology_devices(config.compile_target)):
+        print(json.dumps(record), flush=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     parser.add_argument(
@@ -124,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
         "--num-processes", type=int, default=1, help="trainer processes in the trial"
     )
     parser.add_argument("--process-id", type=int, default=0, help="this process' index (0 speaks)")
+    parser.add_argument(
+        "--tiles-vmem",
+        help="no trial: tune its kernel tiles for --target under each scoped VMEM limit (KiB, "
+        "comma-separated), one JSON line a limit (`sweeper tiles`)",
+    )
     parser.add_argument(
         "--maxtext",
         help="run the trial through MaxText: JSON {program: the space's maxtext section, "
@@ -181,6 +203,9 @@ def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None
         emitter.emit(Summary(**maxtext_trial(config, args.maxtext, args.estimate_only, emitter)))
         return
     prepare_environment(config)
+    if args.tiles_vmem:
+        _tiles(config, args.tiles_vmem)
+        return
     if args.estimate_only:
         emitter.emit(Summary(**_estimate(config)))
         return

@@ -94,8 +94,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="sweeper-tiles-") as tmp:
         path = Path(tmp) / "trial.json"
         path.write_text(json.dumps(config))
-        argv = trainer_command(path, ["--vmem", ",".join(map(str, limits))])
-        argv[argv.index("trainer")] = "trainer.compile.tiles"
+        argv = trainer_command(path, ["--tiles-vmem", ",".join(map(str, limits))])
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "JAX_PLATFORMS": "cpu"})  # fmt: skip
         assert proc.stdout is not None
@@ -103,8 +102,9 @@ def _run(
             if not line.startswith("{"):
                 continue
             record = json.loads(line)
-            if "error" in record:
-                fail(record["error"])
+            if record.get("event") == "failure":  # the trial cannot be built: whose field, why
+                proc.kill()
+                fail(f"{record.get('field') or 'trial'}: {record.get('message', '')}")
             took = "read from the cache" if record["cached"] else f"{record['seconds']:.0f} s"
             say(f"{record['vmem_kib']} KiB: {len(record['kernels'])} kernels tuned ({took})")
             found.append(record)

@@ -1,9 +1,10 @@
-"""One kernel's program alone, at given per-device shapes, compiled for one device (the tile
-tuner, trainer/compile/tiles/, compiles its candidates this way): a Splash attention layer,
-or one expert weight's grouped matmul, each with its backward."""
+"""One kernel's program alone, at given per-device shapes (the tile tuner, trainer/compile/
+tiles/, compiles or times its candidates this way): a Splash attention layer, or one expert
+weight's grouped matmul, each with its backward, or the part of it one kernel runs in."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,51 +12,46 @@ import jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 
 from trainer.model.attention import splash_attention
-from trainer.model.grouped_matmul import grouped_matmul
+from trainer.model.grouped_matmul import grouped_matmul, tokamax_tpu_configs
 from trainer.trial.config import KernelsConfig, PrecisionConfig
 
+Layer = tuple[Callable[..., Any], list[jax.ShapeDtypeStruct]]
 
-def splash_layer_hlo(
-    kernels: KernelsConfig,
-    shapes: dict[str, int],
-    device: Any,
-    backward: bool,
-    options: dict[str, Any] | None = None,
-) -> str:
-    """The optimized HLO of one Splash layer with `kernels`' blocks and layouts: queries
-    [batch, seq, heads, head_dim], keys and values over kv_heads, bf16; with `backward`, the
-    gradient of all three too. Compiled for `device` (a TPU topology's, ahead of time) with
-    compiler `options` (a scoped VMEM limit)."""
+
+def splash_layer(
+    kernels: KernelsConfig, shapes: dict[str, int], part: str, interpret: bool = False
+) -> Layer:
+    """One Splash layer with `kernels`' blocks and layouts: queries [batch, seq, heads,
+    head_dim], keys and values over kv_heads, bf16; `part` "forward" its output alone,
+    "backward" its output and the gradients of all three (the fused dK/dV kernel's)."""
     kernels = kernels.model_copy(update={"attention": "splash"})
     b, s, d = shapes["batch"], shapes["seq"], shapes["head_dim"]
 
     def attend(q, k, v):
-        return splash_attention(q, k, v, kernels, False)
+        return splash_attention(q, k, v, kernels, interpret)
 
     def layer(q, k, v, do):
-        if not backward:
+        if part == "forward":
             return attend(q, k, v)
         out, vjp = jax.vjp(attend, q, k, v)
         return out, vjp(do)
 
-    sharding = SingleDeviceSharding(device)
     heads = (shapes["heads"], shapes["kv_heads"], shapes["kv_heads"], shapes["heads"])
-    args = [jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16, sharding=sharding) for h in heads]
-    return jax.jit(layer).lower(*args).compile(compiler_options=options).as_text() or ""
+    return layer, [jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16) for h in heads]
 
 
-def gmm_layer_hlo(
+def gmm_layer(
     kernels: KernelsConfig,
     fp8: PrecisionConfig | None,
     shapes: dict[str, int],
-    device: Any,
     weight: str,
-    options: dict[str, Any] | None = None,
-) -> str:
-    """The optimized HLO of one expert weight's grouped matmul as the trial's MoE layer runs
-    it (trainer/model/grouped_matmul.py, tokamax on TPU, `weight`'s tiles; `fp8` experts in
-    its kernels): routed rows [rows, in] bf16 by [groups, in, out], and the gradients of
-    both. Compiled for `device` with compiler `options`."""
+    part: str,
+) -> Layer:
+    """One expert weight's grouped matmul as the trial's MoE layer runs it (trainer/model/
+    grouped_matmul.py, tokamax on TPU, `weight`'s tiles; `fp8` experts in its kernels):
+    routed rows [rows, in] bf16 by [groups, in, out]. `part`: "all" the output and both
+    gradients; "fwd" the output alone; "dlhs" with the input's gradient, "drhs" with the
+    weight's."""
     kernels = kernels.model_copy(update={"moe_gmm": "tokamax"})
     rows, k, n, g = shapes["rows"], shapes["in"], shapes["out"], shapes["groups"]
 
@@ -63,16 +59,63 @@ def gmm_layer_hlo(
         def matmul(x, w):
             return grouped_matmul(x, w, sizes, kernels, False, "tpu", fp8, weight)
 
-        out, vjp = jax.vjp(matmul, x, w)
+        if part == "fwd":
+            return matmul(x, w)
+        if part == "dlhs":
+            out, vjp = jax.vjp(lambda x: matmul(x, w), x)
+        elif part == "drhs":
+            out, vjp = jax.vjp(lambda w: matmul(x, w), w)
+        else:
+            out, vjp = jax.vjp(matmul, x, w)
         return out, vjp(dy)
 
-    sharding = SingleDeviceSharding(device)
-    args = [
-        jax.ShapeDtypeStruct((rows, k), jnp.bfloat16, sharding=sharding),
-        jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16, sharding=sharding),
-        jax.ShapeDtypeStruct((g,), jnp.int32, sharding=sharding),
-        jax.ShapeDtypeStruct((rows, n), jnp.bfloat16, sharding=sharding),
+    specs = [
+        jax.ShapeDtypeStruct((rows, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+        jax.ShapeDtypeStruct((rows, n), jnp.bfloat16),
     ]
+    return layer, specs
+
+
+def compiled_hlo(layer: Layer, device: Any, options: dict[str, Any] | None = None) -> str:
+    """The optimized HLO of `layer` compiled for `device` (a TPU topology's, ahead of time, or
+    this host's) with compiler `options` (a scoped VMEM limit)."""
+    fn, specs = layer
+    sharding = SingleDeviceSharding(device)
+    args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
     with jax.default_device(device):  # tokamax picks its kernel by the default device
-        lowered = jax.jit(layer).lower(*args)
+        lowered = jax.jit(fn).lower(*args)
     return lowered.compile(compiler_options=options).as_text() or ""
+
+
+def example_args(specs: list[jax.ShapeDtypeStruct], device: Any) -> list[jax.Array]:
+    """Arguments of `specs` on `device`: normal floats; an int32 vector is group sizes, the
+    rows split evenly over the groups (the first spec's rows)."""
+    key = jax.random.key(0)
+    out = []
+    for i, spec in enumerate(specs):
+        if spec.dtype == jnp.int32:
+            rows, groups = specs[0].shape[0], spec.shape[0]
+            sizes = jnp.full(spec.shape, rows // groups, jnp.int32).at[0].add(rows % groups)
+            out.append(jax.device_put(sizes, device))
+        else:
+            value = jax.random.normal(jax.random.fold_in(key, i), spec.shape, spec.dtype)
+            out.append(jax.device_put(value, device))
+    return out
+
+
+def gmm_tiles(
+    kernels: KernelsConfig, fp8: bool, shapes: dict[str, int], weight: str
+) -> dict[str, tuple[int, int, int] | None]:
+    """The (tm, tk, tn) tiles each pass of `weight`'s grouped matmul runs with in the trial's
+    program (`tokamax_tpu_configs`); None where tokamax picks its own."""
+    rows, k, n, g = shapes["rows"], shapes["in"], shapes["out"], shapes["groups"]
+    configs = tokamax_tpu_configs(
+        jax.ShapeDtypeStruct((rows, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16),
+        weight,
+        kernels.tokamax_tiles,
+        fp8,
+    )
+    return {p: (c.tile_m, c.tile_k, c.tile_n) if c else None for p, c in configs.items()}

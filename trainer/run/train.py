@@ -66,6 +66,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     """Build, compile and train the trial's program on this host's devices; its summary at
     run fidelity, and its convergence verdict."""
     devices = select_devices(config)
+    config, tuned, tuning = timed_tiles_of(config, devices)
     program = build_program(config, devices)
     platform = devices[0].platform
     # A CPU host is its own "chip": count this process' devices, not the whole trial's.
@@ -74,7 +75,7 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     emitter.emit(
         accepted_event(config, program, devices, chip.name, chip.devices_per_chip, platform)
     )
-    compiled, figures = _compile(config, program, emitter)
+    compiled, figures = _compile(config, program, emitter, tuned, tuning)
     timed = _train_loop(config, program, compiled, emitter)
     summary = {**_measured(config, program, devices, chip, timed), **figures}
     if config.convergence.enabled:
@@ -89,9 +90,44 @@ def train(config: TrialConfig, emitter: Emitter) -> RunResult:
     return RunResult(timed.losses, summary)
 
 
-def _compile(config: TrialConfig, program: Program, emitter: Emitter) -> tuple[Any, dict]:
-    """The compiled step, its `compiled` event, and its figures for the summary; a program
-    over the trial's memory budget is out of memory here, before it runs."""
+def timed_tiles_of(
+    config: TrialConfig, devices: list[jax.Device]
+) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
+    """`kernels.tune: time` on a TPU: the trial running the tiles tune-jax timed fastest on
+    its first device (trainer/compile/tiles/timing.py), the effect, and the record; else the
+    trial as it is (the accepted event says why the knob is inert)."""
+    if config.kernels.tune != "time" or devices[0].platform != "tpu":
+        return config, {}, None
+    if jax.process_count() > 1:  # each host would time its own: they must run one program
+        why = "not timed across several hosts yet (each would choose on its own device)"
+        return config, {"kernels.tune": {"status": "inert", "reason": why}}, None
+    from trainer.compile.tiles import as_json
+    from trainer.compile.tiles.timing import timed_tiles
+    from trainer.trial.checks import global_batch_size
+
+    degrees = config.mesh.resolve(len(devices))
+    batch = global_batch_size(config, len(devices))
+    tuning, untuned = timed_tiles(config, batch, degrees, devices[0], cache_dir(config))
+    if not tuning.kernels:
+        return config, {"kernels.tune": {"status": "inert", "reason": "; ".join(untuned)}}, None
+    kernels = tuning.apply(config.kernels)
+    took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
+    reason = f"timed by tune-jax on {devices[0].device_kind}: {tuning.summary()}; in {took}"
+    status = "active" if kernels != config.kernels else "inert"
+    tuned = {"kernels.tune": {"status": status, "reason": reason}}
+    return config.model_copy(update={"kernels": kernels}), tuned, as_json(tuning, untuned)
+
+
+def _compile(
+    config: TrialConfig,
+    program: Program,
+    emitter: Emitter,
+    tuned: dict[str, dict[str, str]],
+    tuning: dict[str, Any] | None,
+) -> tuple[Any, dict]:
+    """The compiled step, its `compiled` event (with what `kernels.tune: time` did), and its
+    figures for the summary; a program over the trial's memory budget is out of memory here,
+    before it runs."""
     compiled, compile_s = compile_step(program)
     memory = memory_per_device(compiled)
     hlo = compiled.as_text()
@@ -106,6 +142,8 @@ def _compile(config: TrialConfig, program: Program, emitter: Emitter) -> tuple[A
             matmuls=matmuls,
             program_fingerprint=fingerprint(hlo),
             compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+            effects=tuned,
+            kernel_tuning=tuning,
         )
     )
     budget = config.limits.device_memory_gib

@@ -313,13 +313,16 @@ class KernelsConfig(Frozen):
     """Splash: the physical layout of values (MaxText's sa_v_layout)."""
     max_logit_const: float | None = None
     """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
-    tune: Literal["off", "compile"] = "off"
-    """Splash's blocks chosen per kernel (forward, and the dK/dV backward): `compile`, at
+    tune: Literal["off", "compile", "time"] = "off"
+    """Kernel tiles chosen per kernel (Splash's forward and dK/dV backward blocks; tokamax's
+    grouped-matmul tiles per expert weight and pass), trainer/compile/tiles/: `compile`, at
     compile fidelity for a TPU target, compiles each kernel alone at the trial's shapes with
-    candidate blocks (the trial's own among them) under the trial's scoped VMEM limit, drops
-    those the compiler refuses, and runs the trial with those the step model prices lowest
-    (trainer/compile/tiles.py); inert elsewhere (a CPU's interpreted kernels say nothing of a
-    TPU's)."""
+    candidate tiles (the trial's own among them) under the trial's scoped VMEM limit, drops
+    those the compiler refuses, and runs the trial with those the step model prices lowest;
+    `time`, at run fidelity on a TPU, times the candidates that compile with tune-jax on the
+    trial's device and runs the fastest. Each is inert where it cannot act (`compile` at run
+    fidelity; `time` at compile fidelity or off TPU: a CPU's interpreted kernels say nothing
+    of a TPU's)."""
     dq_reduction_steps: Literal[0, 3] = 0
     """Splash fused backward (MaxText's dq_reduction_steps): 0 writes one query gradient per
     key/value block and sums them after the kernel (float32 beyond 4 blocks: at 128k with

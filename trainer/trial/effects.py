@@ -133,13 +133,33 @@ def _attention(
         effects["kernels.max_logit_const"] = _active("numerics: softmax uses exp(s - c)")
     if config.kernels.dq_reduction_steps:
         effects["kernels.dq_reduction_steps"] = _dq_reduction_effect(config, platform, kernels)
-    if config.kernels.tune != "off" and config.compile_target is None:
-        effects["kernels.tune"] = _effect(
-            EffectStatus.INERT,
-            f"the tuner compiles for a TPU target (compile fidelity); a run on {platform} takes "
-            "the blocks as set (an interpreted or foreign kernel's time says nothing of a TPU's)",
-        )
+    tune = _tune_effect(config, platform)
+    if tune is not None:
+        effects["kernels.tune"] = tune
     return effects
+
+
+def _tune_effect(config: TrialConfig, platform: Backend) -> KnobEffect | None:
+    """Where `kernels.tune` cannot act, why (where it can, the tuner's record says what it did)."""
+    tune = config.kernels.tune
+    if tune == "compile" and config.compile_target is None:
+        return _effect(
+            EffectStatus.INERT,
+            f"the compile tuner compiles for a TPU target (compile fidelity); a run on "
+            f"{platform} takes the tiles as set (`time` times them on a TPU)",
+        )
+    if tune == "time" and config.compile_target is not None:
+        return _effect(
+            EffectStatus.INERT,
+            "no device to time kernels on at compile fidelity (`compile` prices them there)",
+        )
+    if tune == "time" and platform != Backend.TPU:
+        return _effect(
+            EffectStatus.INERT,
+            f"timing needs the TPU: a {platform} interprets Pallas TPU kernels or runs none of "
+            "them, so their time there says nothing of a TPU's; the tiles run as set",
+        )
+    return None
 
 
 def _dq_reduction_effect(

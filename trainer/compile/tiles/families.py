@@ -13,9 +13,9 @@ from typing import Any
 import jax
 
 from trainer.compile.cost import program_cost
-from trainer.model.grouped_matmul import tokamax_tpu_configs
+from trainer.compile.tiles.record import settings_of
 from trainer.program.hlo import parse
-from trainer.program.kernels import gmm_layer_hlo, splash_layer_hlo
+from trainer.program.kernels import Layer, compiled_hlo, gmm_layer, gmm_tiles, splash_layer
 from trainer.trial.config import GMM_PASSES, TrialConfig
 from trainer.trial.hardware import Backend
 
@@ -45,20 +45,36 @@ GMM_COLUMNS = (512, 1024, 2048)
 class Family:
     """Kernels compiled together: each one's settings (`knobs`), the trial's tiles
     (`given`), the candidates (`listed`, the given first), what identifies their programs
-    besides the tiles (`identity`), and how to compile them (`calls`: the kernel calls of
-    the program of a trial config, under compiler `options`)."""
+    besides the tiles (`identity`), how each is named in a compiled program (`names`), and
+    their program (`layer`: a trial config's, of one `part`; `whole` runs every kernel,
+    `parts[kernel]` what a kernel's timing runs), compiled for `device`."""
 
     name: str
     knobs: Mapping[str, tuple[str, ...]]
     given: Mapping[str, Blocks]
     listed: Mapping[str, list[Blocks]]
     identity: dict[str, Any]
-    calls: Callable[[TrialConfig, dict[str, Any] | None], list[dict]]
     names: dict[str, str]
+    layer: Callable[[TrialConfig, str], Layer]
+    whole: str
+    parts: dict[str, str]
+    device: Any
 
     def owner(self, text: str) -> str | None:
         """The kernel a call name (or a compiler's refusal) names, if one."""
         return next((k for k, n in self.names.items() if n in text), None)
+
+    def trial(self, config: TrialConfig, pick: Mapping[str, Blocks]) -> TrialConfig:
+        """`config` running `pick`'s tiles for these kernels."""
+        settings: dict[str, int | str] = {}
+        for kernel, blocks in pick.items():
+            settings.update(settings_of(self.knobs[kernel], blocks))
+        return config.model_copy(update={"kernels": config.kernels.tuned(settings)})
+
+    def calls(self, trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
+        """The kernel calls of the whole program of `trial` compiled under `options`."""
+        hlo = compiled_hlo(self.layer(trial, self.whole), self.device, options)
+        return program_cost(parse(hlo))["kernel_calls"]
 
 
 def splash_candidates(seq: int, given: Blocks) -> list[Blocks]:
@@ -82,9 +98,14 @@ def gmm_candidates(dims: tuple[int, int, int], given: Blocks) -> list[Blocks]:
 
 
 def families(
-    config: TrialConfig, global_batch: int, degrees: dict[str, int], device: jax.Device
+    config: TrialConfig,
+    global_batch: int,
+    degrees: dict[str, int],
+    device: jax.Device,
+    interpret: bool = False,
 ) -> tuple[list[Family], list[str]]:
-    """The families of this trial's program that can be tuned, and why any other cannot."""
+    """The families of this trial's program that can be tuned, and why any other cannot
+    (`interpret`: Splash's kernel interpreted, off TPU)."""
     kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
     out: list[Family] = []
     why: list[str] = []
@@ -92,7 +113,7 @@ def families(
         if degrees["context"] != 1:
             why.append("Splash under context parallelism (the mask is sharded): not tuned yet")
         else:
-            out.append(_splash(config, global_batch, degrees, device))
+            out.append(_splash(config, global_batch, degrees, device, interpret))
     if config.model.is_moe:
         if kernels.moe_gmm == "tokamax":
             for weight in ("wi", "wo"):
@@ -110,7 +131,7 @@ def families(
     return out, why
 
 
-def _splash(config, global_batch, degrees, device) -> Family:
+def _splash(config, global_batch, degrees, device, interpret: bool) -> Family:
     m = config.model
     batch = global_batch // (degrees["data"] * degrees["fsdp"] * degrees["expert"])
     tensor = degrees["tensor"]
@@ -121,12 +142,13 @@ def _splash(config, global_batch, degrees, device) -> Family:
     k = config.kernels
     layouts = [k.q_layout, k.k_layout, k.v_layout, k.dq_reduction_steps]
 
-    def calls(trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
-        hlo = splash_layer_hlo(trial.kernels, shapes, device, True, options)
-        return program_cost(parse(hlo))["kernel_calls"]
+    def layer(trial: TrialConfig, part: str) -> Layer:
+        return splash_layer(trial.kernels, shapes, part, interpret)
 
-    return Family("splash", SPLASH, given, listed, {"shapes": shapes, "layouts": layouts},
-                  calls, SPLASH_NAMES)  # fmt: skip
+    parts = {"splash forward": "forward", "splash backward": "backward"}
+    identity = {"shapes": shapes, "layouts": layouts}
+    return Family("splash", SPLASH, given, listed, identity, SPLASH_NAMES, layer, "backward",
+                  parts, device)  # fmt: skip
 
 
 def _gmm(config, global_batch, degrees, device, weight: str) -> Family | str:
@@ -142,21 +164,18 @@ def _gmm(config, global_batch, degrees, device, weight: str) -> Family | str:
     dims = {"fwd": (rows, k_in, n_out), "dlhs": (rows, n_out, k_in), "drhs": (rows, k_in, n_out)}
     fp8 = config.precision if config.fp8_experts_in_tokamax(Backend.TPU) else None
     shapes = {"rows": rows, "in": k_in, "out": n_out, "groups": groups}
-    configs = tokamax_tpu_configs(
-        jax.ShapeDtypeStruct((rows, k_in), "bfloat16"),
-        jax.ShapeDtypeStruct((groups, k_in, n_out), "bfloat16"),
-        weight, config.kernels.tokamax_tiles, fp8 is not None,
-    )  # fmt: skip
-    if any(c is None for c in configs.values()):
+    tiles = gmm_tiles(config.kernels, fp8 is not None, shapes, weight)
+    if any(t is None for t in tiles.values()):
         return f"{weight}: tokamax takes its tiles from its own tuned table here (not tuned)"
-    given = {f"{weight} {p}": (c.tile_m, c.tile_k, c.tile_n) for p, c in configs.items() if c}
+    given = {f"{weight} {p}": t for p, t in tiles.items() if t}
     listed = {f"{weight} {p}": gmm_candidates(dims[p], given[f"{weight} {p}"]) for p in GMM_PASSES}
     knobs = {f"{weight} {p}": (f"tokamax_tiles.{weight}_{p}",) for p in GMM_PASSES}
     names = {f"{weight} {p}": GMM_NAMES[p] for p in ("drhs", "dlhs", "fwd")}
 
-    def calls(trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
-        hlo = gmm_layer_hlo(trial.kernels, fp8, shapes, device, weight, options)
-        return program_cost(parse(hlo))["kernel_calls"]
+    def layer(trial: TrialConfig, part: str) -> Layer:
+        return gmm_layer(trial.kernels, fp8, shapes, weight, part)
 
+    parts = {f"{weight} {p}": p for p in GMM_PASSES}
     identity = {"shapes": shapes, "fp8": fp8.model_dump() if fp8 else None}
-    return Family(f"gmm {weight}", knobs, given, listed, identity, calls, names)
+    return Family(f"gmm {weight}", knobs, given, listed, identity, names, layer, "all", parts,
+                  device)  # fmt: skip

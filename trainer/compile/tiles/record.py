@@ -11,6 +11,14 @@ from trainer.trial.config import KernelsConfig
 Blocks = tuple[int, ...]
 
 
+def settings_of(knobs: tuple[str, ...], blocks: Blocks) -> dict[str, int | str]:
+    """A kernel's tiles as the trial's kernels settings: Splash's block fields, or one
+    `tokamax_tiles.<weight>_<pass>` as "TMxTKxTN"."""
+    if knobs[0].startswith("tokamax_tiles."):
+        return {knobs[0]: "x".join(map(str, blocks))}
+    return dict(zip(knobs, blocks, strict=True))
+
+
 @dataclass
 class Tried:
     """One candidate of one kernel: its tiles, its priced time per call, or why it did not
@@ -39,10 +47,8 @@ class Tuned:
         return chosen / given if given and chosen else None
 
     def settings(self) -> dict[str, int | str]:
-        """The chosen tiles as the trial's kernels settings (dotted for tokamax's)."""
-        if self.knobs[0].startswith("tokamax_tiles."):
-            return {self.knobs[0]: "x".join(map(str, self.chosen))}
-        return dict(zip(self.knobs, self.chosen, strict=True))
+        """The chosen tiles as the trial's kernels settings."""
+        return settings_of(self.knobs, self.chosen)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from trainer.compile.step_model import kernel_flops, kernel_seconds
 from trainer.compile.tiles.families import Blocks, Family, families
 from trainer.compile.tiles.record import Tried, Tuned, Tuning
 from trainer.trial.config import TrialConfig
-from trainer.trial.hardware import Topology
+from trainer.trial.hardware import Backend, Topology
 
 TILES_DIR = "tiles"
 VMEM_OPTION = "xla_tpu_scoped_vmem_limit_kib"
@@ -41,7 +42,7 @@ class Search:
         flags = sorted(os.environ.get("LIBTPU_INIT_ARGS", "").split())
         inputs: list[Any] = [[f.name, f.identity, f.given, f.listed] for f in self.families]
         inputs += [flags, self.vmem_kib, self.topology.accelerator.name, jax.__version__,
-                   libtpu_version(), _source_digest()]  # fmt: skip
+                   libtpu_version(), source_digest()]  # fmt: skip
         return hashlib.sha256(json.dumps(inputs, default=str).encode()).hexdigest()[:24]
 
     def run(self, cache: Path) -> Tuning:
@@ -73,11 +74,11 @@ class Search:
         want = {k: b not in tried[k] for k, b in pick.items()}
         if not any(want.values()):
             return
-        trial = self._with(family, pick)
+        trial = family.trial(self.config, pick)
         try:
             calls = family.calls(trial, self.options)
         except Exception as exc:  # the compiler's refusal, and the kernel it names
-            failure, named = _failure(exc), family.owner(" ".join(str(exc).split()))
+            failure, named = failure_words(exc), family.owner(" ".join(str(exc).split()))
             for kernel in [named] if named else list(pick):
                 if want[kernel]:
                     tried[kernel][pick[kernel]] = Tried(pick[kernel], failure=failure)
@@ -95,11 +96,6 @@ class Search:
                     if seconds is not None
                     else Tried(blocks, failure="compiled without this kernel (XLA's path ran)")
                 )
-
-    def _with(self, family: Family, pick: dict[str, Blocks]) -> TrialConfig:
-        kernels = [Tuned(k, family.knobs[k], family.given[k], b) for k, b in pick.items()]
-        update = {"kernels": Tuning(kernels).apply(self.config.kernels)}
-        return self.config.model_copy(update=update)
 
     def _price(self, trial, family: Family, calls: list, kernel: str) -> float | None:
         """The step model's time for one execution of each of `kernel`'s calls, summed."""
@@ -122,7 +118,7 @@ def _chosen(family: Family, kernel: str, tried: dict[Blocks, Tried]) -> Tuned:
     return Tuned(kernel, family.knobs[kernel], given, chosen, list(tried.values()))
 
 
-def _source_digest() -> str:
+def source_digest() -> str:
     """This package's and the step model's code: a change to how candidates are made or
     priced makes every earlier result a miss."""
     here = Path(__file__).parent
@@ -130,7 +126,7 @@ def _source_digest() -> str:
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
 
 
-def _failure(exc: Exception) -> str:
+def failure_words(exc: Exception) -> str:
     """The compiler's words (its VMEM figures where it gives them)."""
     text = " ".join(str(exc).split())
     limit = re.search(
@@ -163,3 +159,22 @@ def tune(
 def as_json(tuning: Tuning, untuned: list[str]) -> dict[str, Any]:
     """A tuning as the trial records it (its folder's tuning.json)."""
     return {**tuning.to_json(), "untuned": untuned, "settings": tuning.settings()}
+
+
+def per_vmem(
+    config: TrialConfig, limits: list[int], devices: list[jax.Device]
+) -> Iterator[dict[str, Any]]:
+    """The trial's kernels tuned under each scoped VMEM limit in turn (`sweeper tiles`), for
+    its target's `devices`: one record a limit, as `as_json` with the limit. Raises
+    ConfigError for a trial that cannot be built on its target."""
+    from trainer.trial.checks import check_static, global_batch_size
+    from trainer.trial.files import cache_dir
+
+    topology = Topology.parse(config.compile_target or "")
+    degrees = check_static(config, len(devices), Backend.TPU)
+    batch = global_batch_size(config, len(devices))
+    for limit in limits:
+        tuning, untuned = tune(
+            config, batch, degrees, topology, devices[0], cache_dir(config), limit
+        )
+        yield {"vmem_kib": limit, **as_json(tuning, untuned)}

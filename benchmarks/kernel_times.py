@@ -1,0 +1,134 @@
+"""The tile tuner's kernel cost model against kernel timings, where a TPU is lent: trial 0 of
+a space, its kernels (Splash forward and backward, tokamax's grouped matmuls) at the trial's
+per-device shapes; for each candidate tile, the time tune-jax measures on this host's first
+device (the part of the layer the kernel runs in: trainer/compile/tiles/timing.py) beside
+the step model's price of that same program compiled for the same device (every kernel call
+of it, `kernel_seconds`: what `kernels.tune: compile` ranks by). Prints one row a candidate,
+then per kernel and over all: Spearman of measured against modelled, median |error|.
+
+    python -m benchmarks.kernel_times [--space llama31_70b_8k_tuned_tpu7x] [--set k=v ...]
+
+On a host without a TPU nothing is measured and it says so (exit 2): a CPU interprets Pallas
+TPU kernels, a GPU runs none of them. `--interpret-on-cpu` runs the whole script on this
+CPU, Splash interpreted and priced as compiled for TPU7x, to check the script itself: its
+figures are not a finding about any TPU (the table says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.space.checks import static_check
+from sweeper.space.file import parse_value
+from sweeper.space.load import load_space, space_overrides
+
+CPU_CHECK = "CPU, interpreted (checks this script; not a finding about any TPU)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--space", default="llama31_70b_8k_tuned_tpu7x")
+    parser.add_argument("--set", action="append", default=[], help="override a space key")
+    parser.add_argument("--interpret-on-cpu", action="store_true")
+    args = parser.parse_args(argv)
+    console = Console()
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "tpu" and not args.interpret_on_cpu:
+        console.print(f"no TPU on this host ({device.platform}: {device.device_kind}): nothing "
+                      "measured. Run it where a TPU is lent.")  # fmt: skip
+        return 2
+    sets = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    space = load_space(args.space, space_overrides({"set": sets}))
+    point = dict(space.search.warm_start[0]) if space.search.warm_start else {}
+    config = static_check(space, point, space.num_devices)
+    rows = measure(config, space.num_devices, device, args.interpret_on_cpu)
+    console.print(table(rows, args.space, device, args.interpret_on_cpu))
+    return 0
+
+
+def measure(config: Any, num_devices: int, device: Any, interpret: bool) -> list[dict[str, Any]]:
+    """One row per kernel candidate: measured and modelled seconds of its part program."""
+    from trainer.compile.aot import topology_devices
+    from trainer.compile.tiles.families import families
+    from trainer.compile.tiles.timing import time_kernel
+    from trainer.trial.checks import global_batch_size
+
+    degrees = config.mesh.resolve(num_devices)
+    batch = global_batch_size(config, num_devices)
+    found, _ = families(config, batch, degrees, device, interpret)
+    # The model prices a program compiled for a TPU: this one's, or TPU7x's for the CPU check
+    # (its kernels compiled, not interpreted).
+    priced_on = device if device.platform == "tpu" else topology_devices("tpu7x:2x2x1")[0]
+    priced = {f.name: f for f in families(config, batch, degrees, priced_on)[0]}
+    rows = []
+    for family in found:
+        for kernel in family.knobs:
+            for tried in time_kernel(family, kernel, config, device):
+                if tried.seconds is None:
+                    continue
+                trial = family.trial(config, {**family.given, kernel: tried.blocks})
+                modelled = modelled_seconds(priced[family.name], trial, kernel, batch, degrees)
+                rows.append({"kernel": kernel, "tiles": tried.blocks,
+                             "measured": tried.seconds, "modelled": modelled})  # fmt: skip
+    return rows
+
+
+def modelled_seconds(family, trial, kernel, batch, degrees) -> float:
+    """The step model's time for every kernel call of the kernel's part program, compiled
+    for the family's device."""
+    from trainer.compile.cost import program_cost
+    from trainer.compile.step_model import kernel_flops, kernel_seconds
+    from trainer.program.hlo import parse
+    from trainer.program.kernels import compiled_hlo
+    from trainer.trial.hardware import ACCELERATORS
+
+    kind = family.device.device_kind
+    accel = next(
+        a for a in ACCELERATORS.values() if a.device_kind and kind.startswith(a.device_kind)
+    )
+    layer = family.layer(trial, family.parts[kernel])
+    calls = program_cost(parse(compiled_hlo(layer, family.device)))["kernel_calls"]
+    flops = kernel_flops(trial, batch, 1, 1, calls, degrees["expert"], accel.mxu_width)
+    return sum(kernel_seconds(f, n, accel) for f, n in zip(flops.each, flops.steps, strict=True))
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    if len(a) < 2:
+        return float("nan")
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def table(rows: list[dict[str, Any]], space: str, device: Any, interpret: bool) -> Table:
+    where = CPU_CHECK if interpret and device.platform != "tpu" else device.device_kind
+    out = Table(title=f"{space}: kernel candidates, measured (tune-jax) against modelled (step "
+                      f"model) on {where}")  # fmt: skip
+    for column in ("kernel", "tiles", "measured µs", "modelled µs", "modelled/measured"):
+        out.add_column(column, justify="right")
+    for row in rows:
+        out.add_row(row["kernel"], "x".join(map(str, row["tiles"])), f"{row['measured'] * 1e6:,.1f}",
+                    f"{row['modelled'] * 1e6:,.1f}", f"{row['modelled'] / row['measured']:.3f}")  # fmt: skip
+    errors = [abs(r["modelled"] / r["measured"] - 1) for r in rows]
+    for kernel in dict.fromkeys(r["kernel"] for r in rows):
+        mine = [r for r in rows if r["kernel"] == kernel]
+        rho = _spearman([r["measured"] for r in mine], [r["modelled"] for r in mine])
+        out.add_row(kernel, "Spearman", f"{rho:.2f}", "", "")
+    rho = _spearman([r["measured"] for r in rows], [r["modelled"] for r in rows])
+    median = statistics.median(errors) if errors else float("nan")
+    out.caption = json.dumps({"spearman": round(rho, 3), "median_abs_error": round(median, 3),
+                              "candidates": len(rows)})  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
