@@ -106,6 +106,14 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert any(
         n.startswith(f"re-measured: the best trial {top.iloc[0]} ran ") for n in result.notes
     )
+    # The best point's re-measurement traced its last two steps: the trace in its folder, on
+    # the best trial's MLflow run, and in the notes; the second point's was not traced.
+    traced = rows[rows["profile_dir"].fillna("") != ""]
+    assert list(traced["remeasure_of"]) == [top.iloc[0]], traced
+    assert list(Path(traced["profile_dir"].iloc[0]).rglob("*.xplane.pb"))
+    best_run = next(r for r in again if r.data.tags["sweeper.trial_id"] == top.iloc[0])
+    assert client.list_artifacts(best_run.info.run_id, "profile")
+    assert any(n.startswith(f"profile: the point of trial {top.iloc[0]}") for n in result.notes)
     # Each measurement carries its noise: the median step's 95% interval, the drift across
     # timing windows, and how much of its cores other processes used; the table says whether
     # the winner is within the noise of the next.

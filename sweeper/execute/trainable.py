@@ -31,9 +31,9 @@ from sweeper.execute.slices import reserve_slice, start_slice
 from sweeper.record.callback import LOG_TAIL_LINES, TRAINER_LOG
 from sweeper.record.row import TUNING_FILE
 from sweeper.space.checks import static_check
-from sweeper.space.points import REUSE_KEY, knob_point
+from sweeper.space.points import PROFILE_KEY, REUSE_KEY, knob_point
 from sweeper.space.schema import Space
-from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.config import ConfigError, ProfileConfig, TrialConfig
 from trainer.trial.events import (
     EXIT_CODES,
     STEP_METRICS,
@@ -77,8 +77,17 @@ class TrialRuntime:
 class TrialRun:
     """Runs one trial's trainer processes and turns their event streams into Tune results."""
 
-    def __init__(self, space: Space, runtime: TrialRuntime, point: dict[str, Any], trial_dir: Path):
+    def __init__(
+        self,
+        space: Space,
+        runtime: TrialRuntime,
+        point: dict[str, Any],
+        trial_dir: Path,
+        profile_last: bool = False,
+    ):
+        """`profile_last`: trace the trial's last steps (the best point measured again)."""
         self.space, self.runtime, self.point, self.trial_dir = space, runtime, point, trial_dir
+        self.profile_last = profile_last
         self.placement = runtime.placement
         self.objectives = space.objective.metrics
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
@@ -355,6 +364,8 @@ class TrialRun:
             return TrialResult.failed(
                 FailureClass.INVALID_CONFIG, exc.message, failure_field=exc.field
             )
+        if config.profile is None and self.profile_last:
+            config = self.config = profiled_last(config)
         if config.profile is not None and config.profile.dir is None:  # the trace: beside its log
             profile = config.profile.model_copy(update={"dir": str(self.trial_dir / "profile")})
             config = self.config = config.model_copy(update={"profile": profile})
@@ -380,6 +391,20 @@ class TrialRun:
         result = self.final(returncode)
         result.figures["trainer_wall_s"] = time.time() - spawned
         return result
+
+
+# The best point's re-measurement traces this many steps, the last ones (then not timed).
+PROFILED_STEPS = 2
+
+
+def profiled_last(config: TrialConfig) -> TrialConfig:
+    """`config` tracing its last `PROFILED_STEPS` steps, where at least two timed steps are
+    left after its warm-up ones; else as it is."""
+    start = config.steps - PROFILED_STEPS
+    if start - config.measure.skip_steps < 2:
+        return config
+    profile = ProfileConfig(start_step=start, steps=PROFILED_STEPS)
+    return config.model_copy(update={"profile": profile})
 
 
 def run_trial(
@@ -409,7 +434,7 @@ def run_trial(
         return
     trial_dir = Path(tune.get_context().get_trial_dir())
     trial_dir.mkdir(parents=True, exist_ok=True)
-    trial = TrialRun(space, runtime, knob_point(config), trial_dir)
+    trial = TrialRun(space, runtime, knob_point(config), trial_dir, bool(config.get(PROFILE_KEY)))
     result = trial.run(lambda metrics: tune.report(metrics))
     result.figures["trial_wall_s"] = time.time() - started
     tune.report(result.to_report(objectives))

@@ -336,6 +336,8 @@ class Tracker:
             "remeasured": final.status.value + (f": {failure}" if failure else ""),
         }
         self._batch(run_id, metrics=metrics, tags=tags)
+        if final.profile_dir and Path(final.profile_dir).is_dir():  # the best point's trace
+            self._write("log_artifacts", run_id=run_id, local_dir=final.profile_dir, path="profile")
 
     def terminate(self, run_id: str, status: str) -> None:
         self._write(

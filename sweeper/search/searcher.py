@@ -23,7 +23,14 @@ from sweeper.search.outcomes import (
     outcome,
     stored_result,
 )
-from sweeper.space.points import REMEASURE_KEY, REUSE_KEY, assemble, knob_point, maxtext_knobs
+from sweeper.space.points import (
+    PROFILE_KEY,
+    REMEASURE_KEY,
+    REUSE_KEY,
+    assemble,
+    knob_point,
+    maxtext_knobs,
+)
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
 from trainer.trial.result import STATUS_KEY, TrialResult
@@ -106,7 +113,7 @@ class SweepSearch(Searcher):
         keep drawing points this sweep has, it has them all: Searcher.FINISHED (Ray's
         documented end of a search; its type hint leaves that string out)."""
         if trial_id in self._remeasures:  # asked again (a restored sweep)
-            return self._remeasure_config(self._remeasures[trial_id])
+            return self._remeasure_config(trial_id)
         if trial_id in self._ot_trials:  # asked again for a trial it has (a restored sweep)
             return self._config(trial_id, self._ot_trials[trial_id])
         if self.exhausted or len(self._ot_trials) >= self._sweep_space.search.trials:
@@ -178,10 +185,18 @@ class SweepSearch(Searcher):
         maximize = self._sweep_space.objective.primary.mode == "max"
         best = (max if maximize else min)(left, key=lambda t: self._values[t])
         self._remeasures[trial_id] = best
-        return self._remeasure_config(best)
+        return self._remeasure_config(trial_id)
 
-    def _remeasure_config(self, original: str) -> dict[str, Any]:
-        return {**knob_point(self._configs[original]), REMEASURE_KEY: original}
+    def _remeasure_config(self, trial_id: str) -> dict[str, Any]:
+        """The point trial `trial_id` measures again; the first (the best) is profiled."""
+        original = self._remeasures[trial_id]
+        config = {**knob_point(self._configs[original]), REMEASURE_KEY: original}
+        first = trial_id == next(iter(self._remeasures))
+        return (
+            {**config, PROFILE_KEY: True}
+            if first and self._sweep_space.search.profile_best
+            else config
+        )
 
     def _point(self, ot_trial: optuna.Trial) -> dict[str, Any]:
         """The knob values the trial draws (define-by-run: asked here, then in its params)."""

@@ -189,6 +189,10 @@ class Search(Frozen):
     """run-fidelity sweeps: once every trial has ended, the best this many points run again
     (default 2; 0: none), so the table says whether the winner's lead survives a second
     measurement. Estimates and compiles are deterministic: nothing to re-measure."""
+    profile_best: bool = True
+    """run-fidelity sweeps: the best point's re-measurement traces its last two steps with
+    the profiler (they are then not timed; its trace lands in its folder and on the best
+    trial's MLflow run), unless the trials already profile (`trial.profile`)."""
 
     def remeasure_count(self, fidelity: str) -> int:
         """Points measured again at the end of a sweep of `fidelity` (its effective one)."""

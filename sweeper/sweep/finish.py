@@ -221,6 +221,7 @@ def sweep_notes(
             "(memory and step time are MaxText's compiled program's); they"
         )
         notes.append(f"model: {whose} do not model: " + "; ".join(recipe.unmodeled))
+    notes += profile_notes(frame)
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
         notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
@@ -232,6 +233,20 @@ def sweep_notes(
             "sampler drew again had run in this sweep"
         )
     return notes
+
+
+def profile_notes(frame: pd.DataFrame) -> list[str]:
+    """Where the best point's profile is (its re-measurement traced its last steps)."""
+    if Column.REMEASURE_OF not in frame or Column.PROFILE_DIR not in frame:
+        return []
+    again = frame[(frame[Column.REMEASURE_OF].fillna("").astype(str) != "")
+                  & (frame[Column.PROFILE_DIR].fillna("").astype(str) != "")]  # fmt: skip
+    return [
+        f"profile: the point of trial {row[Column.REMEASURE_OF]}, measured again by trial "
+        f"{row[Column.TRIAL_ID]}, traced its last steps: {row[Column.PROFILE_DIR]} (and its "
+        "MLflow run's profile/; xprof or TensorBoard read it)"
+        for _, row in again.iterrows()
+    ]
 
 
 def close_records(
