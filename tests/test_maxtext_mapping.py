@@ -232,3 +232,18 @@ def test_ragged_dot_on_tpu_takes_libtpus_ragged_dot_kernels_in_maxtext_too():
         assert RAGGED_DOT_KERNEL not in without
     back = _round_trip(load_config(trial("tiny-moe", kernels={"moe_gmm": "ragged_dot"})))
     assert back.xla.extra == []
+
+
+def test_tokamax_tiles_are_said_to_reach_no_maxtext_kernel_and_megablox_tiles_are_written():
+    """MaxText 0.2.5's tokamax path takes no tiles (only its gmm v2 does, another kernel): a
+    trial's tokamax tiles, set or tuned, are listed as not carried over, not written as
+    settings MaxText would ignore; Megablox's tiles are MaxText's wi/wo tiles."""
+    tokamax = load_config(trial("tiny-moe", **MOE_VARIANTS["tokamax tiles"]))
+    settings = to_maxtext(tokamax)
+    unmapped = {u.field: u.why for u in settings.unmapped}
+    assert "use_gmm_v2" in unmapped["kernels.tokamax_tiles"]
+    assert not any(k.startswith(("wi_tile", "wo_tile")) for k in settings.args)
+    megablox = to_maxtext(
+        load_config(trial("tiny-moe", kernels=MOE_VARIANTS["megablox"]["kernels"]))
+    )
+    assert megablox.args["wi_tile_fwd_batch_seq"] == "256" and megablox.args["megablox"] == "true"

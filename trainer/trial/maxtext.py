@@ -234,6 +234,12 @@ def program_settings(
     return settings
 
 
+TOKAMAX_TILES_UNMAPPED = (
+    "MaxText 0.2.5's tokamax path (use_gmm_v2 false) passes no tiles to tokamax; its gmm v2 "
+    "(use_gmm_v2=true) is another kernel, not the one these tiles were set or tuned for"
+)
+
+
 def over_recipe(
     recipe: MaxTextRecipe, trial: MaxTextSettings, platform: Backend = Backend.TPU
 ) -> MaxTextSettings:
@@ -419,16 +425,16 @@ def _kernels(config: TrialConfig, platform: Backend, unmapped: list[Unmapped]) -
     out["sparse_matmul"] = "true"
     out["megablox"] = _text(gmm == "megablox")
     out["use_tokamax_gmm"] = _text(gmm == "tokamax")
-    tiles: dict[str, tuple[int, ...]]
+    tiles: dict[str, tuple[int, ...]] = {}
     if gmm == "megablox":
         tiles = {"wi_fwd": (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn),
                  "wo_fwd": (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn)}  # fmt: skip
-    else:
-        tiles = {
-            name: tuple(int(t) for t in value.split("x"))
-            for name, value in kernels.tokamax_tiles.model_dump().items()
-            if value
-        }
+    elif not kernels.tokamax_tiles.is_default:
+        # MaxText 0.2.5 (layers/moe.py, kernels/megablox/ops.py) passes wi_tile_*/wo_tile_* to
+        # tokamax only in its gmm v2 (use_gmm_v2=true), another kernel than the one ours
+        # tiles; its default tokamax path takes none: written, they would do nothing.
+        set_tiles = {k: v for k, v in kernels.tokamax_tiles.model_dump().items() if v}
+        unmapped.append(Unmapped("kernels.tokamax_tiles", set_tiles, TOKAMAX_TILES_UNMAPPED))
     for name, sizes in tiles.items():
         out.update({key: str(size) for key, size in zip(GMM_TILE_KEYS[name], sizes, strict=True)})
     return out
