@@ -243,3 +243,24 @@ def test_timing_drops_what_does_not_compile_and_runs_the_fastest(tmp_path):
     assert forward.chosen == min(timed, key=timed.__getitem__)
     again, _ = timed_tiles(config, 1, degrees, device, tmp_path, interpret=True)
     assert again.cached and again.settings() == tuning.settings()
+
+
+def test_megablox_tiling_is_tuned_once_for_every_pass_and_the_program_runs_it(tmp_path):
+    """Megablox takes one (tm, tk, tn) for both weights and every pass: the tuner prices each
+    candidate over all its calls, tm dividing the routed rows, and the trial runs the choice."""
+    model = {**MOE, "d_model": 512, "mlp_dim": 512}
+    trial = {"model": model, "seq_len": 2048,
+             "kernels": {"attention": "xla", "moe_gmm": "megablox", "tune": "compile"},
+             "xla": {"judge": False},
+             "convergence": {"enabled": False, "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    code, events, err = _compile(tmp_path, trial, timeout=1200)
+    assert code == 0, err[-3000:]
+    (tuned,) = events["compiled"]["kernel_tuning"]["kernels"]
+    priced = {tuple(t["blocks"]): t["seconds"] for t in tuned["tried"] if t["seconds"]}
+    rows = 2048 * 2  # a device's tokens by top 2
+    assert all(rows % tm == 0 for tm, _, _ in priced) and len(set(priced.values())) > 1
+    assert tuple(tuned["chosen"]) == min(priced, key=priced.__getitem__) != tuple(tuned["given"])
+    tm = tuned["chosen"][0]
+    calls = [c for c in events["compiled"]["program_cost"]["kernel_calls"]
+             if c["name"] in ("gmm", "tgmm")]  # fmt: skip
+    assert calls and all(c["blocks"][0][0] == tm for c in calls), calls

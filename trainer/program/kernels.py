@@ -78,6 +78,31 @@ def gmm_layer(
     return layer, specs
 
 
+def megablox_layer(kernels: KernelsConfig, shapes: dict[str, int]) -> Layer:
+    """An MoE layer's two expert matmuls through Megablox with `kernels`' one tiling
+    (gmm_tm/tk/tn, every pass): routed rows [rows, d] bf16 by wi [groups, d, mlp], then by wo
+    [groups, mlp, d], and the gradients of all three."""
+    kernels = kernels.model_copy(update={"moe_gmm": "megablox"})
+    rows, d, mlp, g = shapes["rows"], shapes["in"], shapes["out"], shapes["groups"]
+
+    def layer(x, wi, wo, sizes, dy):
+        def experts(x, wi, wo):
+            h = grouped_matmul(x, wi, sizes, kernels, False, "tpu")
+            return grouped_matmul(h, wo, sizes, kernels, False, "tpu")
+
+        out, vjp = jax.vjp(experts, x, wi, wo)
+        return out, vjp(dy)
+
+    specs = [
+        jax.ShapeDtypeStruct((rows, d), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g, d, mlp), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g, mlp, d), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+        jax.ShapeDtypeStruct((rows, d), jnp.bfloat16),
+    ]
+    return layer, specs
+
+
 def compiled_hlo(layer: Layer, device: Any, options: dict[str, Any] | None = None) -> str:
     """The optimized HLO of `layer` compiled for `device` (a TPU topology's, ahead of time, or
     this host's) with compiler `options` (a scoped VMEM limit)."""

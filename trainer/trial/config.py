@@ -315,7 +315,8 @@ class KernelsConfig(Frozen):
     """Splash: a constant c for exp(s - c) instead of the running max (changes numerics)."""
     tune: Literal["off", "compile", "time"] = "off"
     """Kernel tiles chosen per kernel (Splash's forward and dK/dV backward blocks; tokamax's
-    grouped-matmul tiles per expert weight and pass), trainer/compile/tiles/: `compile`, at
+    grouped-matmul tiles per expert weight and pass; Megablox's one tiling), trainer/compile/
+    tiles/: `compile`, at
     compile fidelity for a TPU target, compiles each kernel alone at the trial's shapes with
     candidate tiles (the trial's own among them) under the trial's scoped VMEM limit, drops
     those the compiler refuses, and runs the trial with those the step model prices lowest;

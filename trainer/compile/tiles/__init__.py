@@ -4,9 +4,10 @@ Each tunable kernel of a trial's program is compiled alone, at the trial's per-d
 and dtypes under the trial's libtpu flags (its scoped VMEM limit among them, or a limit given
 to the tuner), for one device of the target, once for each candidate: Splash's forward and
 fused dK/dV backward (the trial's blocks, and square blocks of 512 to 4096 rows that divide
-the sequence), and tokamax's grouped matmuls for each expert weight, forward, input gradient
+the sequence), tokamax's grouped matmuls for each expert weight, forward, input gradient
 and weight gradient (the trial's tiles, and 256-1024 rows by 512-2048 contraction and
-columns, clamped to the pass). A candidate the compiler refuses (a scoped-VMEM overflow, a
+columns, clamped to the pass), and Megablox's one tiling for every pass of both weights
+(128-1024 rows that divide the routed rows by 512-2048). A candidate the compiler refuses (a scoped-VMEM overflow, a
 Mosaic error) is dropped with the compiler's words; each that compiles is priced by the step
 model as the trial's program would run it (its FLOPs over the MXU share its tiles fill, at
 least one grid step's time a step: `kernel_seconds`), and the trial runs with the lowest of

@@ -6,6 +6,7 @@ one program of them for a device, and which kernel a compiled call (or a refusal
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,21 @@ import jax
 from trainer.compile.cost import program_cost
 from trainer.compile.tiles.record import settings_of
 from trainer.program.hlo import parse
-from trainer.program.kernels import Layer, compiled_hlo, gmm_layer, gmm_tiles, splash_layer
+from trainer.program.kernels import (
+    Layer,
+    compiled_hlo,
+    gmm_layer,
+    gmm_tiles,
+    megablox_layer,
+    splash_layer,
+)
 from trainer.trial.config import GMM_PASSES, TrialConfig
 from trainer.trial.hardware import Backend
 
 Blocks = tuple[int, ...]
+# A kernel alone is named for the transforms around it (Megablox's gmm under a VJP:
+# transpose_jvp_jit_gmm___.lhs); in the trial's program it is gmm, as the step model reads it.
+_SCOPED = re.compile(r"^(?:transpose_)?(?:jvp_)?jit_([a-z]+)_+(?:\..*)?$")
 
 # Splash: its kernels, the block fields each takes, and how each is named in a compiled
 # program (and in the compiler's refusals).
@@ -39,6 +50,9 @@ GMM_NAMES = {
 }
 GMM_ROWS = (256, 512, 1024)
 GMM_COLUMNS = (512, 1024, 2048)
+# Megablox: one (tm, tk, tn) for every pass of both weights; tm must divide the routed rows.
+MEGABLOX = {"megablox": ("gmm_tm", "gmm_tk", "gmm_tn")}
+MEGABLOX_ROWS = (128, 256, 512, 1024)
 
 
 @dataclass
@@ -74,7 +88,8 @@ class Family:
     def calls(self, trial: TrialConfig, options: dict[str, Any] | None) -> list[dict]:
         """The kernel calls of the whole program of `trial` compiled under `options`."""
         hlo = compiled_hlo(self.layer(trial, self.whole), self.device, options)
-        return program_cost(parse(hlo))["kernel_calls"]
+        calls = program_cost(parse(hlo))["kernel_calls"]
+        return [{**c, "name": _SCOPED.sub(r"\1", c["name"])} for c in calls]
 
 
 def splash_candidates(seq: int, given: Blocks) -> list[Blocks]:
@@ -97,6 +112,19 @@ def gmm_candidates(dims: tuple[int, int, int], given: Blocks) -> list[Blocks]:
     return out
 
 
+def megablox_candidates(rows: int, widest: int, given: Blocks) -> list[Blocks]:
+    """The trial's tiling first, then `MEGABLOX_ROWS` that divide the routed rows by
+    `GMM_COLUMNS`^2 no wider than the widest weight dim (each distinct once)."""
+    columns = [c for c in GMM_COLUMNS if c <= widest] or [min(GMM_COLUMNS)]
+    out = [given]
+    for tm in (t for t in MEGABLOX_ROWS if rows % t == 0):
+        for tk in columns:
+            for tn in columns:
+                if (tm, tk, tn) not in out:
+                    out.append((tm, tk, tn))
+    return out
+
+
 def families(
     config: TrialConfig,
     global_batch: int,
@@ -115,7 +143,9 @@ def families(
         else:
             out.append(_splash(config, global_batch, degrees, device, interpret))
     if config.model.is_moe:
-        if kernels.moe_gmm == "tokamax":
+        if kernels.moe_gmm == "megablox":
+            out.append(_megablox(config, global_batch, degrees, device))
+        elif kernels.moe_gmm == "tokamax":
             for weight in ("wi", "wo"):
                 family = _gmm(config, global_batch, degrees, device, weight)
                 if isinstance(family, Family):
@@ -123,9 +153,7 @@ def families(
                 else:
                     why.append(family)
         else:
-            why.append(
-                f"the experts' grouped matmul is {kernels.moe_gmm}: only tokamax's tiles are tuned"
-            )
+            why.append(f"the experts' grouped matmul is {kernels.moe_gmm}: it takes no tiles")
     if not out and not why:
         why.append("no Splash or tokamax grouped-matmul kernel in the program")
     return out, why
@@ -151,16 +179,34 @@ def _splash(config, global_batch, degrees, device, interpret: bool) -> Family:
                   parts, device)  # fmt: skip
 
 
-def _gmm(config, global_batch, degrees, device, weight: str) -> Family | str:
+def _expert_shapes(config, global_batch, degrees) -> tuple[int, int, int, int]:
+    """One device's expert matmuls: routed rows, d_model, mlp (over tensor), groups."""
     from trainer.estimate.analytic import routed_rows
 
     m = config.model
     tokens = global_batch * config.seq_len
     local = tokens / (degrees["data"] * degrees["fsdp"] * degrees["expert"] * degrees["context"])
     rows = max(round(routed_rows(config, degrees, local)), 1)
-    d, mlp = m.d_model, m.mlp_dim // degrees["tensor"]
+    return rows, m.d_model, m.mlp_dim // degrees["tensor"], m.num_experts // degrees["expert"]
+
+
+def _megablox(config, global_batch, degrees, device) -> Family:
+    rows, d, mlp, groups = _expert_shapes(config, global_batch, degrees)
+    shapes = {"rows": rows, "in": d, "out": mlp, "groups": groups}
+    k = config.kernels
+    given = {"megablox": (k.gmm_tm, k.gmm_tk, k.gmm_tn)}
+    listed = {"megablox": megablox_candidates(rows, max(d, mlp), given["megablox"])}
+
+    def layer(trial: TrialConfig, part: str) -> Layer:
+        return megablox_layer(trial.kernels, shapes)
+
+    return Family("megablox", MEGABLOX, given, listed, {"shapes": shapes}, {"megablox": "gmm"},
+                  layer, "all", {"megablox": "all"}, device)  # fmt: skip
+
+
+def _gmm(config, global_batch, degrees, device, weight: str) -> Family | str:
+    rows, d, mlp, groups = _expert_shapes(config, global_batch, degrees)
     k_in, n_out = (d, mlp) if weight == "wi" else (mlp, d)
-    groups = m.num_experts // degrees["expert"]
     dims = {"fwd": (rows, k_in, n_out), "dlhs": (rows, n_out, k_in), "drhs": (rows, k_in, n_out)}
     fp8 = config.precision if config.fp8_experts_in_tokamax(Backend.TPU) else None
     shapes = {"rows": rows, "in": k_in, "out": n_out, "groups": groups}
