@@ -7,6 +7,7 @@ test_sweep_e2e.py (the lifecycle test).
 
 from __future__ import annotations
 
+import json
 import pickle
 import uuid
 
@@ -45,8 +46,9 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     ok = t.start_trial("t1", {"mesh.fsdp": 2}, 0, {})
     bad = t.start_trial("t2", {"mesh.fsdp": 4}, 1, {})
     t.log_steps(ok, STEPS)
+    tuning = {"kernels": [], "settings": {"block_q": 1024, "tokamax_tiles.wi_fwd": "256x1024x1024"}}
     t.finish_trial(ok, TrialResult(status="ok", figures={"tokens_per_sec_per_chip": 123.5,
-                                   "mfu": 0.25, "tuned_block_q": 1024.0},
+                                   "mfu": 0.25}, kernel_tuning=tuning,
                                    convergence=Convergence(passed=True),
                                    trial_config='{"steps": 3}'))  # fmt: skip
     t.finish_trial(bad, TrialResult.failed("oom_hbm", "needs 200 GiB", log_tail="last words"))
@@ -70,7 +72,10 @@ def test_a_sweep_and_its_trials_read_back(uri, tmp_path):
     assert good.metrics["tokens_per_sec_per_chip"] == 123.5  # the final, over the step values
     assert sorted(good.history["loss"]) == [(1, 4.0), (2, 3.0), (3, 2.0)]
     assert good.texts["trial.json"] == '{"steps": 3}'
-    assert good.params["tuned.block_q"] == "1024"  # a block kernels.tune chose, as a setting
+    # The tiles kernels.tune chose, as settings; its whole record as the trial's tuning.json.
+    assert good.params["tuned.block_q"] == "1024"
+    assert good.params["tuned.tokamax_tiles.wi_fwd"] == "256x1024x1024"
+    assert json.loads(good.texts["tuning.json"]) == tuning
 
     failed = store.read(bad)
     assert failed.status == "FAILED" and failed.tags["failure_class"] == "oom_hbm"

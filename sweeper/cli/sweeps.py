@@ -221,6 +221,11 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         if full is None:
             raise
         _unwritable(full, kwargs.get("results_dir") or "./results")
+    _print_result(result)
+
+
+def _print_result(result: Any) -> None:
+    """The ended sweep's table and notes; exit 130 when it was interrupted."""
     from sweeper.answer.console import print_sweep
     from sweeper.record.manifest import SweepManifest
 

@@ -63,37 +63,7 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
     metrics = [objective.metric, *again, *space.objective.metrics, mfu, "hbm_per_device_gib"]
     varied = varied_knobs(space)
     params = [f"{KNOB_PARAM}{k}" for k in varied]
-    charts: list[dict[str, Any]] = [
-        _chart("objective", "BAR", metricKey=objective.metric, runsCountToCompare=SHOWN),
-        _chart(
-            "memory",
-            "SCATTER",
-            xaxis={"key": "hbm_per_device_gib", "type": "METRIC"},
-            yaxis={"key": objective.metric, "type": "METRIC"},
-            runsCountToCompare=SHOWN,
-        ),
-        # The objective against each knob that varies: one chart each.
-        *(
-            _chart(
-                f"knob-{name}",
-                "SCATTER",
-                xaxis={"key": f"{KNOB_PARAM}{name}", "type": "PARAM"},
-                yaxis={"key": objective.metric, "type": "METRIC"},
-                runsCountToCompare=SHOWN,
-            )
-            for name in varied
-        ),
-    ]
-    if params:
-        charts.append(
-            _chart(
-                "knobs",
-                "PARALLEL",
-                selectedParams=params,
-                selectedMetrics=[objective.metric],
-                showAllRuns=True,
-            )
-        )
+    charts = _charts(objective.metric, varied, params)
     columns = [
         *(_metric(m) for m in dict.fromkeys(metrics)),
         *(f"params.`{p}`" for p in params),
@@ -120,6 +90,38 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
             }
         ],
     }
+
+
+def _charts(metric: str, varied: list[str], params: list[str]) -> list[dict[str, Any]]:
+    """The objective as bars, against memory, against each knob that varies (one chart
+    each), and the knobs in parallel coordinates."""
+    against = {"yaxis": {"key": metric, "type": "METRIC"}, "runsCountToCompare": SHOWN}
+    charts: list[dict[str, Any]] = [
+        _chart("objective", "BAR", metricKey=metric, runsCountToCompare=SHOWN),
+        _chart(
+            "memory", "SCATTER", xaxis={"key": "hbm_per_device_gib", "type": "METRIC"}, **against
+        ),
+        *(
+            _chart(
+                f"knob-{name}",
+                "SCATTER",
+                xaxis={"key": f"{KNOB_PARAM}{name}", "type": "PARAM"},
+                **against,
+            )
+            for name in varied
+        ),
+    ]
+    if params:
+        charts.append(
+            _chart(
+                "knobs",
+                "PARALLEL",
+                selectedParams=params,
+                selectedMetrics=[metric],
+                showAllRuns=True,
+            )
+        )
+    return charts
 
 
 def _chart(uuid: str, kind: str, **fields: Any) -> dict[str, Any]:

@@ -219,15 +219,7 @@ def recommend(
         "hardware_intensity_ici": ridge,
         "bound": est["bound"],
     }
-    reasons = [
-        f"{best.describe()}: {best.gib:.1f} GiB per device of {accel.usable_hbm_per_device / GIB:.2f} "
-        f"usable, {best.tokens:,.0f} tokens/s/chip: the fastest of {len(fits)} candidates that "
-        f"fit (estimate)",
-        f"{est['arithmetic_intensity_ici']:,.0f} FLOP per byte over each ICI link against the "
-        f"hardware's ridge of {ridge:,.0f} ({accel.name}, {precision} peak); at the rate this "
-        f"step computes, {est['hardware_intensity_ici']:,.0f}: {est['bound']}-bound (estimate)",
-        *_simpler(best, fits),
-    ]
+    reasons = [*_why_best(best, fits, accel, precision, ridge), *_simpler(best, fits)]
     reasons += _batch_advice(best, fits)
     reasons += _axis_advice(best, fits, config)
     fp8 = None
@@ -247,6 +239,21 @@ def recommend(
             f"smallest that fits is {min(c.mesh['context'] for c in fits)}"
         )
     return Recommendation(workload, primary, secondary, best, fits[1:], reasons, figures, fp8)
+
+
+def _why_best(
+    best: Candidate, fits: list[Candidate], accel: Accelerator, precision: str, ridge: float
+) -> list[str]:
+    """Why the advice: its memory and speed among what fits, and what bounds its step."""
+    est = best.estimate
+    return [
+        f"{best.describe()}: {best.gib:.1f} GiB per device of {accel.usable_hbm_per_device / GIB:.2f} "
+        f"usable, {best.tokens:,.0f} tokens/s/chip: the fastest of {len(fits)} candidates that "
+        f"fit (estimate)",
+        f"{est['arithmetic_intensity_ici']:,.0f} FLOP per byte over each ICI link against the "
+        f"hardware's ridge of {ridge:,.0f} ({accel.name}, {precision} peak); at the rate this "
+        f"step computes, {est['hardware_intensity_ici']:,.0f}: {est['bound']}-bound (estimate)",
+    ]
 
 
 def _simpler(best: Candidate, fits: list[Candidate]) -> list[str]:
