@@ -70,6 +70,31 @@ def test_the_verify_rung_takes_the_best_that_fit_and_the_fast_ones_near_the_memo
     assert list(frame["compiled_for"]) == [BY_RANK, BY_RANK, "", BY_EDGE, "", ""]
 
 
+def test_what_the_screen_cannot_tell_apart_the_verify_rung_explores_with_tpe():
+    """The screen cannot tell scoped VMEM limits apart (no estimated figure changes): the
+    verify rung compiles the screen's picks, then TPE trials over the VMEM values, the knobs
+    the screen did judge held to the values of its picks."""
+    from sweeper.search.ladder import verify_rung
+    from sweeper.search.screen import unseen_knobs
+
+    vmem = {"xla.scoped_vmem_kib": {"values": [32768, 65536]}}
+    space = load_space({**LADDER, "search": {"ladder": {"verify": 3}, "seed": 0},
+                        "knobs": {**LADDER["knobs"], **vmem}})  # fmt: skip
+    verify, frame = verify_rung(space)
+    assert unseen_knobs(frame) == ["xla.scoped_vmem_kib"]
+    chosen = frame[frame["compiled_for"] != ""]
+    assert verify.search.sampler == "tpe" and verify.search.trials == len(chosen) + 3
+    assert verify.knobs["xla.scoped_vmem_kib"].values == [32768, 65536]
+    for name in ("remat.policy", "per_device_batch", "precision.mode"):
+        picked = {str(v) for v in chosen[f"knob:{name}"]}
+        held = {str(v) for v in verify.knobs[name].values}
+        assert held == picked or {float(v) for v in held} == {float(v) for v in picked}, name
+    # Without such a knob, the rung compiles exactly the screen's picks.
+    plain, picked = verify_rung(load_space({**LADDER, "search": {"ladder": {"verify": 3}}}))
+    assert plain.search.sampler == "random"
+    assert plain.search.trials == len(picked[picked["compiled_for"] != ""])
+
+
 def test_a_ladder_needs_a_tpu_target_and_our_trainer():
     with pytest.raises(SpaceError, match=r"search\.ladder: the ladder screens and compiles"):
         load_space({**LADDER, "target": "local"})

@@ -85,7 +85,7 @@ def _screen_notes(frame: Any, space: Any) -> None:
     if unseen:
         console.print(
             f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
-            "(a compile does: fidelity compile)"
+            "(a compile does: fidelity compile; the ladder's verify rung explores them by TPE)"
         )
     for caveat in caveats(space):
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)

@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from sweeper.record.row import KNOB_PREFIX, Column, missing
-from sweeper.search.screen import FITS, OVER_HBM, memory_limit_gib, screen
+from sweeper.search.screen import FITS, OVER_HBM, memory_limit_gib, screen, unseen_knobs
 from sweeper.space.errors import SpaceError
 from sweeper.space.fidelity import with_fidelity
 from sweeper.space.schema import Space
@@ -107,13 +107,26 @@ def verify_rung(space: Space) -> tuple[Space, pd.DataFrame]:
         )
     data = space.model_dump(mode="json")
     data[Column.FIDELITY] = "compile"
-    data["search"].update(
-        sampler="random",
-        trials=len(chosen),
-        startup_trials=None,
-        warm_start=[typed_point(space, row) for _, row in chosen.iterrows()],
-    )
+    warm = [typed_point(space, row) for _, row in chosen.iterrows()]
+    data["search"].update(sampler="random", trials=len(chosen), startup_trials=None,
+                          warm_start=warm)  # fmt: skip
+    unseen = [k for k in unseen_knobs(frame) if space.knobs[k].values is not None]
+    if unseen:  # what the screen cannot tell apart, TPE explores by compile
+        data["knobs"] = _among_chosen(space, warm, unseen)
+        data["search"].update(sampler="tpe", trials=len(chosen) + ladder.verify)
     return Space.model_validate(data), frame
+
+
+def _among_chosen(space: Space, warm: list[dict[str, Any]], unseen: list[str]) -> dict[str, Any]:
+    """The space's knobs for the verify rung's TPE trials: each knob the screen judged held to
+    the values its chosen points take (what it cannot judge keeps all of its own)."""
+    knobs: dict[str, Any] = space.model_dump(mode="json")["knobs"]
+    for name, knob in space.knobs.items():
+        if name in unseen or knob.values is None:
+            continue
+        taken = {repr(p[name]) for p in warm if name in p}
+        knobs[name]["values"] = [v for v in knob.values if repr(v) in taken] or knob.values[:1]
+    return knobs
 
 
 def write_screen(sweep_dir: Path, frame: pd.DataFrame, space: Space) -> None:
