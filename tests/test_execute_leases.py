@@ -1,5 +1,6 @@
-"""Core leases of local CPU trials (sweeper/execute/processes.py): distinct cores among one Ray
-node's trials, never shared host-wide between sweeps; a trial that could lease none says so."""
+"""Local trainer processes (sweeper/execute/processes.py): core leases of CPU trials (distinct
+cores among one Ray node's trials, never shared host-wide between sweeps; a trial that could
+lease none says so), and their logs."""
 
 from __future__ import annotations
 
@@ -43,3 +44,23 @@ def test_a_trial_that_leased_no_core_is_marked_and_noted():
     (note,) = pinning_notes(frame)
     assert note.startswith("unpinned: 1 trial(s)") and "(b)" in note
     assert pinning_notes(frame.iloc[:1]) == []
+
+
+def test_a_running_trainers_log_is_readable_line_by_line(tmp_path):
+    """The trial's trainer.log holds each line as the trainer prints it, not once 8 KiB have
+    gathered or the trainer has ended: a running trial can be read (tail -f)."""
+    import sys
+    import time
+
+    from sweeper.execute.processes import TrainerProcess
+
+    script = "import sys, time; print('accepted', flush=True); time.sleep(30)"
+    log = tmp_path / "trainer.log"
+    process = TrainerProcess([sys.executable, "-c", script], {}, log)
+    try:
+        deadline = time.monotonic() + 20
+        while "accepted" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert log.read_text() == "accepted\n"
+    finally:
+        process.kill()

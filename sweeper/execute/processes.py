@@ -51,7 +51,7 @@ class TrainerProcess:
             if cores:
                 os.sched_setaffinity(0, cores)
 
-        self._log = log_path.open("w")
+        self._log = log_path.open("w", buffering=1)  # line by line: readable while it runs
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
