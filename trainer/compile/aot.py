@@ -168,24 +168,13 @@ def tuned_blocks(
     when the tuner did not run)."""
     if config.kernels.tune != "compile":
         return config, {}, None
-    from trainer.compile.tiles import as_json, tune
+    from trainer.compile.tiles.search import applied, tune
     from trainer.trial.checks import global_batch_size
 
     degrees = config.mesh.resolve(topology.devices)
     batch = global_batch_size(config, topology.devices)
     tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config))
-    if not tuning.kernels:
-        return config, {"kernels.tune": {"status": "inert", "reason": "; ".join(untuned)}}, None
-    kernels = tuning.apply(config.kernels)
-    changed = kernels != config.kernels
-    took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
-    reason = f"{tuning.summary()}; tuned in {took}"
-    if untuned:
-        reason += f"; not tuned: {'; '.join(untuned)}"
-    if not changed:
-        reason = "the trial's own tiles priced lowest: " + reason
-    effect = {"kernels.tune": {"status": "active" if changed else "inert", "reason": reason}}
-    return config.model_copy(update={"kernels": kernels}), effect, as_json(tuning, untuned)
+    return applied(config, tuning, untuned, "tuned", "priced lowest")
 
 
 def compile_summary(

@@ -101,21 +101,15 @@ def timed_tiles_of(
     if jax.process_count() > 1:  # each host would time its own: they must run one program
         why = "not timed across several hosts yet (each would choose on its own device)"
         return config, {"kernels.tune": {"status": "inert", "reason": why}}, None
-    from trainer.compile.tiles import as_json
+    from trainer.compile.tiles.search import applied
     from trainer.compile.tiles.timing import timed_tiles
     from trainer.trial.checks import global_batch_size
 
     degrees = config.mesh.resolve(len(devices))
     batch = global_batch_size(config, len(devices))
     tuning, untuned = timed_tiles(config, batch, degrees, devices[0], cache_dir(config))
-    if not tuning.kernels:
-        return config, {"kernels.tune": {"status": "inert", "reason": "; ".join(untuned)}}, None
-    kernels = tuning.apply(config.kernels)
-    took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
-    reason = f"timed by tune-jax on {devices[0].device_kind}: {tuning.summary()}; in {took}"
-    status = "active" if kernels != config.kernels else "inert"
-    tuned = {"kernels.tune": {"status": status, "reason": reason}}
-    return config.model_copy(update={"kernels": kernels}), tuned, as_json(tuning, untuned)
+    how = f"timed by tune-jax on {devices[0].device_kind}"
+    return applied(config, tuning, untuned, how, "timed fastest")
 
 
 def _compile(

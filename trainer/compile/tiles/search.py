@@ -8,7 +8,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +36,11 @@ class Search:
         self.options = {VMEM_OPTION: vmem_kib} if vmem_kib else None
         self.families, self.untuned = families(config, global_batch, degrees, device)
 
-    def key(self) -> str:
-        """The kernels' identity: shapes, layouts, dtypes, flags, VMEM limit, candidates,
-        target, compiler, and this package's and the step model's code."""
-        flags = sorted(os.environ.get("LIBTPU_INIT_ARGS", "").split())
-        inputs: list[Any] = [[f.name, f.identity, f.given, f.listed] for f in self.families]
-        inputs += [flags, self.vmem_kib, self.topology.accelerator.name, jax.__version__,
-                   libtpu_version(), source_digest()]  # fmt: skip
-        return hashlib.sha256(json.dumps(inputs, default=str).encode()).hexdigest()[:24]
-
     def run(self, cache: Path) -> Tuning:
-        path = cache / TILES_DIR / f"{self.key()}.json"
-        if path.is_file():
-            return Tuning.from_json(json.loads(path.read_text()), cached=True)
-        started = time.perf_counter()
-        kernels = [t for f in self.families for t in self.tune(f)]
-        tuning = Tuning(kernels, seconds=time.perf_counter() - started, vmem_kib=self.vmem_kib)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(tuning.to_json(), indent=1))
-        return tuning
+        key = kernels_key(self.families, self.vmem_kib, self.topology.accelerator.name,
+                          libtpu_version())  # fmt: skip
+        return kept(cache, key, lambda: [t for f in self.families for t in self.tune(f)],
+                    self.vmem_kib)  # fmt: skip
 
     def tune(self, family: Family) -> list[Tuned]:
         """Every candidate of the family's kernels tried, the i-th of each compiled together
@@ -64,7 +50,7 @@ class Search:
         for i in range(n):
             pick = {k: xs[i] if i < len(xs) else xs[0] for k, xs in family.listed.items()}
             self._try(family, pick, tried)
-        return [_chosen(family, k, tried[k]) for k in family.knobs]
+        return [chosen(family, k, list(tried[k].values())) for k in family.knobs]
 
     def _try(self, family: Family, pick: dict[str, Blocks], tried, retry: bool = True) -> None:
         """Compile one program of `pick` and price each kernel's call. A compile the compiler
@@ -110,12 +96,38 @@ class Search:
         return sum(seconds) if seconds else None
 
 
-def _chosen(family: Family, kernel: str, tried: dict[Blocks, Tried]) -> Tuned:
+def chosen(family: Family, kernel: str, tried: list[Tried]) -> Tuned:
+    """`kernel`'s tuning: the candidate of least time (priced or timed; the trial's own on a
+    tie), the trial's own where none has one."""
     given = family.given[kernel]
-    priced = [t for t in tried.values() if t.seconds is not None]
-    best = min(priced, key=lambda t: (t.seconds, t.blocks != given)) if priced else None
-    chosen = best.blocks if best else given
-    return Tuned(kernel, family.knobs[kernel], given, chosen, list(tried.values()))
+    timed = [t for t in tried if t.seconds is not None]
+    best = min(timed, key=lambda t: (t.seconds, t.blocks != given)) if timed else None
+    return Tuned(kernel, family.knobs[kernel], given, best.blocks if best else given, tried)
+
+
+def kernels_key(found: list[Family], *more: Any) -> str:
+    """The identity of these families' kernels (shapes, layouts, dtypes, given tiles and
+    candidates) under the host's flags, JAX, this package's and the step model's code, and
+    `more` (the VMEM limit, target and compiler; or the method and device)."""
+    flags = sorted(os.environ.get("LIBTPU_INIT_ARGS", "").split())
+    inputs: list[Any] = [[f.name, f.identity, f.given, f.listed] for f in found]
+    inputs += [flags, jax.__version__, source_digest(), *more]
+    return hashlib.sha256(json.dumps(inputs, default=str).encode()).hexdigest()[:24]
+
+
+def kept(
+    cache: Path, key: str, tune: Callable[[], list[Tuned]], vmem_kib: int | None = None
+) -> Tuning:
+    """The tuning kept under `key` in `cache`; else `tune()`'s, timed and kept there."""
+    path = cache / TILES_DIR / f"{key}.json"
+    if path.is_file():
+        return Tuning.from_json(json.loads(path.read_text()), cached=True)
+    started = time.perf_counter()
+    kernels = tune()
+    tuning = Tuning(kernels, seconds=time.perf_counter() - started, vmem_kib=vmem_kib)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(tuning.to_json(), indent=1))
+    return tuning
 
 
 def source_digest() -> str:
@@ -159,6 +171,26 @@ def tune(
 def as_json(tuning: Tuning, untuned: list[str]) -> dict[str, Any]:
     """A tuning as the trial records it (its folder's tuning.json)."""
     return {**tuning.to_json(), "untuned": untuned, "settings": tuning.settings()}
+
+
+def applied(
+    config: TrialConfig, tuning: Tuning, untuned: list[str], how: str, best: str
+) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
+    """The trial running what `tuning` chose, the `kernels.tune` effect (active where a tile
+    changed, inert where the trial's own were `best` or nothing could be tuned; what was tried
+    and `how`, how long it took), and the trial's record (None when nothing was tuned)."""
+    if not tuning.kernels:
+        return config, {"kernels.tune": {"status": "inert", "reason": "; ".join(untuned)}}, None
+    kernels = tuning.apply(config.kernels)
+    changed = kernels != config.kernels
+    took = "read from the cache" if tuning.cached else f"{tuning.seconds:.0f} s"
+    reason = f"{tuning.summary()}; {how} in {took}"
+    if untuned:
+        reason += f"; not tuned: {'; '.join(untuned)}"
+    if not changed:
+        reason = f"the trial's own tiles {best}: " + reason
+    effect = {"kernels.tune": {"status": "active" if changed else "inert", "reason": reason}}
+    return config.model_copy(update={"kernels": kernels}), effect, as_json(tuning, untuned)
 
 
 def per_vmem(

@@ -12,18 +12,14 @@ interpreted, for the engine's own tests of this path on CPU: never a finding."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from trainer.compile.tiles.families import Blocks, Family, families
-from trainer.compile.tiles.record import Tried, Tuned, Tuning
-from trainer.compile.tiles.search import TILES_DIR, failure_words, source_digest
+from trainer.compile.tiles.record import Tried, Tuning
+from trainer.compile.tiles.search import chosen, failure_words, kept, kernels_key
 from trainer.program.kernels import compiled_hlo, example_args
 from trainer.trial.config import TrialConfig
 
@@ -76,29 +72,8 @@ def timed_tiles(
     found, untuned = families(config, global_batch, degrees, device, interpret)
     if not found:
         return Tuning([]), untuned
-    key = _key(found, device)
-    path = cache / TILES_DIR / f"{key}.json"
-    if path.is_file():
-        return Tuning.from_json(json.loads(path.read_text()), cached=True), untuned
-    started = time.perf_counter()
-    kernels = []
-    for family in found:
-        for kernel in family.knobs:
-            tried = time_kernel(family, kernel, config, device)
-            timed = [t for t in tried if t.seconds is not None]
-            given = family.given[kernel]
-            best = min(timed, key=lambda t: (t.seconds, t.blocks != given)) if timed else None
-            chosen = best.blocks if best else given
-            kernels.append(Tuned(kernel, family.knobs[kernel], given, chosen, tried))
-    tuning = Tuning(kernels, seconds=time.perf_counter() - started)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(tuning.to_json(), indent=1))
+    key = kernels_key(found, METHOD, device.platform, device.device_kind)
+    tuning = kept(cache, key, lambda: [
+        chosen(f, kernel, time_kernel(f, kernel, config, device)) for f in found for kernel in f.knobs
+    ])  # fmt: skip
     return tuning, untuned
-
-
-def _key(found: list[Family], device: Any) -> str:
-    flags = sorted(os.environ.get("LIBTPU_INIT_ARGS", "").split())
-    inputs: list[Any] = [[f.name, f.identity, f.given, f.listed] for f in found]
-    inputs += [METHOD, flags, device.platform, device.device_kind, jax.__version__,
-               source_digest()]  # fmt: skip
-    return hashlib.sha256(json.dumps(inputs, default=str).encode()).hexdigest()[:24]
