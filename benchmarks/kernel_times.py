@@ -29,6 +29,7 @@ from rich.table import Table
 from sweeper.space.checks import static_check
 from sweeper.space.file import parse_value
 from sweeper.space.load import load_space, space_overrides
+from sweeper.space.points import first_point
 
 CPU_CHECK = "CPU, interpreted (checks this script; not a finding about any TPU)"
 
@@ -49,8 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sets = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     space = load_space(args.space, space_overrides({"set": sets}))
-    point = dict(space.search.warm_start[0]) if space.search.warm_start else {}
-    config = static_check(space, point, space.num_devices)
+    config = static_check(space, first_point(space), space.num_devices)
     rows = measure(config, space.num_devices, device, args.interpret_on_cpu)
     console.print(table(rows, args.space, device, args.interpret_on_cpu))
     return 0

@@ -75,10 +75,10 @@ def _limits(space: Any, given: str | None) -> list[int]:
 def _trial_zero(space: Any) -> dict[str, Any]:
     """Trial 0 (the first warm start, else the space's trial), as the trainer reads it."""
     from sweeper.space.checks import static_check
+    from sweeper.space.points import first_point
 
-    point = dict(space.search.warm_start[0]) if space.search.warm_start else {}
     try:
-        config = static_check(space, point, space.num_devices)
+        config = static_check(space, first_point(space), space.num_devices)
     except ConfigError as exc:
         raise SpaceError(exc.message, field=exc.field) from None
     data: dict[str, Any] = json.loads(config.to_json())

@@ -307,8 +307,7 @@ class Tracker:
         if final.kernel_tuning:  # every candidate kernels.tune tried, as the trial's folder has it
             text = json.dumps(final.kernel_tuning, indent=1)
             self._write("log_text", run_id=run_id, text=text, path=TUNING_FILE)
-        if final.profile_dir and Path(final.profile_dir).is_dir():  # where this host sees it
-            self._write("log_artifacts", run_id=run_id, local_dir=final.profile_dir, path="profile")
+        self._log_profile(run_id, final)
         if final.effects:
             text = json.dumps(
                 {k: e.model_dump(mode="json") for k, e in final.effects.items()}, indent=1
@@ -336,7 +335,11 @@ class Tracker:
             "remeasured": final.status.value + (f": {failure}" if failure else ""),
         }
         self._batch(run_id, metrics=metrics, tags=tags)
-        if final.profile_dir and Path(final.profile_dir).is_dir():  # the best point's trace
+        self._log_profile(run_id, final)  # the best point's trace, on its trial's run
+
+    def _log_profile(self, run_id: str, final: TrialResult) -> None:
+        """A trial's profiler trace as the run's `profile/` artifacts, where this host sees it."""
+        if final.profile_dir and Path(final.profile_dir).is_dir():
             self._write("log_artifacts", run_id=run_id, local_dir=final.profile_dir, path="profile")
 
     def terminate(self, run_id: str, status: str) -> None:

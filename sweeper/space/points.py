@@ -28,6 +28,11 @@ def knob_point(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if not k.startswith(CONTROL_PREFIX)}
 
 
+def first_point(space: Space) -> dict[str, Any]:
+    """Trial 0's knob values: the space's first warm start, else none (its trial alone)."""
+    return dict(space.search.warm_start[0]) if space.search.warm_start else {}
+
+
 def join_key(*parts: str) -> str:
     """Parts of a key joined as a space writes them (`knobs`, `mesh.tensor` -> `knobs.mesh.tensor`)."""
     return KEY_SEPARATOR.join(parts)
