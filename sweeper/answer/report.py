@@ -380,9 +380,10 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
 
 
 def tuned_table(frame: pd.DataFrame, metric: str) -> str | None:
-    """The kernel tiles `kernels.tune` chose in each trial that tuned (one column a setting:
-    Splash's blocks, tokamax's tiles per weight and pass), beside the trial's objective and
-    its scoped VMEM limit where that varied: what each limit unlocked. None without any."""
+    """The kernel tiles `kernels.tune` chose in each trial that tuned: one column a trial,
+    one row a setting (Splash's blocks, tokamax's tiles per weight and pass, Megablox's),
+    under the trial's objective and its scoped VMEM limit where that varied: what each limit
+    unlocked. None without any."""
     if Column.TUNED not in frame:
         return None
     rows = [(r, json.loads(r[Column.TUNED])) for _, r in frame.iterrows()
@@ -391,20 +392,22 @@ def tuned_table(frame: pd.DataFrame, metric: str) -> str | None:
         return None
     settings = sorted({k for _, t in rows for k in t})
     vmem = knob_column("xla.scoped_vmem_kib")
-    front = ["trial_id", metric, *([vmem] if vmem in frame else [])]
-    head = "".join(f"<th>{html.escape(c.removeprefix(KNOB_PREFIX))}</th>" for c in front + settings)
+    front = [metric, *([vmem] if vmem in frame else [])]
+    head = "<th></th>" + "".join(f"<th>{html.escape(str(r['trial_id']))}</th>" for r, _ in rows)
     body = []
-    for row, tuned in rows:
-        cells = [row[c] for c in front] + [tuned.get(k, "") for k in settings]
+    for name in front + settings:
+        cells = [row[name] if name in front else tuned.get(name, "") for row, tuned in rows]
         text = [
             "" if missing(v) else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells
         ]
-        body.append("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in text) + "</tr>")
+        label = html.escape(name.removeprefix(KNOB_PREFIX))
+        body.append(f"<tr><th>{label}</th>" + "".join(f"<td>{html.escape(t)}</td>" for t in text)
+                    + "</tr>")  # fmt: skip
     note = (
-        "<p class='note'>each kernel compiled alone for the target with candidate tiles under "
-        "the trial's scoped VMEM limit, the compiler's refusals dropped, the rest priced by "
-        f"the step model (estimates, not timings); every candidate is in the trial's "
-        f"{TUNING_FILE} and its MLflow run</p>"
+        "<p class='note'>each kernel compiled alone with candidate tiles under the trial's "
+        "scoped VMEM limit, the compiler's refusals dropped, the rest priced by the step model "
+        "(compile fidelity: estimates) or timed by tune-jax on the trial's TPU (run fidelity); "
+        f"every candidate is in the trial's {TUNING_FILE} and its MLflow run</p>"
     )
     return f"{note}<table><tr>{head}</tr>{''.join(body)}</table>"
 
