@@ -82,6 +82,19 @@ def test_an_assertion_of_maxtexts_while_tracing_is_a_setting_it_cannot_take():
     assert failure_class == FailureClass.INVALID_CONFIG and "shardable" in message
 
 
+def test_a_bare_assertion_says_what_failed_and_where():
+    """tokamax's fp8 grouped matmul asserts with no message (gemma4-26b's 704-wide experts,
+    fp8 through qwix, MaxText 0.2.5): the message is the failed statement and its place, not
+    the traceback's last line of carets."""
+    text = (DATA / "fp8_gmm_scale_tile_assert.log").read_text()
+    failure_class, message, _ = logs.failure(text, "compile")
+    assert failure_class == FailureClass.INVALID_CONFIG
+    assert message == (
+        "AssertionError: assert scales_per_tile % min_addressable_size == 0 "
+        "(tokamax/_src/mosaic_tpu.py:90, in _get_scale_tile_info)"
+    )
+
+
 def test_an_out_of_memory_compile_is_oom_hbm():
     text = (DATA / "train_compile_oom.log").read_text()
     failure_class, message, _ = logs.failure(text, "compile")

@@ -8,7 +8,16 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from sweeper.search.ladder import BY_EDGE, BY_RANK, LADDER_CSV, RUN_RUNG, SCREEN_CSV, choose
+from sweeper.search.ladder import (
+    BY_EDGE,
+    BY_RANK,
+    BY_START,
+    LADDER_CSV,
+    RUN_RUNG,
+    SCREEN_CSV,
+    choose,
+    verify_rung,
+)
 from sweeper.search.screen import FITS, INVALID, OVER_HBM
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
@@ -93,6 +102,30 @@ def test_what_the_screen_cannot_tell_apart_the_verify_rung_explores_with_tpe():
     plain, picked = verify_rung(load_space({**LADDER, "search": {"ladder": {"verify": 3}}}))
     assert plain.search.sampler == "random"
     assert plain.search.trials == len(picked[picked["compiled_for"] != ""])
+
+
+def test_the_verify_rung_compiles_the_spaces_warm_start_first():
+    """An imported command is the space's warm start: the ladder compiles it before the
+    screen's picks (what its best is measured against), once, even where the screen ranks it
+    low; a warm start the screen picked too is compiled once, as the warm start."""
+    slow = {"remat.policy": "full", "per_device_batch": 0.5, "precision.mode": "bf16"}
+    space = load_space({**LADDER, "search": {**LADDER["search"], "warm_start": [slow]}})
+    verify, frame = verify_rung(space)
+    assert verify.search.warm_start[0] == slow
+    picked = frame[frame["compiled_for"].isin([BY_RANK, BY_EDGE])]
+    assert verify.search.trials == len(picked) + 1
+    start = frame[frame["compiled_for"] == BY_START]
+    assert len(start) == 1 and start.iloc[0]["knob:per_device_batch"] == 0.5
+    assert slow not in verify.search.warm_start[1:]
+    best = {k.removeprefix("knob:"): v for k, v in picked.sort_values("rank").iloc[0].items()
+            if k.startswith("knob:")}  # fmt: skip
+    best["per_device_batch"] = float(best["per_device_batch"])
+    again, frame = verify_rung(load_space({**LADDER, "search": {**LADDER["search"],
+                                                                "warm_start": [best]}}))  # fmt: skip
+    assert (
+        again.search.trials == verify.search.trials - 1
+        and not (frame["compiled_for"] == BY_START).any()
+    )
 
 
 def test_a_ladder_needs_a_tpu_target_and_our_trainer():

@@ -1,7 +1,8 @@
 """The ladder (`search.ladder`): an answer bought at three prices, in order. Every point of the
 space is screened by the analytic estimate in this process (sweeper/screen.py); the best that
-fit, and those the estimate puts near the memory edge, are compiled for the target (the
-verify rung: a compile-fidelity sweep of exactly those points); the best compiled points are
+fit, and those the estimate puts near the memory edge, are compiled for the target after the
+space's warm start (the command it was imported from: the baseline) (the verify rung: a
+compile-fidelity sweep of exactly those points); the best compiled points are
 written as a run-fidelity space for the target's slices (the run rung).
 
 Each point keeps its verdict and rank at each rung: `screen.csv` (every screened point),
@@ -30,8 +31,9 @@ LADDER_CSV = "ladder.csv"
 RUN_RUNG = "run_rung.yaml"
 # The space as its user wrote it (the verify rung's is rewritten): the run rung starts from it.
 LADDER_SPACE = "ladder_space.yaml"
-# Why a screened point was compiled.
-BY_RANK, BY_EDGE = "rank", "edge"
+# Why a screened point was compiled: the screen's rank, its memory edge, or the space's own
+# warm start (the command the user came with: what the verify rung's best is measured against).
+BY_RANK, BY_EDGE, BY_START = "rank", "edge", "warm start"
 # The screen's columns carried into summary.csv, under these names.
 SCREEN_COLUMNS = {
     "verdict": "screen_verdict",
@@ -92,29 +94,52 @@ def _same(value: Any, cell: Any) -> bool:
 
 
 def verify_rung(space: Space) -> tuple[Space, pd.DataFrame]:
-    """Screen the space; return the verify rung's compile sweep (its trials the chosen points,
-    in screen order) and the screened frame. SpaceError when nothing is worth compiling."""
+    """Screen the space; return the verify rung's compile sweep (its trials the space's warm
+    start, then the chosen points in screen order) and the screened frame. SpaceError when
+    nothing is worth compiling."""
     ladder = space.search.ladder
     assert ladder is not None
     frame = choose(screen(space, sample=ladder.screen, seed=space.search.seed), space)
     chosen = frame[frame["compiled_for"] != ""]
-    if chosen.empty:
+    starts = [dict(p) for p in space.search.warm_start]
+    if chosen.empty and not starts:
         verdicts = frame["verdict"].value_counts().to_dict()
         raise SpaceError(
             f"no screened point fits the target or lies near its memory edge ({verdicts}): "
             "widen the knobs, raise search.ladder.edge or pick a larger target",
             field="search.ladder",
         )
+    frame = _mark_starts(frame, starts)
+    picked = [typed_point(space, row) for _, row in chosen.iterrows()]
+    warm = starts + [p for p in picked if not any(_within(s, p) for s in starts)]
     data = space.model_dump(mode="json")
     data[Column.FIDELITY] = "compile"
-    warm = [typed_point(space, row) for _, row in chosen.iterrows()]
-    data["search"].update(sampler="random", trials=len(chosen), startup_trials=None,
+    data["search"].update(sampler="random", trials=len(warm), startup_trials=None,
                           warm_start=warm)  # fmt: skip
     unseen = [k for k in unseen_knobs(frame) if space.knobs[k].values is not None]
     if unseen:  # what the screen cannot tell apart, TPE explores by compile
         data["knobs"] = _among_chosen(space, warm, unseen)
-        data["search"].update(sampler="tpe", trials=len(chosen) + ladder.verify)
+        data["search"].update(sampler="tpe", trials=len(warm) + ladder.verify)
     return Space.model_validate(data), frame
+
+
+def _within(start: dict[str, Any], point: dict[str, Any]) -> bool:
+    """Whether `point` takes every value the warm-start point `start` sets."""
+    return all(_text(point.get(k)) == _text(v) for k, v in start.items())
+
+
+def _mark_starts(frame: pd.DataFrame, starts: list[dict[str, Any]]) -> pd.DataFrame:
+    """The frame with the warm start's points (those the screen did not pick already) marked
+    `compiled_for` BY_START: the verify rung compiles them first."""
+    frame = frame.copy()
+    for start in starts:
+        same = pd.Series(True, index=frame.index)
+        for name, value in start.items():
+            column = frame.get(f"{KNOB_PREFIX}{name}")
+            cells = column.map(_text) if column is not None else pd.Series("", index=frame.index)
+            same &= cells == _text(value)
+        frame.loc[same & (frame["compiled_for"] == ""), "compiled_for"] = BY_START
+    return frame
 
 
 def _among_chosen(space: Space, warm: list[dict[str, Any]], unseen: list[str]) -> dict[str, Any]:

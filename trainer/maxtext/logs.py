@@ -100,9 +100,27 @@ def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
 
 
 def _last_error(text: str) -> str:
-    """The last exception line of a traceback (with pydantic's detail lines after it)."""
+    """The last exception line of a traceback (with pydantic's detail lines after it); a bare
+    one (`AssertionError`, no message) with the failed statement and where it stands."""
     lines = text.rstrip().splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if re.match(r"^[A-Za-z_.]*(Error|Exception|Exhausted)\b.*:", lines[i]):
             return "\n".join(lines[i : i + 6])[:3000]
+        if re.fullmatch(r"[A-Za-z_.]*(Error|Exception)", lines[i].strip()):
+            return f"{lines[i].strip()}{_failed_statement(lines[:i])}"
     return "\n".join(lines[-6:])[:3000]
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+
+
+def _failed_statement(before: list[str]) -> str:
+    """`: <statement> (<file>:<line>, in <function>)` for the traceback's last frame above a
+    bare exception line (the package's path from its site-packages on), or nothing."""
+    for j in range(len(before) - 1, -1, -1):
+        frame = _FRAME.match(before[j])
+        if frame:
+            statement = before[j + 1].strip() if j + 1 < len(before) else ""
+            where = frame["file"].split("site-packages/")[-1]
+            return f": {statement} ({where}:{frame['line']}, in {frame['function']})"
+    return ""
