@@ -99,7 +99,8 @@ def modelled_seconds(family, trial, kernel, batch, degrees) -> float:
     layer = family.layer(trial, family.parts[kernel])
     calls = program_cost(parse(compiled_hlo(layer, family.device)))["kernel_calls"]
     flops = kernel_flops(trial, batch, 1, 1, calls, degrees["expert"], accel.mxu_width)
-    return sum(kernel_seconds(f, n, accel) for f, n in zip(flops.each, flops.steps, strict=True))
+    return sum(kernel_seconds(f, n, accel, waits=w)
+               for f, n, w in zip(flops.each, flops.steps, flops.waits, strict=True))  # fmt: skip
 
 
 def _spearman(a: list[float], b: list[float]) -> float:

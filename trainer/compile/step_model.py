@@ -11,7 +11,9 @@ chip's datasheet rates, with explicit overlap rules (fidelity: estimate, from a 
   MXU its held tile fills (`mxu_fill`: on TPU7x's 256-wide array a 128-wide head or tile
   leaves half idle); a kernel call takes at least `GRID_STEP_S` per grid step (a step
   costs that much however little it computes: many small blocks cost more than the FLOPs
-  they skip).
+  they skip). A grouped matmul also waits on its experts' tiles: each expert's weight tiles
+  (tgmm: its weight-gradient tiles) cross HBM once a call while the MXU idles
+  (`grouped_matmul_waits`; tokamax's TPU7x timings, benchmarks/kernel_reference.py).
 - HBM: bytes the top-level ops read and write, VMEM-resident values excluded; a slice of a
   stacked (scanned) buffer costs the slice.
 - ICI: bytes each collective moves per device, ring-corrected by its group size, over the
@@ -73,6 +75,8 @@ class KernelFlops(NamedTuple):
     total: float  # per device per step
     each: list[float]  # one execution of each call, in the order of the calls
     steps: Sequence[float] = ()  # grid steps of one execution of each call, in the same order
+    # HBM bytes one execution of each call moves while the MXU waits (`grouped_matmul_waits`)
+    waits: Sequence[float] = ()
 
 
 def step_time(
@@ -91,6 +95,7 @@ def step_time(
     calls = cost["kernel_calls"]
     each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
     steps = kernels.steps if kernels and kernels.steps else [_grid_product(c) for c in calls]
+    waits = kernels.waits if kernels and kernels.waits else [0.0] * len(calls)
     fp8_calls = [c["precision"] == "fp8" for c in calls]  # fp8 experts' grouped matmuls
     total = kernels.total if kernels else 0.0
     kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
@@ -107,7 +112,7 @@ def step_time(
     program = cost["schedule"]
     if not isinstance(program, Schedule):  # as JSON, from a record or an event
         program = Schedule.model_validate(program)
-    busy, step = _run(program, rates, each, fp8_calls, steps)
+    busy, step = _run(program, rates, each, fp8_calls, steps, waits)
     return {
         "est_step_time_s": step,
         "est_compute_s": compute,
@@ -118,6 +123,8 @@ def step_time(
         # the kernels' grid steps at GRID_STEP_S: a floor under their compute time
         "est_grid_steps_s": sum(c["times"] * n for c, n in zip(calls, steps, strict=True))
         * GRID_STEP_S,
+        "est_kernel_waits_s": sum(c["times"] * w for c, w in zip(calls, waits, strict=True))
+        / rates.hbm,
         "est_busy_s": busy,
         "est_exposed_comm_s": step - busy,
         "bound": max(
@@ -127,12 +134,20 @@ def step_time(
 
 
 def kernel_seconds(
-    flops: float, steps: float, accel: Accelerator, mxu_efficiency: float = MXU_EFFICIENCY
+    flops: float,
+    steps: float,
+    accel: Accelerator,
+    mxu_efficiency: float = MXU_EFFICIENCY,
+    waits: float = 0.0,
+    fp8: bool = False,
 ) -> float:
-    """One bf16 kernel call's time as the step model runs it: its FLOPs (over the MXU share
-    its blocks fill, `kernel_flops`) at the MXU's rate, and at least GRID_STEP_S a grid step."""
+    """One kernel call's time as the step model runs it: its FLOPs (over the MXU share its
+    blocks fill, `kernel_flops`) at the MXU's rate (fp8's, for fp8 operands), and at least
+    GRID_STEP_S a grid step; then the HBM bytes it waits on (`waits`,
+    `grouped_matmul_waits`)."""
     rates = _Rates(accel, mxu_efficiency, FP8_MXU_EFFICIENCY)
-    return max(rates.compute(0.0, flops, 0.0), steps * GRID_STEP_S)
+    compute = rates.compute(flops, 0.0, 0.0) if fp8 else rates.compute(0.0, flops, 0.0)
+    return max(compute, steps * GRID_STEP_S) + waits / rates.hbm
 
 
 class _Rates:
@@ -185,6 +200,7 @@ def _run(
     call_flops: list[float],
     fp8_calls: list[bool],
     call_steps: Sequence[float],
+    call_waits: Sequence[float],
 ) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
@@ -192,7 +208,7 @@ def _run(
     free, runs beside the TensorCore, and stalls it only at its `-done` if not finished by
     then. A loop runs its body twice (so that an op started in one iteration and waited for
     in the next overlaps as on the chip) and the second iteration's time stands for the rest."""
-    clock = _Clock(schedule, rates, call_flops, fp8_calls, call_steps)
+    clock = _Clock(schedule, rates, call_flops, fp8_calls, call_steps, call_waits)
     clock.run(schedule.entry)
     return clock.busy, max(clock.tc, *clock.free.values(), 0.0)
 
@@ -207,9 +223,11 @@ class _Clock:
         call_flops: list[float],
         fp8_calls: list[bool],
         call_steps: Sequence[float],
+        call_waits: Sequence[float],
     ) -> None:
         self.schedule, self.rates = schedule, rates
         self.call_flops, self.fp8_calls, self.call_steps = call_flops, fp8_calls, call_steps
+        self.call_waits = call_waits
         self.tc = self.busy = 0.0
         self.free: dict[str, float] = {}  # when each engine is next free
         self.finish: dict[str, float] = {}  # when each started op ends
@@ -221,10 +239,12 @@ class _Clock:
         elif event.kernel >= 0:
             bf16 += self.call_flops[event.kernel]
         seconds = self.rates.compute(fp8, bf16, event.f32)
+        waits = 0.0
         if event.kernel >= 0:
             seconds = max(seconds, self.call_steps[event.kernel] * GRID_STEP_S)
+            waits = self.call_waits[event.kernel] / self.rates.hbm
         memory = event.hbm / self.rates.hbm
-        return max(seconds, memory) if event.matmul else memory
+        return (max(seconds, memory) if event.matmul else memory) + waits
 
     def run(self, name: str) -> None:
         for event in self.schedule.computations.get(name, []):
@@ -288,7 +308,9 @@ def kernel_flops(
     if calls and any(each):
         total = sum(c["times"] * f for c, f in zip(calls, each, strict=True))
         steps = [grid_steps(c, config, global_batch, num_devices, context, expert) for c in calls]
-        return KernelFlops(total, each, steps)
+        groups = config.model.num_experts // expert if config.model.is_moe else 1
+        waits = [grouped_matmul_waits(c, groups) for c in calls]
+        return KernelFlops(total, each, steps, waits)
     # No program: per layer one forward, and a backward of twice its FLOPs.
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
@@ -376,6 +398,27 @@ def grouped_matmul_flops(call: dict, groups: int, mxu_width: int = 0) -> float:
         return call["flops"]
     flops, _, held = _grouped_tiles(call, groups)
     return flops / mxu_fill(mxu_width, *held)
+
+
+def grouped_matmul_waits(call: dict, groups: int) -> float:
+    """HBM bytes a grouped-matmul call moves while the MXU waits: each expert's tiles once a
+    call, padded to whole tiles (gmm: its weights, read when its rows begin; tgmm: its weight
+    gradient, written when they end), in the operands' width (the gradient's 2 bytes).
+    tokamax's own timings of its kernels on TPU7x show it: with 128-row tiles and 256 experts
+    the time is the tiles' compute plus every expert's weights read (3.8 ms measured, 3.8
+    modelled), where the compute alone would be 2.8 (benchmarks/kernel_reference.py). 0 for
+    any other kernel, or a call whose tiles are not stated."""
+    if not call["name"].startswith(GROUPED_MATMULS) or not call["flops"] or not _tiles(call):
+        return 0.0
+    _, tk, tn = _tiles(call) or (1, 1, 1)
+    if len(call["out"]) == 3:  # tgmm: [G, k, n], contracting the rows
+        _, k, n = call["out"]
+        width = 2
+    else:  # gmm: [m, n], contracting k
+        rows, n = call["out"]
+        k = call["flops"] / (2 * rows * n)
+        width = 1 if call.get("precision") == "fp8" else 2
+    return float(groups * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn * width)
 
 
 def _grouped_tiles(call: dict, groups: int) -> tuple[float, int, tuple[int, int]]:

@@ -316,6 +316,21 @@ def expert_tiles(
     return computed / useful, steps
 
 
+def expert_waits(config: TrialConfig, degrees: dict[str, int], again: dict[str, bool]) -> float:
+    """HBM bytes an MoE layer's grouped matmuls wait on, per device (the step model's
+    `grouped_matmul_waits`, without the tiles' padding): each expert's weights once a forward,
+    recompute and input-gradient pass, its weight gradient (2 bytes) once; wi twice (gate and
+    up). 0 for a dense layer or XLA's ragged_dot."""
+    m = config.model
+    kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
+    if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax"):
+        return 0.0
+    weights = m.num_experts // degrees["expert"] * m.d_model * m.mlp_dim // degrees["tensor"]
+    width = 1 if config.precision.mode == "fp8" else 2
+    passes = {"wi": 2, "wo": 1}  # weights of each kind, each a grouped matmul
+    return sum(count * weights * ((2 + again[w]) * width + 2) for w, count in passes.items())
+
+
 # The screen's step (`estimate`): the TensorCore's work in turn, with communication hidden
 # under it but for what the structure exposes. Each constant multiplies a term named by it;
 # fitted by `python -m benchmarks.step_estimate --fit` (non-negative least squares) on the
@@ -386,6 +401,7 @@ def _terms(
     layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
     # the grouped-matmul kernels take at least their grid steps (the step model's floor)
     expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
+    expert_s += m.num_layers * expert_waits(config, degrees, again) / hbm
     compute = layer / layer_rate + expert_s + (logits + attention) / (peak * MXU_EFFICIENCY)
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3

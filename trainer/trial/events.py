@@ -286,6 +286,12 @@ class Summary(_Event):
         description="the Mosaic kernels' grid steps at the least time a step takes: a floor "
         "under their compute time (small blocks)",
     )
+    est_kernel_waits_s: float | None = Field(
+        default=None,
+        description="compile fidelity: the grouped-matmul kernels' wait on their experts' tiles "
+        "(each expert's weights, or weight gradient, across HBM once a call while the MXU "
+        "idles), included in the busy time",
+    )
     est_exposed_comm_s: float | None = Field(
         default=None,
         description="step time less busy time: async work the schedule waits for (the "

@@ -89,8 +89,8 @@ class Search:
         flops = kernel_flops(trial, self.global_batch, self.topology.devices, 1, calls,
                              self.degrees["expert"], accel.mxu_width)  # fmt: skip
         seconds = [
-            kernel_seconds(f, n, accel)
-            for c, f, n in zip(calls, flops.each, flops.steps, strict=True)
+            kernel_seconds(f, n, accel, waits=w, fp8=c.get("precision") == "fp8")
+            for c, f, n, w in zip(calls, flops.each, flops.steps, flops.waits, strict=True)
             if family.owner(c["name"]) == kernel
         ]
         return sum(seconds) if seconds else None
