@@ -17,8 +17,8 @@ other row is split by what the model could have seen: `blind` when its predictio
 compiler's program was committed (benchmarks/data/frozen_predictions.json) before its
 published figure entered this file, read from git's history; `seen` otherwise (the figure
 was in the repository, on screen, while the model or the prediction was made). The published
-MoE rows read on MaxText's own program (`MAXTEXT`: the program the published run ran) are
-counted apart. Rows whose per-device program is a fit row's (the same recipe on more chips)
+rows read on MaxText's own program (`MAXTEXT`: the program the published run ran; the
+llama3.1-70b 64-chip rows and the MoE rows) are counted apart. Rows whose per-device program is a fit row's (the same recipe on more chips)
 are named in the last column: they test little.
 
 The frozen-prediction rule: a row not yet compared is listed in PENDING, without its
@@ -75,12 +75,14 @@ PUBLISHED = {
     # @0797d9c, entered after its prediction was frozen (6f6a264).
     "llama3.1-70b 8k fp8 re-tuned 256 chips": ("llama31_70b_8k_tpu7x", "fp8", "tpu7x:4x8x8", 7.95, 4121.02),
 }  # fmt: skip
-# The published MoE rows read again on the program they ran: MaxText's own (the rows above
-# compile ours), compiled by MaxText 0.2.5's train_compile (its libtpu) from the warm start
+# The published rows read again on the program they ran: MaxText's own (the rows above
+# compile ours; the llama3.1-70b 64-chip rows the fit's, on another program here), compiled by MaxText 0.2.5's train_compile (its libtpu) from the warm start
 # of a space (`--recompile --only NAME` compiles one again; needs `make maxtext`). A split of
 # their own: another program, another compiler than the fit rows'.
 # name: (space, warm start, target, published step s, published tokens/s/chip)
 MAXTEXT = {
+    "llama3.1-70b 8k bf16 64 chips on MaxText": ("llama31_70b_8k_maxtext", 0, "tpu7x:4x4x4", 12.20, 2686.98),
+    "llama3.1-70b 8k fp8 64 chips on MaxText": ("llama31_70b_8k_maxtext", 1, "tpu7x:4x4x4", 8.38, 3911.90),
     "qwen3-235b-a22b 4k bf16 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 0, "tpu7x:4x8x8", 31.58, 4150.78),
     "qwen3-235b-a22b 4k fp8 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 1, "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
@@ -391,7 +393,7 @@ def split(name: str, key: str) -> str:
     """fit (the constants' rows); blind (its prediction for this compiler's program was
     committed before its published figure entered the repository); seen (every other row:
     its figure was in the repository, on screen, when the model or its prediction was made).
-    The published MoE rows read on MaxText's own program are seen too, and counted apart."""
+    The published rows read on MaxText's own program are seen too, and counted apart."""
     if name in FIT:
         return "fit"
     if name in MAXTEXT:

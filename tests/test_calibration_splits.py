@@ -109,13 +109,13 @@ def test_no_prediction_is_frozen_from_uncommitted_model_code(tmp_path, monkeypat
     assert not (repo / "frozen.json").exists()
 
 
-def test_maxtexts_own_programs_of_the_moe_recipes_are_a_split_of_their_own(rows):
-    """The published qwen3 rows ran MaxText's program; the held-out rows compile ours. Read on
-    MaxText's own program (kept from MaxText 0.2.5's train_compile, its libtpu named in the
-    record: the same as ours since 2026-12-04, so the two rows of a recipe differ in the
-    program only), each row is reported apart."""
+def test_maxtexts_own_programs_of_the_recipes_are_a_split_of_their_own(rows):
+    """The published rows ran MaxText's program; ours compile our trainer's. Read on MaxText's
+    own program (kept from MaxText 0.2.5's train_compile, its libtpu named in the record: the
+    same as ours since 2026-12-04, so the two rows of a recipe differ in the program only),
+    each row is reported apart, the fit's recipes too."""
     theirs = [name for name in rows if name in calibration.MAXTEXT]
-    assert len(theirs) == 2
+    assert len(theirs) == len(calibration.MAXTEXT) == 4
     for name in theirs:
         ours = name.removesuffix(" on MaxText")
         assert calibration.split(name, name) == "seen, MaxText's program"
@@ -138,11 +138,11 @@ def test_both_qwen3_rows_read_within_10_percent_of_the_published_figure(rows):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="MaxText's own qwen3 programs read +14% (bf16) and +24% (fp8) with the SparseCore "
-    "rate: they compute less than ours in the model (their grouped matmuls in 128-row tiles: "
-    "8.1 PFLOP a step against ours 11.2, every tile at full MXU efficiency) and the fp8 "
-    "program gains 1.23x on bf16 where the published runs gain 1.14x. What the model lacks "
-    "for them is not known: docs/trainer.md",
+    reason="MaxText's own qwen3 programs read +12% (bf16) and +22% (fp8): they compute less "
+    "than ours in the model (their grouped matmuls in 128-row tiles: 8.1 PFLOP a step against "
+    "ours 11.2; tokamax's TPU7x timings show 128-row tiles cost no more a FLOP) and the fp8 "
+    "program gains 1.24x on bf16 where the published runs gain 1.14x (tokamax's fp8 grouped "
+    "matmuls run 11-48% slower than priced). What else the model lacks: docs/trainer.md",
 )
 def test_maxtexts_own_programs_of_the_moe_recipes_read_within_15_percent(rows):
     """MaxText's own program of each qwen3 recipe (what the published runs ran) reads within
@@ -150,5 +150,5 @@ def test_maxtexts_own_programs_of_the_moe_recipes_read_within_15_percent(rows):
     from trainer.trial.mxu import FP8_MXU_EFFICIENCY, MXU_EFFICIENCY
 
     constants = (MXU_EFFICIENCY, FP8_MXU_EFFICIENCY)
-    for name in (n for n in rows if n in calibration.MAXTEXT):
+    for name in (n for n in rows if n in calibration.MAXTEXT and n.startswith("qwen3")):
         assert abs(calibration.error(rows[name], constants)) < 0.15, name
