@@ -8,7 +8,7 @@ of the kernel alone on one TPU7x device. They are the only TPU7x timings of thes
 hold (no TPU here): measured by tokamax's authors (fidelity run, TPU7x, their hardware; this
 script takes the least of the five), against the step model's price of the same call
 (fidelity estimate: `trainer.compile.step_model`, the path a compiled program's kernel call
-takes: `kernel_flops`, `kernel_seconds`, with the MXU efficiency fitted on whole steps).
+takes: `kernel_flops`, `calls_seconds`, with the MXU efficiency fitted on whole steps).
 
 Families: tokamax's grouped matmul (`pallas_mosaic_tpu_ragged_dot`: forward, input gradient,
 weight gradient; bf16, its entries of uniform routing and no fused activation; and its two fp8
@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from trainer.compile.step_model import kernel_flops, kernel_seconds
+from trainer.compile.step_model import calls_seconds, kernel_flops
 from trainer.trial.config import TrialConfig, load_config
 from trainer.trial.hardware import ACCELERATORS
 
@@ -96,8 +96,7 @@ def _priced(config: TrialConfig, call: dict[str, Any]) -> float:
     """One execution of `call` as the step model prices it in a compiled program."""
     call = {"times": 1.0, "bytes": None, "grid": None, "blocks": None, "precision": "bf16", **call}
     flops = kernel_flops(config, 1, 1, calls=[call], mxu_width=ACCEL.mxu_width)
-    return kernel_seconds(flops.each[0], flops.steps[0], ACCEL, waits=flops.waits[0],
-                          fp8=call["precision"] == "fp8")  # fmt: skip
+    return calls_seconds([call], flops, ACCEL)[0]
 
 
 def grouped_matmuls() -> list[Entry]:

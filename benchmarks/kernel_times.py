@@ -3,7 +3,7 @@ a space, its kernels (Splash forward and backward, tokamax's grouped matmuls) at
 per-device shapes; for each candidate tile, the time tune-jax measures on this host's first
 device (the part of the layer the kernel runs in: trainer/compile/tiles/timing.py) beside
 the step model's price of that same program compiled for the same device (every kernel call
-of it, `kernel_seconds`: what `kernels.tune: compile` ranks by). Prints one row a candidate,
+of it, `calls_seconds`: what `kernels.tune: compile` ranks by). Prints one row a candidate,
 then per kernel and over all: Spearman of measured against modelled, median |error|.
 
     python -m benchmarks.kernel_times [--space llama31_70b_8k_tuned_tpu7x] [--set k=v ...]
@@ -87,7 +87,7 @@ def modelled_seconds(family, trial, kernel, batch, degrees) -> float:
     """The step model's time for every kernel call of the kernel's part program, compiled
     for the family's device."""
     from trainer.compile.cost import program_cost
-    from trainer.compile.step_model import kernel_flops, kernel_seconds
+    from trainer.compile.step_model import calls_seconds, kernel_flops
     from trainer.program.hlo import parse
     from trainer.program.kernels import compiled_hlo
     from trainer.trial.hardware import ACCELERATORS
@@ -99,8 +99,7 @@ def modelled_seconds(family, trial, kernel, batch, degrees) -> float:
     layer = family.layer(trial, family.parts[kernel])
     calls = program_cost(parse(compiled_hlo(layer, family.device)))["kernel_calls"]
     flops = kernel_flops(trial, batch, 1, 1, calls, degrees["expert"], accel.mxu_width)
-    return sum(kernel_seconds(f, n, accel, waits=w)
-               for f, n, w in zip(flops.each, flops.steps, flops.waits, strict=True))  # fmt: skip
+    return sum(calls_seconds(calls, flops, accel))
 
 
 def _spearman(a: list[float], b: list[float]) -> float:

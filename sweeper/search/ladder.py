@@ -1,8 +1,8 @@
 """The ladder (`search.ladder`): an answer bought at three prices, in order. Every point of the
 space is screened by the analytic estimate in this process (sweeper/screen.py); the best that
-fit, and those the estimate puts near the memory edge, are compiled for the target after the
-space's warm start (the command it was imported from: the baseline) (the verify rung: a
-compile-fidelity sweep of exactly those points); the best compiled points are
+fit, and those the estimate puts near the memory edge, are compiled for the target (the
+verify rung: a compile-fidelity sweep of exactly those points, after the space's warm start,
+the command it was imported from, as the baseline); the best compiled points are
 written as a run-fidelity space for the target's slices (the run rung).
 
 Each point keeps its verdict and rank at each rung: `screen.csv` (every screened point),

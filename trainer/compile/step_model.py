@@ -150,6 +150,15 @@ def kernel_seconds(
     return max(compute, steps * GRID_STEP_S) + waits / rates.hbm
 
 
+def calls_seconds(calls: list[dict], kernels: KernelFlops, accel: Accelerator) -> list[float]:
+    """Each call's time for one execution, as `kernel_seconds` prices it (fp8 operands at
+    fp8's rate, its grid steps and waits from `kernels`, `kernel_flops` of the same calls)."""
+    return [
+        kernel_seconds(f, n, accel, waits=w, fp8=c.get("precision") == "fp8")
+        for c, f, n, w in zip(calls, kernels.each, kernels.steps, kernels.waits, strict=True)
+    ]
+
+
 class _Rates:
     """Seconds of work on one device of `accel`."""
 
@@ -411,28 +420,29 @@ def grouped_matmul_waits(call: dict, groups: int) -> float:
     if not call["name"].startswith(GROUPED_MATMULS) or not call["flops"] or not _tiles(call):
         return 0.0
     _, tk, tn = _tiles(call) or (1, 1, 1)
-    if len(call["out"]) == 3:  # tgmm: [G, k, n], contracting the rows
-        _, k, n = call["out"]
-        width = 2
-    else:  # gmm: [m, n], contracting k
-        rows, n = call["out"]
-        k = call["flops"] / (2 * rows * n)
-        width = 1 if call.get("precision") == "fp8" else 2
+    _, k, n, tgmm = _grouped_dims(call)
+    width = 2 if tgmm or call.get("precision") != "fp8" else 1
     return float(groups * math.ceil(k / tk) * tk * math.ceil(n / tn) * tn * width)
+
+
+def _grouped_dims(call: dict) -> tuple[float, float, float, bool]:
+    """A grouped-matmul call's (rows, contracted or weight rows k, columns n, whether it is a
+    tgmm): gmm's output is [m, n], contracting k; tgmm's [G, k, n], contracting the rows."""
+    if len(call["out"]) == 3:
+        _, k, n = call["out"]
+        return call["flops"] / (2 * k * n), k, n, True
+    rows, n = call["out"]
+    return rows, call["flops"] / (2 * rows * n), n, False
 
 
 def _grouped_tiles(call: dict, groups: int) -> tuple[float, int, tuple[int, int]]:
     """A grouped-matmul call's FLOPs in whole tiles, its tile count (its grid steps), and
     the (rows, columns) of the tile the MXU holds (see `grouped_matmul_flops`)."""
     tm, tk, tn = _tiles(call) or (1, 1, 1)
-    if len(call["out"]) == 3:
-        groups, k, n = call["out"]
-        rows = call["flops"] / (2 * k * n)
-        held = (tm, tn)
-    else:
-        rows, n = call["out"]
-        k = call["flops"] / (2 * rows * n)
-        held = (tk, tn)
+    rows, k, n, tgmm = _grouped_dims(call)
+    if tgmm:
+        groups = call["out"][0]
+    held = (tm, tn) if tgmm else (tk, tn)
     tiles = whole_tiles(rows, k, n, (tm, tk, tn), groups)
     return 2.0 * tiles * tm * tk * tn, tiles, held
 

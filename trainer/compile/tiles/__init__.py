@@ -10,7 +10,7 @@ columns, clamped to the pass), and Megablox's one tiling for every pass of both 
 (128-1024 rows that divide the routed rows by 512-2048). A candidate the compiler refuses (a scoped-VMEM overflow, a
 Mosaic error) is dropped with the compiler's words; each that compiles is priced by the step
 model as the trial's program would run it (its FLOPs over the MXU share its tiles fill, at
-least one grid step's time a step: `kernel_seconds`), and the trial runs with the lowest of
+least one grid step's time a step: `calls_seconds`), and the trial runs with the lowest of
 each kernel.
 
 A family's kernels compile in one program, the i-th candidate of each together, and are

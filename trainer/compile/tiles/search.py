@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from trainer.compile.records import libtpu_version
-from trainer.compile.step_model import kernel_flops, kernel_seconds
+from trainer.compile.step_model import calls_seconds, kernel_flops
 from trainer.compile.tiles.families import Blocks, Family, families
 from trainer.compile.tiles.record import Tried, Tuned, Tuning
 from trainer.trial.config import TrialConfig
@@ -89,8 +89,8 @@ class Search:
         flops = kernel_flops(trial, self.global_batch, self.topology.devices, 1, calls,
                              self.degrees["expert"], accel.mxu_width)  # fmt: skip
         seconds = [
-            kernel_seconds(f, n, accel, waits=w, fp8=c.get("precision") == "fp8")
-            for c, f, n, w in zip(calls, flops.each, flops.steps, flops.waits, strict=True)
+            s
+            for c, s in zip(calls, calls_seconds(calls, flops, accel), strict=True)
             if family.owner(c["name"]) == kernel
         ]
         return sum(seconds) if seconds else None
