@@ -92,6 +92,10 @@ def test_what_the_screen_cannot_tell_apart_the_verify_rung_explores_with_tpe():
     verify, frame = verify_rung(space)
     assert unseen_knobs(frame) == ["xla.scoped_vmem_kib"]
     chosen = frame[frame["compiled_for"] != ""]
+    # Three distinct estimated points: none two that differ only in the VMEM limit (each
+    # screened point has a twin at the other limit, the same figures, the same rank).
+    seen = ["knob:remat.policy", "knob:per_device_batch", "knob:precision.mode"]
+    assert len(chosen) == 3 and not chosen[seen].astype(str).duplicated().any()
     assert verify.search.sampler == "tpe" and verify.search.trials == len(chosen) + 3
     assert verify.knobs["xla.scoped_vmem_kib"].values == [32768, 65536]
     for name in ("remat.policy", "per_device_batch", "precision.mode"):

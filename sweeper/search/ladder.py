@@ -47,17 +47,23 @@ SCREEN_COLUMNS = {
 def choose(frame: pd.DataFrame, space: Space) -> pd.DataFrame:
     """The screened frame with `compiled_for` set on the points the verify rung compiles: the
     `verify` best that fit (rank), and up to as many near the memory edge whose est. tokens/s
-    would place them among those (edge)."""
+    would place them among those (edge). Each a distinct estimated point: of points that
+    differ only in knobs the screen cannot tell apart (`unseen_knobs`), the first screened;
+    the verify rung's TPE trials explore those knobs."""
     ladder = space.search.ladder
     assert ladder is not None
     frame = frame.copy()
     frame["compiled_for"] = ""
-    fits = frame[frame["verdict"] == FITS].sort_values("rank").head(ladder.verify)
+    unseen = {f"{KNOB_PREFIX}{k}" for k in unseen_knobs(frame)}
+    seen = [c for c in frame.columns if c.startswith(KNOB_PREFIX) and c not in unseen]
+    distinct = ~frame[seen].astype(str).duplicated() if unseen and seen else True
+    fits = frame[(frame["verdict"] == FITS) & distinct].sort_values("rank").head(ladder.verify)
     frame.loc[fits.index, "compiled_for"] = BY_RANK
     bar = fits["est_tokens_per_sec_per_chip"].min() if len(fits) == ladder.verify else -math.inf
     limit = memory_limit_gib(space)
     near = frame[
         frame["verdict"].isin([FITS, OVER_HBM])
+        & distinct
         & (frame["compiled_for"] == "")
         & (
             (frame.get("est_hbm_per_device_gib", pd.Series(dtype=float)) / limit - 1).abs()
