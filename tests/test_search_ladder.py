@@ -141,14 +141,19 @@ def test_a_ladder_needs_a_tpu_target_and_our_trainer():
 
 @pytest.mark.tpu_compile
 def test_a_ladder_screens_every_point_compiles_the_best_and_writes_the_run_rung(tmp_path):
-    space = load_space(LADDER)
+    slow = {"remat.policy": "minimal", "per_device_batch": 1, "precision.mode": "fp8"}
+    space = load_space({**LADDER, "search": {**LADDER["search"], "warm_start": [slow]}})
     result = run_sweep(space, results_dir=tmp_path)
     screened = pd.read_csv(result.sweep_dir / SCREEN_CSV)
     assert len(screened) == count_points(space) == 16
     compiled = screened[screened["compiled_for"].notna()]
-    # The verify rung compiled exactly the points the screen chose, best first.
-    assert len(result.trials) == len(compiled) == 6
+    # The verify rung compiled the warm start, then exactly the points the screen chose, best
+    # first; the best is weighed against the warm start (the command the space came from).
+    assert len(result.trials) == len(compiled) == 7
     frame = result.trials.sort_values("optuna_trial")
+    assert frame.iloc[0]["screen_compiled_for"] == BY_START
+    start_tokens = frame.iloc[0]["est_tokens_per_sec_per_chip"]
+    frame = frame.iloc[1:]
     ranks = list(frame["screen_rank"])
     assert ranks[0] == 1 and ranks == sorted(ranks)  # in the screen's order
     assert set(frame["fidelity"]) == {"compile"} and set(frame["hardware"]) == {"TPU7x"}
@@ -159,7 +164,7 @@ def test_a_ladder_screens_every_point_compiles_the_best_and_writes_the_run_rung(
     summary = pd.read_csv(result.sweep_dir / "summary.csv")
     assert {"screen_verdict", "screen_rank", "verify_rank"} <= set(summary.columns)
     table = pd.read_csv(result.sweep_dir / LADDER_CSV)
-    assert len(table) == 16 and table["verify_status"].notna().sum() == len(frame)
+    assert len(table) == 16 and table["verify_status"].notna().sum() == len(frame) + 1
     assert table.loc[table["screen_compiled_for"].isna(), "verify_status"].isna().all()
     # MLflow: each trial's run carries its ranks, the sweep's run the rungs' figures.
     client = MlflowClient(result.tracking_uri)
@@ -168,7 +173,11 @@ def test_a_ladder_screens_every_point_compiles_the_best_and_writes_the_run_rung(
     assert run.data.tags["ladder.screen_rank"] == str(best["screen_rank"])
     parent = client.get_run(result.parent_run_id)
     assert parent.data.metrics["ladder_screened"] == 16
-    assert parent.data.metrics["ladder_compiled"] == len(frame)
+    assert parent.data.metrics["ladder_compiled"] == len(frame) + 1
+    gain = best["est_tokens_per_sec_per_chip"] / start_tokens - 1
+    assert parent.data.metrics["ladder_best_over_start"] == pytest.approx(gain)
+    assert any(f"{gain:+.1%}" in n and "against the warm start" in n for n in result.notes)
+    assert BY_START in (result.sweep_dir / "report.html").read_text()  # marked in the table
     assert "ladder_rank_correlation_screen_verify" in parent.data.metrics
     assert LADDER_CSV in {a.path for a in client.list_artifacts(result.parent_run_id)}
     assert "The ladder: screen against compile" in (result.sweep_dir / "report.html").read_text()

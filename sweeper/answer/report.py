@@ -344,7 +344,8 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
     memory = f"memory/device, {unit}"
     frame = frame.assign(**{memory: frame[MEMORY] * factor}) if MEMORY in frame else frame
     columns = ["trial_id", "status", "failure_class", metric, f"{REMEASURED}{metric}", memory,
-               "convergence_passed", "screen_rank", "verify_rank", *knobs]  # fmt: skip
+               "convergence_passed", "screen_rank", "screen_compiled_for", "verify_rank",
+               *knobs]  # fmt: skip
     shown = frame.sort_values(metric, ascending=not maximize, na_position="last").head(rows)
     head = "".join(
         f"<th>{html.escape(knobs.get(c, c))}</th>" for c in columns if c in frame.columns

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sweeper.record.row import KNOB_PREFIX, Column, missing
+from sweeper.record.row import KNOB_PREFIX, Column, knob_columns, missing
 from sweeper.search.screen import FITS, OVER_HBM, memory_limit_gib, screen, unseen_knobs
 from sweeper.space.errors import SpaceError
 from sweeper.space.fidelity import with_fidelity
@@ -207,7 +207,42 @@ def verified(
     compiled = compiled.astype({"screen_row": int}).set_index("screen_row")[list(names)]
     table = screened.rename(columns=SCREEN_COLUMNS).join(compiled.rename(columns=names))
     table.to_csv(sweep_dir / LADDER_CSV, index=False)
-    return frame, *_summary(frame, screened, space, metric)
+    notes, figures = _summary(frame, screened, space, metric)
+    written = Space.model_validate(yaml.safe_load((sweep_dir / LADDER_SPACE).read_text()))
+    start_notes, start_figures = _against_start(frame, written, metric)
+    return frame, notes + start_notes, figures | start_figures
+
+
+def _against_start(
+    frame: pd.DataFrame, space: Space, metric: str
+) -> tuple[list[str], dict[str, float]]:
+    """The best compiled point against the space's warm start (the command it was imported
+    from), on the verify rung's objective: a note and `ladder_best_over_start` (a ratio less
+    1), or why there is none to compare."""
+    starts = [dict(p) for p in space.search.warm_start]
+    if not starts or frame.empty or "verify_rank" not in frame or metric not in frame:
+        return [], {}
+    knobs = knob_columns(frame.columns)
+    is_start = frame.apply(
+        lambda row: any(_within(s, {n: row[c] for c, n in knobs.items()}) for s in starts), axis=1
+    )
+    start = frame[is_start]
+    if start.empty:
+        return [], {}
+    first, best = start.iloc[0], frame.sort_values("verify_rank").iloc[0]
+    if first[Column.STATUS] != TrialStatus.OK:
+        why = first.get(Column.FAILURE_CLASS)
+        why = first[Column.STATUS] if missing(why) else why
+        return [f"ladder: the warm start (trial {first['trial_id']}) did not compile: {why}"], {}
+    if float(best[metric]) == float(first[metric]):
+        return [f"ladder: the warm start (trial {first['trial_id']}) is the best compiled point"
+                f" ({metric} {first[metric]:,.0f})"], {"ladder_best_over_start": 0.0}  # fmt: skip
+    gain = float(best[metric]) / float(first[metric]) - 1
+    return [
+        f"ladder: the best compiled point (trial {best['trial_id']}) against the warm start "
+        f"(trial {first['trial_id']}, the command the space starts from): {metric} "
+        f"{best[metric]:,.0f} against {first[metric]:,.0f}, {gain:+.1%}"
+    ], {"ladder_best_over_start": gain}
 
 
 def _summary(
@@ -218,10 +253,13 @@ def _summary(
     )
     fits = int((screened["verdict"] == FITS).sum())
     figures = {"ladder_screened": float(len(screened)), "ladder_screen_fits": float(fits),
-               "ladder_compiled": float(len(compiled))}  # fmt: skip
+               "ladder_compiled": float(len(frame))}  # fmt: skip
+    explored = len(frame) - len(compiled)
     notes = [
         f"ladder: screened {len(screened)} points by the estimate ({fits} fit), compiled "
-        f"{len(compiled)} for {space.target} (see ladder.csv)"
+        f"{len(frame)} for {space.target}"
+        + (f" ({explored} drawn by TPE over what the screen cannot tell apart)" if explored else "")
+        + " (see ladder.csv)"
     ]
     ok = (
         compiled[compiled[Column.STATUS] == TrialStatus.OK]
