@@ -12,7 +12,9 @@ kept in results/calibration/ (`--recompile` redoes them; `--recorded` tables the
 compiled so far).
 
 `MXU_EFFICIENCY` (bf16) and `FP8_MXU_EFFICIENCY` are fitted on the FIT rows only (what
-collectives and transfers hide is not fitted: the model runs the program's schedule). Every
+collectives and transfers hide is not fitted: the model runs the program's schedule); they
+price XLA's own matmuls, the Mosaic kernels running at their families' efficiencies fitted on
+tokamax's TPU7x timings (benchmarks/kernel_reference.py), on no row here. Every
 other row is split by what the model could have seen: `blind` when its prediction for this
 compiler's program was committed (benchmarks/data/frozen_predictions.json) before its
 published figure entered this file, read from git's history; `seen` otherwise (the figure
@@ -257,7 +259,8 @@ def estimate_rows(
     return rows
 
 
-# (bf16 MXU efficiency, fp8 MXU efficiency): the datasheet's peaks.
+# (bf16 MXU efficiency, fp8 MXU efficiency): the datasheet's peaks for XLA's own matmuls
+# (the Mosaic kernels keep their families' efficiencies, measured on tokamax's timings).
 UNCALIBRATED = (1.0, 1.0)
 
 

@@ -26,6 +26,7 @@ Spearman's rank correlation; `--rows` every entry.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import statistics
@@ -38,9 +39,16 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from trainer.compile.step_model import calls_seconds, kernel_flops
+from trainer.compile.step_model import KernelTerms, calls_seconds, kernel_flops, kernel_seconds
 from trainer.trial.config import TrialConfig, load_config
 from trainer.trial.hardware import ACCELERATORS
+from trainer.trial.mxu import (
+    FP8,
+    SPLASH_BACKWARD,
+    SPLASH_FORWARD,
+    SPLASH_RESIDUALS,
+    kernel_family,
+)
 
 TIMINGS = Path(tokamax.__file__).parent / "data" / "autotuning" / "tpu7x"
 ACCEL = ACCELERATORS["tpu7x"]
@@ -61,6 +69,7 @@ class Entry(NamedTuple):
     tiles: str
     measured_s: float
     modelled_s: float
+    terms: KernelTerms  # what the step model prices it by, to price it again
 
     @property
     def error(self) -> float:
@@ -92,11 +101,13 @@ def _moe(groups: int) -> TrialConfig:
                         "kernels": {"moe_gmm": "tokamax"}})  # fmt: skip
 
 
-def _priced(config: TrialConfig, call: dict[str, Any]) -> float:
-    """One execution of `call` as the step model prices it in a compiled program."""
+def _priced(config: TrialConfig, call: dict[str, Any]) -> tuple[float, KernelTerms]:
+    """One execution of `call` as the step model prices it in a compiled program, and its
+    terms."""
     call = {"times": 1.0, "bytes": None, "grid": None, "blocks": None, "precision": "bf16", **call}
     flops = kernel_flops(config, 1, 1, calls=[call], mxu_width=ACCEL.mxu_width)
-    return calls_seconds([call], flops, ACCEL)[0]
+    terms = KernelTerms(flops.each[0], flops.steps[0], flops.waits[0], call["precision"] == "fp8")
+    return calls_seconds([call], flops, ACCEL)[0], terms
 
 
 def grouped_matmuls() -> list[Entry]:
@@ -126,11 +137,11 @@ def grouped_matmuls() -> list[Entry]:
             out, flops = [groups, lhs_k, rhs[1]], 2 * m * lhs_k * rhs[1]
         call = {"name": _KERNEL[family], "out": out, "flops": float(flops), "tiling": tiles,
                 "precision": "fp8" if fp8 else "bf16"}  # fmt: skip
-        modelled = _priced(_moe(groups), call)
-        family += ", fp8 (activations quantized in the kernel)" if fp8 else ""
+        modelled, terms = _priced(_moe(groups), call)
+        family += FP8 if fp8 else ""
         shapes = f"{rhs_key['qvalue']} x {lhs['value']}" if fp8 else f"{lhs} {rhs_key}"
         entries.append(Entry(family, f"{shapes} G={groups}",
-                             "x".join(map(str, tiles)), measured, modelled))  # fmt: skip
+                             "x".join(map(str, tiles)), measured, modelled, terms))  # fmt: skip
     return entries
 
 
@@ -165,13 +176,43 @@ def splash() -> list[Entry]:
             if not backward and key["return_residuals"]:
                 kernel += "_residuals"  # what training runs: the backward reads them
             call = {"name": kernel, "out": [heads, seq, head_dim], "flops": None, "tiling": None}
-            family = "Splash backward" if backward else "Splash forward"
-            if not backward:
-                family += " (residuals)" if key["return_residuals"] else ""
+            family = SPLASH_BACKWARD if backward else SPLASH_FORWARD
+            if not backward and key["return_residuals"]:
+                family = SPLASH_RESIDUALS
+            assert kernel_family(call) == family, (kernel, family)
             entries.append(Entry(family, f"{key['q']} {key['k']}",
                                  "/".join(str(b) for b in blocks.values()), measured,
-                                 _priced(trial, call)))  # fmt: skip
+                                 *_priced(trial, call)))  # fmt: skip
     return entries
+
+
+def fit(entries: list[Entry]) -> dict[str, float]:
+    """Per family, the MXU efficiency (in steps of 0.005) with the least median |error| over
+    its entries: `KERNEL_MXU_EFFICIENCY`'s figures."""
+    grid = [x / 200 for x in range(40, 201)]
+    fitted = {}
+    for family in dict.fromkeys(e.family for e in entries):
+        chosen = [e for e in entries if e.family == family]
+        fitted[family] = min(grid, key=lambda eff: statistics.median(
+            abs(kernel_seconds(e.terms, ACCEL, eff) / e.measured_s - 1) for e in chosen))  # fmt: skip
+    return fitted
+
+
+def block_orders(entries: list[Entry]) -> dict[str, tuple[int, int]]:
+    """Per Splash family: of the pairs of its entries for the same shapes whose measured
+    times differ by 3% or more, how many the model orders as measured (what the tile tuner
+    ranks Splash blocks by), and how many there are."""
+    out = {}
+    for family in dict.fromkeys(e.family for e in entries if e.family.startswith("Splash")):
+        pairs = [
+            (a, b)
+            for a, b in itertools.combinations([e for e in entries if e.family == family], 2)
+            if a.shapes == b.shapes and abs(a.measured_s / b.measured_s - 1) >= 0.03
+        ]
+        right = sum((a.modelled_s < b.modelled_s) == (a.measured_s < b.measured_s)
+                    for a, b in pairs)  # fmt: skip
+        out[family] = (right, len(pairs))
+    return out
 
 
 def summary(entries: list[Entry]) -> dict[str, dict[str, float]]:
@@ -190,9 +231,13 @@ def summary(entries: list[Entry]) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", action="store_true", help="print every entry")
+    parser.add_argument("--fit", action="store_true",
+                        help="print each family's efficiency fitted on these timings")  # fmt: skip
     args = parser.parse_args(argv)
     console = Console(width=160)
     entries = grouped_matmuls() + splash()
+    if args.fit:
+        console.print(fit(entries))
     if args.rows:
         rows = Table(title="each entry: measured (tokamax, TPU7x) and modelled (step model)")
         for column in ("family", "shapes", "tiles", "measured ms", "modelled ms", "error"):
@@ -202,15 +247,19 @@ def main(argv: list[str] | None = None) -> None:
                          f"{e.modelled_s * 1e3:.3f}", f"{e.error:+.1%}")  # fmt: skip
         console.print(rows)
     table = Table(title=f"the step model against tokamax's TPU7x timings ({TIMINGS})")
-    for column in ("family", "entries", "median error", "median |error|", "Spearman"):
+    for column in ("family", "entries", "median error", "median |error|", "Spearman",
+                   "same-shape pairs ordered as measured"):  # fmt: skip
         table.add_column(column)
+    orders = block_orders(entries)
     for family, figures in summary(entries).items():
+        right, pairs = orders.get(family, (0, 0))
         table.add_row(family, f"{figures['entries']:.0f}", f"{figures['median_error']:+.1%}",
-                      f"{figures['median_abs_error']:.1%}", f"{figures['spearman']:+.2f}")  # fmt: skip
+                      f"{figures['median_abs_error']:.1%}", f"{figures['spearman']:+.2f}",
+                      f"{right} of {pairs}" if pairs else "")  # fmt: skip
     console.print(table)
     console.print("measured: fidelity run, TPU7x (one device, tokamax's authors; the least of "
-                  "five timings); modelled: fidelity estimate (the step model at the MXU "
-                  "efficiency fitted on whole steps)")  # fmt: skip
+                  "five timings); modelled: fidelity estimate (the step model at each family's "
+                  "efficiency, fitted on these timings: --fit)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -637,10 +637,14 @@ def test_the_recipes_2048_splash_blocks_rank_ahead_of_256():
     """Every published Ironwood recipe runs Splash in 1024- or 2048-wide blocks. 256-wide ones
     skip more of the causal mask's FLOPs (1.27e15 against 1.54e15 per device per step for the
     70B recipe), but each of their grid steps computes 0.08 us of work and a grid step takes
-    0.36 us however little it does (`GRID_STEP_S`); the model ranks the blocks as the recipes
-    chose them, and the larger blocks' extra FLOPs as a cost where nothing else is."""
+    0.36 us however little it does (`GRID_STEP_S`): the model ranks 256-wide blocks far
+    behind. Between 512 and 2048 it cannot choose (within 1%, Splash at its measured
+    efficiency): tokamax's TPU7x timings show larger blocks faster at 8k though they compute
+    more, which one efficiency per kernel family does not see (benchmarks.kernel_reference:
+    it orders 1 of 36 same-shape pairs of Splash configurations as measured)."""
     tokens = {block: _recipe_at_blocks(block) for block in (256, 512, 2048)}
-    assert tokens[2048] > tokens[512] > tokens[256]
+    assert min(tokens[2048], tokens[512]) > tokens[256]
+    assert abs(tokens[2048] / tokens[512] - 1) < 0.01
     assert tokens[2048] / tokens[256] > 1.2  # 8x8 times the steps, each at the floor
 
 

@@ -54,6 +54,7 @@ from trainer.trial.mxu import (
     GRID_STEP_S,
     MXU_EFFICIENCY,
     flops_per_score,
+    kernel_efficiency,
     mxu_fill,
     splash_fills,
     splash_score_counts,
@@ -96,12 +97,14 @@ def step_time(
     each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
     steps = kernels.steps if kernels and kernels.steps else [_grid_product(c) for c in calls]
     waits = kernels.waits if kernels and kernels.waits else [0.0] * len(calls)
-    fp8_calls = [c["precision"] == "fp8" for c in calls]  # fp8 experts' grouped matmuls
-    total = kernels.total if kernels else 0.0
-    kernel_fp8 = sum(c["times"] * f for c, f, q in zip(calls, each, fp8_calls, strict=True) if q)
-    compute = rates.compute(flops.get("fp8", 0.0) + kernel_fp8,
-                            flops.get("bf16", 0.0) + total - kernel_fp8,
-                            flops.get("f32", 0.0))  # fmt: skip
+    # each call's compute: its FLOPs at its family's measured efficiency (else the whole
+    # step's), its grid steps a floor (`kernel_seconds`)
+    call_s = [rates.kernel(c, f, n, accel.topology_prefix)
+              for c, f, n in zip(calls, each, steps, strict=True)]  # fmt: skip
+    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0), flops.get("f32", 0.0))
+    prefix = accel.topology_prefix  # the kernels' FLOPs alone (their grid steps apart, below)
+    compute += sum(c["times"] * rates.at(f, c["precision"] == "fp8", kernel_efficiency(prefix, c))
+                   for c, f in zip(calls, each, strict=True))  # fmt: skip
     hbm = cost["hbm_bytes"] / rates.hbm
     ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
               for op in cost["collective_ops"])  # fmt: skip
@@ -112,7 +115,7 @@ def step_time(
     program = cost["schedule"]
     if not isinstance(program, Schedule):  # as JSON, from a record or an event
         program = Schedule.model_validate(program)
-    busy, step = _run(program, rates, each, fp8_calls, steps, waits)
+    busy, step = _run(program, rates, call_s, waits)
     return {
         "est_step_time_s": step,
         "est_compute_s": compute,
@@ -133,30 +136,39 @@ def step_time(
     }
 
 
+class KernelTerms(NamedTuple):
+    """What one execution of a kernel call is priced by: its FLOPs (over the MXU share its
+    blocks fill, `kernel_flops`), grid steps, the HBM bytes it waits on
+    (`grouped_matmul_waits`), and whether its operands are fp8."""
+
+    flops: float
+    steps: float
+    waits: float = 0.0
+    fp8: bool = False
+
+
 def kernel_seconds(
-    flops: float,
-    steps: float,
+    terms: KernelTerms,
     accel: Accelerator,
+    efficiency: float | None = None,
     mxu_efficiency: float = MXU_EFFICIENCY,
-    waits: float = 0.0,
-    fp8: bool = False,
 ) -> float:
-    """One kernel call's time as the step model runs it: its FLOPs (over the MXU share its
-    blocks fill, `kernel_flops`) at the MXU's rate (fp8's, for fp8 operands), and at least
-    GRID_STEP_S a grid step; then the HBM bytes it waits on (`waits`,
-    `grouped_matmul_waits`)."""
+    """One kernel call's time as the step model runs it: its FLOPs at the MXU's rate (fp8's,
+    for fp8 operands) times `efficiency` (its family's, `kernel_efficiency`; None: the whole
+    step's), and at least GRID_STEP_S a grid step; then the HBM bytes it waits on."""
     rates = _Rates(accel, mxu_efficiency, FP8_MXU_EFFICIENCY)
-    compute = rates.compute(flops, 0.0, 0.0) if fp8 else rates.compute(0.0, flops, 0.0)
-    return max(compute, steps * GRID_STEP_S) + waits / rates.hbm
+    compute = max(rates.at(terms.flops, terms.fp8, efficiency), terms.steps * GRID_STEP_S)
+    return compute + terms.waits / rates.hbm
 
 
 def calls_seconds(calls: list[dict], kernels: KernelFlops, accel: Accelerator) -> list[float]:
-    """Each call's time for one execution, as `kernel_seconds` prices it (fp8 operands at
-    fp8's rate, its grid steps and waits from `kernels`, `kernel_flops` of the same calls)."""
-    return [
-        kernel_seconds(f, n, accel, waits=w, fp8=c.get("precision") == "fp8")
-        for c, f, n, w in zip(calls, kernels.each, kernels.steps, kernels.waits, strict=True)
-    ]
+    """Each call's time for one execution, as `kernel_seconds` prices it at its family's
+    efficiency on `accel` (`kernel_flops` of the same calls)."""
+    prices = []
+    for c, f, n, w in zip(calls, kernels.each, kernels.steps, kernels.waits, strict=True):
+        terms = KernelTerms(f, n, w, c.get("precision") == "fp8")
+        prices.append(kernel_seconds(terms, accel, kernel_efficiency(accel.topology_prefix, c)))
+    return prices
 
 
 class _Rates:
@@ -177,6 +189,19 @@ class _Rates:
             fp8 / (self.peak.get("fp8", peak) * self.fp8_mxu)
             + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)) / self.mxu
         )
+
+    def at(self, flops: float, fp8: bool, efficiency: float | None) -> float:
+        """A kernel's FLOPs (fp8 or bf16 operands) at `efficiency` of its precision's peak
+        (None: the whole step's efficiency of that precision)."""
+        if efficiency is None:
+            return self.compute(flops, 0.0, 0.0) if fp8 else self.compute(0.0, flops, 0.0)
+        return flops / (self.peak.get("fp8" if fp8 else "bf16", self.peak["bf16"]) * efficiency)
+
+    def kernel(self, call: dict, flops: float, steps: float, prefix: str) -> float:
+        """One execution of a compiled program's kernel `call`, but for its waits: `at` its
+        family's efficiency, its grid steps a floor (`kernel_seconds`)."""
+        compute = self.at(flops, call.get("precision") == "fp8", kernel_efficiency(prefix, call))
+        return max(compute, steps * GRID_STEP_S)
 
     def ici(self, kind: str, group: int, torus_dims: int, counted: float) -> float:
         """A collective's bytes, ring-corrected by its group size, over one torus axis's
@@ -204,12 +229,7 @@ class _Rates:
 
 
 def _run(
-    schedule: Schedule,
-    rates: _Rates,
-    call_flops: list[float],
-    fp8_calls: list[bool],
-    call_steps: Sequence[float],
-    call_waits: Sequence[float],
+    schedule: Schedule, rates: _Rates, call_seconds: list[float], call_waits: Sequence[float]
 ) -> tuple[float, float]:
     """(TensorCore busy seconds, step seconds) of the scheduled program. The TensorCore runs
     its ops one after another (a matmul op's HBM traffic under its compute, the larger
@@ -217,7 +237,7 @@ def _run(
     free, runs beside the TensorCore, and stalls it only at its `-done` if not finished by
     then. A loop runs its body twice (so that an op started in one iteration and waited for
     in the next overlaps as on the chip) and the second iteration's time stands for the rest."""
-    clock = _Clock(schedule, rates, call_flops, fp8_calls, call_steps, call_waits)
+    clock = _Clock(schedule, rates, call_seconds, call_waits)
     clock.run(schedule.entry)
     return clock.busy, max(clock.tc, *clock.free.values(), 0.0)
 
@@ -229,28 +249,20 @@ class _Clock:
         self,
         schedule: Schedule,
         rates: _Rates,
-        call_flops: list[float],
-        fp8_calls: list[bool],
-        call_steps: Sequence[float],
+        call_seconds: list[float],
         call_waits: Sequence[float],
     ) -> None:
         self.schedule, self.rates = schedule, rates
-        self.call_flops, self.fp8_calls, self.call_steps = call_flops, fp8_calls, call_steps
-        self.call_waits = call_waits
+        self.call_seconds, self.call_waits = call_seconds, call_waits
         self.tc = self.busy = 0.0
         self.free: dict[str, float] = {}  # when each engine is next free
         self.finish: dict[str, float] = {}  # when each started op ends
 
     def op_seconds(self, event: TensorCoreOp) -> float:
-        fp8, bf16 = event.fp8, event.bf16
-        if event.kernel >= 0 and self.fp8_calls[event.kernel]:
-            fp8 += self.call_flops[event.kernel]
-        elif event.kernel >= 0:
-            bf16 += self.call_flops[event.kernel]
-        seconds = self.rates.compute(fp8, bf16, event.f32)
+        seconds = self.rates.compute(event.fp8, event.bf16, event.f32)
         waits = 0.0
         if event.kernel >= 0:
-            seconds = max(seconds, self.call_steps[event.kernel] * GRID_STEP_S)
+            seconds += self.call_seconds[event.kernel]
             waits = self.call_waits[event.kernel] / self.rates.hbm
         memory = event.hbm / self.rates.hbm
         return (max(seconds, memory) if event.matmul else memory) + waits

@@ -19,6 +19,7 @@ from trainer.trial.mxu import (
     FP8_MXU_EFFICIENCY,
     GRID_STEP_S,
     MXU_EFFICIENCY,
+    kernel_efficiency,
     mxu_fill,
     splash_work,
     whole_tiles,
@@ -277,7 +278,11 @@ def recompute_share(config: TrialConfig) -> float:
 
 
 def expert_tiles(
-    config: TrialConfig, degrees: dict[str, int], rows: float, mxu_width: int = 0
+    config: TrialConfig,
+    degrees: dict[str, int],
+    rows: float,
+    mxu_width: int = 0,
+    slowdown: dict[str, float] | None = None,
 ) -> tuple[float, float]:
     """(The MXU work of an MoE layer's expert matmuls over their FLOPs; the tiles, the
     kernels' grid steps, of one layer's forward and backward), as the grouped-matmul
@@ -286,7 +291,9 @@ def expert_tiles(
     (a tile two experts share runs for each), the other dims padded to whole tiles, over the
     MXU share the held tile fills (`mxu_width`, the chip's; 0: not counted). `rows`: routed
     rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's knob or MaxText's defaults;
-    1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program)."""
+    1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program).
+    `slowdown`: per pass, the layers' MXU efficiency over the pass's kernel's own
+    (`_kernel_slowdowns`; none: 1)."""
     m = config.model
     kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
     if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax") or rows < 1:
@@ -310,7 +317,8 @@ def expert_tiles(
             held = (tm, tn) if name == "drhs" else (tk, tn)
             count = whole_tiles(r, k, n, (tm, tk, tn), groups)
             times = 2 if weight == "wi" else 1
-            computed += times * count * tm * tk * tn / mxu_fill(mxu_width, *held)
+            slower = (slowdown or {}).get(name, 1.0)
+            computed += times * count * tm * tk * tn / mxu_fill(mxu_width, *held) * slower
             useful += times * r * k * n
             steps += times * count
     return computed / useful, steps
@@ -388,7 +396,9 @@ def _terms(
         "context"])  # fmt: skip
     # the expert matmuls in whole tiles (a dense MLP: 1)
     rows = routed_rows(config, degrees, tokens_local) if m.is_moe else 0.0
-    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width)
+    fp8 = config.precision.mode == "fp8"
+    slowdown, splash_fwd, splash_bwd = _kernel_slowdowns(config, accel, degrees["context"])
+    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown)
     matmuls = {k: f * (3 + again[k]) for k, f in per_token.items() if k != "attention"}
     experts = (matmuls["wi"] + matmuls["wo"]) * waste if m.is_moe else 0.0
     dense = sum(matmuls.values()) - (matmuls["wi"] + matmuls["wo"] if m.is_moe else 0.0)
@@ -396,13 +406,14 @@ def _terms(
     expert = tokens * m.num_layers * experts / num_devices
     logits = 3 * 2 * tokens * m.d_model * m.vocab_size / num_devices
     context = degrees["context"]
-    attention, grid = _attention_work(config, accel, num_devices, global_batch, context, again)
-    fp8 = config.precision.mode == "fp8"
+    forward, backward, grid = _attention_work(config, accel, num_devices, global_batch, context,
+                                              again)  # fmt: skip
     layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
     # the grouped-matmul kernels take at least their grid steps (the step model's floor)
     expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
     expert_s += m.num_layers * expert_waits(config, degrees, again) / hbm
-    compute = layer / layer_rate + expert_s + (logits + attention) / (peak * MXU_EFFICIENCY)
+    attention_s = forward / (peak * splash_fwd) + backward / (peak * splash_bwd)
+    compute = layer / layer_rate + expert_s + logits / (peak * MXU_EFFICIENCY) + attention_s
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
     update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
@@ -433,19 +444,45 @@ def _attention_work(
     global_batch: int,
     context: int,
     again: dict[str, bool],
-) -> tuple[float, float]:
-    """Attention's FLOPs per device a step, and its kernel's grid steps: Splash by its blocks
-    (its forward again where the policy recomputes it), or the XLA reference's causal half,
-    forward and backward, and again if recomputed."""
+) -> tuple[float, float, float]:
+    """Attention's FLOPs per device a step, forward (again where the policy recomputes it) and
+    backward, and its kernel's grid steps: Splash by its blocks, or the XLA reference's
+    causal half."""
     m = config.model
+    runs = 2 if again["attention"] else 1
     if config.resolved_kernels(Backend.TPU, context).attention == "splash":
         splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
-        runs = 2 if again["attention"] else 1
-        attention = m.num_layers * (runs * splash["forward_flops"] + splash["backward_flops"])
-        return attention, m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
+        steps = m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
+        return (m.num_layers * runs * splash["forward_flops"],
+                m.num_layers * splash["backward_flops"], steps)  # fmt: skip
     tokens = global_batch * config.seq_len
-    per_token = forward_flops_per_token(config)["attention"]
-    return tokens * m.num_layers * per_token * (3 + again["attention"]) / num_devices, 0.0
+    forward = tokens * m.num_layers * forward_flops_per_token(config)["attention"] / num_devices
+    return forward * runs, 2 * forward, 0.0
+
+
+def _kernel_slowdowns(
+    config: TrialConfig, accel: Accelerator, context: int
+) -> tuple[dict[str, float], float, float]:
+    """The kernels' own MXU efficiencies where measured on `accel` (trainer.trial.mxu's
+    `kernel_efficiency`, as the step model prices a compiled program's calls): per
+    grouped-matmul pass, the layers' efficiency over its kernel's (tokamax's kernels); the
+    Splash forward's (training's, which saves residuals) and backward's efficiency (the
+    whole step's where not measured or not Splash)."""
+    kernels = config.resolved_kernels(Backend.TPU, context)
+    fp8 = config.precision.mode == "fp8"
+    prefix, layers = accel.topology_prefix, FP8_MXU_EFFICIENCY if fp8 else MXU_EFFICIENCY
+    slowdown = {}
+    if kernels.moe_gmm == "tokamax":
+        names = {"fwd": "gmm", "dlhs": "gmm_transpose_rhs", "drhs": "tgmm"}
+        for name, kernel in names.items():
+            call = {"name": f"pallas_tpu_ragged_dot_{kernel}", "precision": config.precision.mode}
+            slowdown[name] = layers / (kernel_efficiency(prefix, call) or layers)
+    splash = kernels.attention == "splash"
+    forward = kernel_efficiency(prefix, {"name": "splash_mha_fwd_residuals"}) if splash else None
+    backward = (
+        kernel_efficiency(prefix, {"name": "splash_mha_dkv_no_residuals"}) if splash else None
+    )
+    return slowdown, forward or MXU_EFFICIENCY, backward or MXU_EFFICIENCY
 
 
 def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> float:

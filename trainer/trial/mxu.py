@@ -8,6 +8,7 @@ read from a compiled program (trainer/compile/step_model.py) and the analytic es
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend
@@ -25,9 +26,42 @@ from trainer.trial.hardware import Backend
 # Refitted again, 0.75/0.69, once the walk read 0.0.52's SparseCore collectives (async custom
 # calls: before, the 70B bf16 row read 32 KB of collectives a step) after the held-out rows
 # had been compared: their frozen predictions stand as made (benchmarks/calibration.py).
-MXU_EFFICIENCY = 0.75
-FP8_MXU_EFFICIENCY = 0.69
+# Refitted, 0.79/0.75, once each kernel family ran at its own measured efficiency
+# (KERNEL_MXU_EFFICIENCY): these two now price XLA's own matmuls and kernels of no measured
+# family (2026-12-06; every compared row was seen before).
+MXU_EFFICIENCY = 0.79
+FP8_MXU_EFFICIENCY = 0.75
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
+# Each Mosaic kernel family's own share of its precision's peak, on the chip (topology
+# prefix) it was timed on: fitted by `python -m benchmarks.kernel_reference --fit` on tokamax
+# 0.0.17's timings of its kernels alone on TPU7x (its autotuning data: fidelity run, TPU7x,
+# tokamax's authors), each family to the least median |error| over its entries, the step
+# model's FLOPs (the MXU share the blocks fill), grid steps and waits held. Kernels of no
+# family here (Megablox, libtpu's ragged_dot, ...) and chips with none run at the whole-step
+# MXU_EFFICIENCY. Only the fp8 grouped-matmul forward was timed (3 entries): the fp8
+# gradients take their bf16 pass's efficiency times the forward's fp8/bf16 ratio (an
+# assumption). What one efficiency a family cannot say: which Splash blocks are faster
+# (benchmarks/kernel_reference.py's pairs; docs/trainer.md).
+SPLASH_FORWARD, SPLASH_RESIDUALS, SPLASH_BACKWARD = (
+    "Splash forward", "Splash forward (residuals)", "Splash backward")  # fmt: skip
+GMM_FORWARD, GMM_INPUT_GRADIENT, GMM_WEIGHT_GRADIENT = (
+    "gmm forward", "gmm input gradient", "gmm weight gradient")  # fmt: skip
+FP8 = ", fp8"  # a family's fp8 twin: fp8 weights, activations quantized in the kernel
+KERNEL_MXU_EFFICIENCY: dict[str, dict[str, float]] = {
+    "tpu7x": {
+        SPLASH_FORWARD: 0.535,
+        SPLASH_RESIDUALS: 0.52,
+        SPLASH_BACKWARD: 0.66,
+        GMM_FORWARD: 0.77,
+        GMM_INPUT_GRADIENT: 0.72,
+        GMM_WEIGHT_GRADIENT: 0.595,
+        GMM_FORWARD + FP8: 0.57,
+    }
+}
+# tokamax's grouped matmul's kernels, by the name a compiled program gives each pass
+_TOKAMAX_GMM = {"pallas_tpu_ragged_dot_tgmm": GMM_WEIGHT_GRADIENT,
+                "pallas_tpu_ragged_dot_gmm_transpose_rhs": GMM_INPUT_GRADIENT,
+                "pallas_tpu_ragged_dot_gmm": GMM_FORWARD}  # fmt: skip
 # The least time a Pallas TPU kernel's grid step takes, however little it computes. Source:
 # the JAX documentation's Pallas TPU matrix multiplication guide (docs/pallas/tpu/matmul.ipynb,
 # its recorded outputs, TPU v5e): a bf16 8192^3 matmul in 128^3 blocks (262,144 grid steps)
@@ -137,3 +171,31 @@ def whole_tiles(
     tm, tk, tn = tiles
     row_tiles = math.ceil(rows / tm) + groups - 1
     return row_tiles * math.ceil(contracted / tk) * math.ceil(columns / tn)
+
+
+def kernel_family(call: dict[str, Any]) -> str:
+    """The family of a compiled program's kernel call whose efficiency may be measured
+    (`KERNEL_MXU_EFFICIENCY`): tokamax's Splash (ours and MaxText's: splash_{mha,mqa}_{fwd,
+    dkv,dq}...) by pass, tokamax's grouped matmul by pass and precision; "" for any other."""
+    name = call["name"]
+    if name.startswith("splash_"):
+        if "_fwd" not in name:
+            return SPLASH_BACKWARD
+        return SPLASH_FORWARD if name.endswith("_no_residuals") or "residuals" not in name else (
+            SPLASH_RESIDUALS)  # fmt: skip
+    family = next((f for k, f in _TOKAMAX_GMM.items() if name.startswith(k)), "")
+    return family + FP8 if family and call.get("precision") == "fp8" else family
+
+
+def kernel_efficiency(prefix: str, call: dict[str, Any]) -> float | None:
+    """A kernel call's MXU efficiency on the chip of topology prefix `prefix` where its family
+    was measured there (an fp8 gradient: its bf16 pass's times the forward's fp8/bf16
+    ratio); None: the whole-step efficiency applies."""
+    measured = KERNEL_MXU_EFFICIENCY.get(prefix, {})
+    family = kernel_family(call)
+    if family in measured:
+        return measured[family]
+    bf16 = family.removesuffix(FP8)
+    if family.endswith(FP8) and bf16 in measured and GMM_FORWARD + FP8 in measured:
+        return measured[bf16] * measured[GMM_FORWARD + FP8] / measured[GMM_FORWARD]
+    return None
