@@ -106,7 +106,9 @@ def _priced(config: TrialConfig, call: dict[str, Any]) -> tuple[float, KernelTer
     terms."""
     call = {"times": 1.0, "bytes": None, "grid": None, "blocks": None, "precision": "bf16", **call}
     flops = kernel_flops(config, 1, 1, calls=[call], mxu_width=ACCEL.mxu_width)
-    terms = KernelTerms(flops.each[0], flops.steps[0], flops.waits[0], call["precision"] == "fp8")
+    terms = KernelTerms(
+        flops.each[0], flops.steps[0], flops.waits[0], call["precision"] == "fp8", flops.rescaled[0]
+    )
     return calls_seconds([call], flops, ACCEL)[0], terms
 
 
@@ -186,15 +188,20 @@ def splash() -> list[Entry]:
     return entries
 
 
-def fit(entries: list[Entry]) -> dict[str, float]:
-    """Per family, the MXU efficiency (in steps of 0.005) with the least median |error| over
-    its entries: `KERNEL_MXU_EFFICIENCY`'s figures."""
+def fit(entries: list[Entry]) -> dict[str, tuple[float, float | None]]:
     grid = [x / 200 for x in range(40, 201)]
-    fitted = {}
+    fitted: dict[str, tuple[float, float | None]] = {}
     for family in dict.fromkeys(e.family for e in entries):
         chosen = [e for e in entries if e.family == family]
-        fitted[family] = min(grid, key=lambda eff: statistics.median(
-            abs(kernel_seconds(e.terms, ACCEL, eff) / e.measured_s - 1) for e in chosen))  # fmt: skip
+        costs = [x * 1e-14 for x in range(0, 61)] if family.startswith("Splash") else [None]
+
+        def err(pair, chosen=chosen):
+            return statistics.median(
+                abs(kernel_seconds(e.terms, ACCEL, pair[0], rescale_s=pair[1]) / e.measured_s - 1)
+                for e in chosen
+            )
+
+        fitted[family] = min(itertools.product(grid, costs), key=err)
     return fitted
 
 

@@ -56,6 +56,7 @@ from trainer.trial.mxu import (
     flops_per_score,
     kernel_efficiency,
     mxu_fill,
+    rescale_seconds,
     splash_fills,
     splash_score_counts,
     splash_work,
@@ -78,6 +79,8 @@ class KernelFlops(NamedTuple):
     steps: Sequence[float] = ()  # grid steps of one execution of each call, in the same order
     # HBM bytes one execution of each call moves while the MXU waits (`grouped_matmul_waits`)
     waits: Sequence[float] = ()
+    # Splash's accumulator elements one execution of each call rescales (`splash_work`)
+    rescaled: Sequence[float] = ()
 
 
 def step_time(
@@ -99,8 +102,9 @@ def step_time(
     waits = kernels.waits if kernels and kernels.waits else [0.0] * len(calls)
     # each call's compute: its FLOPs at its family's measured efficiency (else the whole
     # step's), its grid steps a floor (`kernel_seconds`)
-    call_s = [rates.kernel(c, f, n, accel.topology_prefix)
-              for c, f, n in zip(calls, each, steps, strict=True)]  # fmt: skip
+    rescaled = kernels.rescaled if kernels and kernels.rescaled else [0.0] * len(calls)
+    call_s = [rates.kernel(c, f, n, r, accel.topology_prefix)
+              for c, f, n, r in zip(calls, each, steps, rescaled, strict=True)]  # fmt: skip
     compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0), flops.get("f32", 0.0))
     prefix = accel.topology_prefix  # the kernels' FLOPs alone (their grid steps apart, below)
     compute += sum(c["times"] * rates.at(f, c["precision"] == "fp8", kernel_efficiency(prefix, c))
@@ -145,6 +149,7 @@ class KernelTerms(NamedTuple):
     steps: float
     waits: float = 0.0
     fp8: bool = False
+    rescaled: float = 0.0
 
 
 def kernel_seconds(
@@ -152,22 +157,30 @@ def kernel_seconds(
     accel: Accelerator,
     efficiency: float | None = None,
     mxu_efficiency: float = MXU_EFFICIENCY,
+    rescale_s: float | None = None,
 ) -> float:
     """One kernel call's time as the step model runs it: its FLOPs at the MXU's rate (fp8's,
     for fp8 operands) times `efficiency` (its family's, `kernel_efficiency`; None: the whole
     step's), and at least GRID_STEP_S a grid step; then the HBM bytes it waits on."""
     rates = _Rates(accel, mxu_efficiency, FP8_MXU_EFFICIENCY)
-    compute = max(rates.at(terms.flops, terms.fp8, efficiency), terms.steps * GRID_STEP_S)
+    compute = rates.at(terms.flops, terms.fp8, efficiency)
+    if rescale_s is None:
+        compute = max(compute, terms.steps * GRID_STEP_S)
+    else:
+        compute += terms.steps * GRID_STEP_S + terms.rescaled * rescale_s
     return compute + terms.waits / rates.hbm
 
 
 def calls_seconds(calls: list[dict], kernels: KernelFlops, accel: Accelerator) -> list[float]:
     """Each call's time for one execution, as `kernel_seconds` prices it at its family's
     efficiency on `accel` (`kernel_flops` of the same calls)."""
-    prices = []
-    for c, f, n, w in zip(calls, kernels.each, kernels.steps, kernels.waits, strict=True):
-        terms = KernelTerms(f, n, w, c.get("precision") == "fp8")
-        prices.append(kernel_seconds(terms, accel, kernel_efficiency(accel.topology_prefix, c)))
+    prices, prefix = [], accel.topology_prefix
+    rescaled = kernels.rescaled or [0.0] * len(calls)
+    for c, f, n, w, r in zip(calls, kernels.each, kernels.steps, kernels.waits, rescaled,
+                             strict=True):  # fmt: skip
+        terms = KernelTerms(f, n, w, c.get("precision") == "fp8", r)
+        prices.append(kernel_seconds(terms, accel, kernel_efficiency(prefix, c),
+                                     rescale_s=rescale_seconds(prefix, c)))  # fmt: skip
     return prices
 
 
@@ -197,11 +210,14 @@ class _Rates:
             return self.compute(flops, 0.0, 0.0) if fp8 else self.compute(0.0, flops, 0.0)
         return flops / (self.peak.get("fp8" if fp8 else "bf16", self.peak["bf16"]) * efficiency)
 
-    def kernel(self, call: dict, flops: float, steps: float, prefix: str) -> float:
-        """One execution of a compiled program's kernel `call`, but for its waits: `at` its
-        family's efficiency, its grid steps a floor (`kernel_seconds`)."""
+    def kernel(self, call: dict, flops: float, steps: float, rescaled: float, prefix: str) -> float:
+        """One execution of a compiled program's kernel `call`, but for its waits (see
+        `kernel_seconds`)."""
         compute = self.at(flops, call.get("precision") == "fp8", kernel_efficiency(prefix, call))
-        return max(compute, steps * GRID_STEP_S)
+        rescale_s = rescale_seconds(prefix, call)
+        if rescale_s is None:
+            return max(compute, steps * GRID_STEP_S)
+        return compute + steps * GRID_STEP_S + rescaled * rescale_s
 
     def ici(self, kind: str, group: int, torus_dims: int, counted: float) -> float:
         """A collective's bytes, ring-corrected by its group size, over one torus axis's
@@ -331,7 +347,8 @@ def kernel_flops(
         steps = [grid_steps(c, config, global_batch, num_devices, context, expert) for c in calls]
         groups = config.model.num_experts // expert if config.model.is_moe else 1
         waits = [grouped_matmul_waits(c, groups) for c in calls]
-        return KernelFlops(total, each, steps, waits)
+        rescaled = [_rescaled(c, config, global_batch, num_devices, context) for c in calls]
+        return KernelFlops(total, each, steps, waits, rescaled)
     # No program: per layer one forward, and a backward of twice its FLOPs.
     m = config.model
     kernels = config.resolved_kernels("tpu", context)
@@ -399,6 +416,16 @@ def grid_steps(
         m = config.model
         return _grouped_tiles(call, m.num_experts // expert if m.is_moe else 1)[1]
     return _grid_product(call)
+
+
+def _rescaled(call: dict, config, global_batch: int, num_devices: int, context: int) -> float:
+    """The accumulator elements one execution of a Splash call rescales (`splash_work`); 0
+    for any other kernel."""
+    kernels = config.resolved_kernels("tpu", context)
+    if not call["name"].startswith("splash_") or kernels.attention != "splash":
+        return 0.0
+    splash = splash_work(config, global_batch, num_devices, context)
+    return splash["forward_rescaled" if "_fwd" in call["name"] else "backward_rescaled"]
 
 
 def _grid_product(call: dict) -> float:

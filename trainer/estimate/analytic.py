@@ -21,6 +21,7 @@ from trainer.trial.mxu import (
     MXU_EFFICIENCY,
     kernel_efficiency,
     mxu_fill,
+    rescale_seconds,
     splash_work,
     whole_tiles,
 )
@@ -413,6 +414,7 @@ def _terms(
     expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
     expert_s += m.num_layers * expert_waits(config, degrees, again) / hbm
     attention_s = forward / (peak * splash_fwd) + backward / (peak * splash_bwd)
+    attention_s += _splash_rescales(config, accel, num_devices, global_batch, context, again)
     compute = layer / layer_rate + expert_s + logits / (peak * MXU_EFFICIENCY) + attention_s
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
@@ -458,6 +460,31 @@ def _attention_work(
     tokens = global_batch * config.seq_len
     forward = tokens * m.num_layers * forward_flops_per_token(config)["attention"] / num_devices
     return forward * runs, 2 * forward, 0.0
+
+
+def _splash_rescales(
+    config: TrialConfig,
+    accel: Accelerator,
+    num_devices: int,
+    global_batch: int,
+    context: int,
+    again: dict[str, bool],
+) -> float:
+    """Seconds a step's Splash calls spend rescaling their accumulators, where measured on
+    `accel` (trainer.trial.mxu's `rescale_seconds`, as the step model prices a compiled
+    program's calls; training's forward saves residuals); 0 elsewhere."""
+    if config.resolved_kernels(Backend.TPU, context).attention != "splash":
+        return 0.0
+    prefix = accel.topology_prefix
+    forward = rescale_seconds(prefix, {"name": "splash_mha_fwd_residuals"})
+    backward = rescale_seconds(prefix, {"name": "splash_mha_dkv_no_residuals"})
+    if forward is None or backward is None:
+        return 0.0
+    splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
+    runs = 2 if again["attention"] else 1
+    return config.model.num_layers * (
+        runs * splash["forward_rescaled"] * forward + splash["backward_rescaled"] * backward
+    )
 
 
 def _kernel_slowdowns(

@@ -26,22 +26,28 @@ from trainer.trial.hardware import Backend
 # Refitted again, 0.75/0.69, once the walk read 0.0.52's SparseCore collectives (async custom
 # calls: before, the 70B bf16 row read 32 KB of collectives a step) after the held-out rows
 # had been compared: their frozen predictions stand as made (benchmarks/calibration.py).
-# Refitted, 0.79/0.75, once each kernel family ran at its own measured efficiency
-# (KERNEL_MXU_EFFICIENCY): these two now price XLA's own matmuls and kernels of no measured
-# family (2026-12-06; every compared row was seen before).
-MXU_EFFICIENCY = 0.79
-FP8_MXU_EFFICIENCY = 0.75
+# Refitted, 0.77/0.72, once each kernel family ran at its own measured efficiency
+# (KERNEL_MXU_EFFICIENCY, SPLASH_RESCALE_S): these two now price XLA's own matmuls and
+# kernels of no measured family (2026-12-06; every compared row was seen before).
+MXU_EFFICIENCY = 0.77
+FP8_MXU_EFFICIENCY = 0.72
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
 # Each Mosaic kernel family's own share of its precision's peak, on the chip (topology
-# prefix) it was timed on: fitted by `python -m benchmarks.kernel_reference --fit` on tokamax
-# 0.0.17's timings of its kernels alone on TPU7x (its autotuning data: fidelity run, TPU7x,
-# tokamax's authors), each family to the least median |error| over its entries, the step
-# model's FLOPs (the MXU share the blocks fill), grid steps and waits held. Kernels of no
-# family here (Megablox, libtpu's ragged_dot, ...) and chips with none run at the whole-step
-# MXU_EFFICIENCY. Only the fp8 grouped-matmul forward was timed (3 entries): the fp8
-# gradients take their bf16 pass's efficiency times the forward's fp8/bf16 ratio (an
-# assumption). What one efficiency a family cannot say: which Splash blocks are faster
-# (benchmarks/kernel_reference.py's pairs; docs/trainer.md).
+# prefix) it was timed on, and for Splash the cost of each accumulator element it rescales:
+# fitted by `python -m benchmarks.kernel_reference --fit` on tokamax 0.0.17's timings of its
+# kernels alone on TPU7x (its autotuning data: fidelity run, TPU7x, tokamax's authors), each
+# family to the least median |error| over its entries, the step model's FLOPs (the MXU share
+# the blocks fill), grid steps and waits held. Splash pays its grid steps (GRID_STEP_S) on top
+# of its work, and each block_kv_compute keys it touches its (block_q x head_dim) accumulator
+# again (the online softmax's rescale; its dK/dV kernel's likewise): at 8k its 1024-wide
+# blocks run 21% slower than 2048-wide though they compute 10% fewer scores, and 256-wide kv
+# compute blocks 15% slower than 512-wide. So priced, the model orders 27 of tokamax's 36
+# same-shape pairs as measured (at its FLOPs alone at one efficiency, 1). No timing has kv
+# compute blocks above 1024: there the model extrapolates. Kernels of no family here
+# (Megablox, libtpu's ragged_dot, ...) and chips with none run at the whole-step
+# MXU_EFFICIENCY, their grid steps a floor. Only the fp8 grouped-matmul forward was timed (3
+# entries): the fp8 gradients take their bf16 pass's efficiency times the forward's fp8/bf16
+# ratio (an assumption).
 SPLASH_FORWARD, SPLASH_RESIDUALS, SPLASH_BACKWARD = (
     "Splash forward", "Splash forward (residuals)", "Splash backward")  # fmt: skip
 GMM_FORWARD, GMM_INPUT_GRADIENT, GMM_WEIGHT_GRADIENT = (
@@ -49,14 +55,17 @@ GMM_FORWARD, GMM_INPUT_GRADIENT, GMM_WEIGHT_GRADIENT = (
 FP8 = ", fp8"  # a family's fp8 twin: fp8 weights, activations quantized in the kernel
 KERNEL_MXU_EFFICIENCY: dict[str, dict[str, float]] = {
     "tpu7x": {
-        SPLASH_FORWARD: 0.535,
-        SPLASH_RESIDUALS: 0.52,
-        SPLASH_BACKWARD: 0.66,
+        SPLASH_FORWARD: 0.725,
+        SPLASH_RESIDUALS: 0.65,
+        SPLASH_BACKWARD: 0.745,
         GMM_FORWARD: 0.77,
         GMM_INPUT_GRADIENT: 0.72,
         GMM_WEIGHT_GRADIENT: 0.595,
         GMM_FORWARD + FP8: 0.57,
     }
+}
+SPLASH_RESCALE_S: dict[str, dict[str, float]] = {
+    "tpu7x": {SPLASH_FORWARD: 3.6e-13, SPLASH_RESIDUALS: 2.2e-13, SPLASH_BACKWARD: 4.3e-13}
 }
 # tokamax's grouped matmul's kernels, by the name a compiled program gives each pass
 _TOKAMAX_GMM = {"pallas_tpu_ragged_dot_tgmm": GMM_WEIGHT_GRADIENT,
@@ -158,6 +167,15 @@ def splash_work(
         "backward_steps": sequences_heads
         * math.ceil(s / blocks["block_q_dkv"])
         * math.ceil(config.seq_len / blocks["block_kv_dkv"]),
+        # (block_q x head_dim) accumulator elements touched once per block_kv_compute keys
+        "forward_rescaled": sequences_heads
+        * forward
+        * config.model.head_dim
+        / blocks["block_kv_compute"],
+        "backward_rescaled": sequences_heads
+        * backward
+        * config.model.head_dim
+        / blocks["block_kv_dkv_compute"],
     }
 
 
@@ -185,6 +203,12 @@ def kernel_family(call: dict[str, Any]) -> str:
             SPLASH_RESIDUALS)  # fmt: skip
     family = next((f for k, f in _TOKAMAX_GMM.items() if name.startswith(k)), "")
     return family + FP8 if family and call.get("precision") == "fp8" else family
+
+
+def rescale_seconds(prefix: str, call: dict[str, Any]) -> float | None:
+    """What each accumulator element a Splash call rescales costs on the chip of topology
+    prefix `prefix`, where measured there; None: its FLOPs and grid steps' floor alone."""
+    return SPLASH_RESCALE_S.get(prefix, {}).get(kernel_family(call))
 
 
 def kernel_efficiency(prefix: str, call: dict[str, Any]) -> float | None:
