@@ -127,7 +127,8 @@ def step_time(
         "est_ici_s": ici,
         "est_host_s": host,
         "est_dcn_s": dcn,
-        # the kernels' grid steps at GRID_STEP_S: a floor under their compute time
+        # the kernels' grid steps at GRID_STEP_S: a floor under their compute time (Splash's
+        # where its rescales are measured: on top of it)
         "est_grid_steps_s": sum(c["times"] * n for c, n in zip(calls, steps, strict=True))
         * GRID_STEP_S,
         "est_kernel_waits_s": sum(c["times"] * w for c, w in zip(calls, waits, strict=True))

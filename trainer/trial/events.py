@@ -284,7 +284,7 @@ class Summary(_Event):
     est_grid_steps_s: float | None = Field(
         default=None,
         description="the Mosaic kernels' grid steps at the least time a step takes: a floor "
-        "under their compute time (small blocks)",
+        "under their compute time (small blocks), on top of it for Splash on TPU7x",
     )
     est_kernel_waits_s: float | None = Field(
         default=None,

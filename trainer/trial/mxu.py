@@ -78,8 +78,10 @@ _TOKAMAX_GMM = {"pallas_tpu_ragged_dot_tgmm": GMM_WEIGHT_GRADIENT,
 # step's matmul needs 0.021 us at v5e's 197 TFLOP/s and its two 32 KiB blocks 0.080 us at 819
 # GB/s. With 512x1024x1024 blocks (5.5 us of matmul a step) the same guide's kernel is within
 # 1% of XLA's matmul: the step's cost hides under work that outlasts it. So a floor, not a
-# toll: a call takes at least its grid steps times this. No TPU7x figure is public: v5e's is
-# carried over, an assumption. Not fitted.
+# toll: a call takes at least its grid steps times this. Splash, whose timings on TPU7x say
+# otherwise (tokamax's: smaller blocks run slower though they compute less), pays it as a
+# toll (SPLASH_RESCALE_S, above). No TPU7x figure is public: v5e's is carried over, an
+# assumption. Not fitted.
 GRID_STEP_S = 0.36e-6
 
 
