@@ -39,16 +39,16 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from trainer.compile.step_model import KernelTerms, calls_seconds, kernel_flops, kernel_seconds
+from trainer.compile.step_model import (
+    CallPrice,
+    KernelTerms,
+    calls_seconds,
+    kernel_flops,
+    kernel_seconds,
+)
 from trainer.trial.config import TrialConfig, load_config
 from trainer.trial.hardware import ACCELERATORS
-from trainer.trial.mxu import (
-    FP8,
-    SPLASH_BACKWARD,
-    SPLASH_FORWARD,
-    SPLASH_RESIDUALS,
-    kernel_family,
-)
+from trainer.trial.mxu import FP8, kernel_family
 
 TIMINGS = Path(tokamax.__file__).parent / "data" / "autotuning" / "tpu7x"
 ACCEL = ACCELERATORS["tpu7x"]
@@ -108,7 +108,7 @@ def _priced(config: TrialConfig, call: dict[str, Any]) -> tuple[float, KernelTer
     flops = kernel_flops(config, 1, 1, calls=[call], mxu_width=ACCEL.mxu_width)
     terms = KernelTerms(
         flops.each[0], flops.steps[0], flops.waits[0], call["precision"] == "fp8", flops.rescaled[0]
-    )
+    )  # `calls_seconds` prices these
     return calls_seconds([call], flops, ACCEL)[0], terms
 
 
@@ -178,30 +178,29 @@ def splash() -> list[Entry]:
             if not backward and key["return_residuals"]:
                 kernel += "_residuals"  # what training runs: the backward reads them
             call = {"name": kernel, "out": [heads, seq, head_dim], "flops": None, "tiling": None}
-            family = SPLASH_BACKWARD if backward else SPLASH_FORWARD
-            if not backward and key["return_residuals"]:
-                family = SPLASH_RESIDUALS
-            assert kernel_family(call) == family, (kernel, family)
-            entries.append(Entry(family, f"{key['q']} {key['k']}",
+            entries.append(Entry(kernel_family(call), f"{key['q']} {key['k']}",
                                  "/".join(str(b) for b in blocks.values()), measured,
                                  *_priced(trial, call)))  # fmt: skip
     return entries
 
 
 def fit(entries: list[Entry]) -> dict[str, tuple[float, float | None]]:
+    """Per family, the MXU efficiency (in steps of 0.005) and, for Splash, the cost of each
+    accumulator element it rescales (in steps of 0.01 ps), with the least median |error| over
+    its entries: `KERNEL_MXU_EFFICIENCY`'s and `SPLASH_RESCALE_S`'s figures."""
     grid = [x / 200 for x in range(40, 201)]
     fitted: dict[str, tuple[float, float | None]] = {}
     for family in dict.fromkeys(e.family for e in entries):
         chosen = [e for e in entries if e.family == family]
         costs = [x * 1e-14 for x in range(0, 61)] if family.startswith("Splash") else [None]
 
-        def err(pair, chosen=chosen):
+        def err(price: CallPrice, chosen: list[Entry] = chosen) -> float:
             return statistics.median(
-                abs(kernel_seconds(e.terms, ACCEL, pair[0], rescale_s=pair[1]) / e.measured_s - 1)
-                for e in chosen
+                abs(kernel_seconds(e.terms, ACCEL, price) / e.measured_s - 1) for e in chosen
             )
 
-        fitted[family] = min(itertools.product(grid, costs), key=err)
+        fitted[family] = tuple(min(itertools.starmap(CallPrice, itertools.product(grid, costs)),
+                                   key=err))  # fmt: skip
     return fitted
 
 
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", action="store_true", help="print every entry")
     parser.add_argument("--fit", action="store_true",
-                        help="print each family's efficiency fitted on these timings")  # fmt: skip
+                        help="print each family's constants fitted on these timings")  # fmt: skip
     args = parser.parse_args(argv)
     console = Console(width=160)
     entries = grouped_matmuls() + splash()

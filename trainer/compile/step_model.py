@@ -97,18 +97,20 @@ def step_time(
     rates = _Rates(accel, mxu_efficiency, fp8_mxu_efficiency)
     flops = cost["flops"]
     calls = cost["kernel_calls"]
-    each = kernels.each if kernels and kernels.each else [c["flops"] or 0.0 for c in calls]
-    steps = kernels.steps if kernels and kernels.steps else [_grid_product(c) for c in calls]
-    waits = kernels.waits if kernels and kernels.waits else [0.0] * len(calls)
-    # each call's compute: its FLOPs at its family's measured efficiency (else the whole
-    # step's), its grid steps a floor (`kernel_seconds`)
-    rescaled = kernels.rescaled if kernels and kernels.rescaled else [0.0] * len(calls)
-    call_s = [rates.kernel(c, f, n, r, accel.topology_prefix)
-              for c, f, n, r in zip(calls, each, steps, rescaled, strict=True)]  # fmt: skip
+    kernels = kernels or KernelFlops(0.0, [])
+    kernels = kernels._replace(  # what is not counted: each call's cost estimate, static grid
+        each=kernels.each or [c["flops"] or 0.0 for c in calls],
+        steps=kernels.steps or [_grid_product(c) for c in calls],
+    )
+    terms = _call_terms(calls, kernels)
+    prices = [CallPrice.of(c, accel) for c in calls]
+    # each call's compute as `kernel_seconds` prices it, its waits apart (`_run` adds them)
+    call_s = [rates.kernel(t, p) for t, p in zip(terms, prices, strict=True)]
     compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0), flops.get("f32", 0.0))
-    prefix = accel.topology_prefix  # the kernels' FLOPs alone (their grid steps apart, below)
-    compute += sum(c["times"] * rates.at(f, c["precision"] == "fp8", kernel_efficiency(prefix, c))
-                   for c, f in zip(calls, each, strict=True))  # fmt: skip
+    # the kernels' FLOPs alone (their grid steps apart, below)
+    compute += sum(c["times"] * rates.at(t.flops, t.fp8, p.efficiency)
+                   for c, t, p in zip(calls, terms, prices, strict=True))  # fmt: skip
+    steps, waits = [t.steps for t in terms], [t.waits for t in terms]
     hbm = cost["hbm_bytes"] / rates.hbm
     ici = sum(rates.ici(op["kind"], op["group"], op["torus_dims"], op["bytes"])
               for op in cost["collective_ops"])  # fmt: skip
@@ -144,7 +146,8 @@ def step_time(
 class KernelTerms(NamedTuple):
     """What one execution of a kernel call is priced by: its FLOPs (over the MXU share its
     blocks fill, `kernel_flops`), grid steps, the HBM bytes it waits on
-    (`grouped_matmul_waits`), and whether its operands are fp8."""
+    (`grouped_matmul_waits`), whether its operands are fp8, and the accumulator elements a
+    Splash call rescales."""
 
     flops: float
     steps: float
@@ -153,36 +156,49 @@ class KernelTerms(NamedTuple):
     rescaled: float = 0.0
 
 
+class CallPrice(NamedTuple):
+    """A call's family's measured constants on a chip (None: not measured there)."""
+
+    efficiency: float | None = None  # `kernel_efficiency`; None: the whole step's
+    rescale_s: float | None = None  # `rescale_seconds`; None: its grid steps a floor
+
+    @classmethod
+    def of(cls, call: dict, accel: Accelerator) -> CallPrice:
+        prefix = accel.topology_prefix
+        return cls(kernel_efficiency(prefix, call), rescale_seconds(prefix, call))
+
+
 def kernel_seconds(
     terms: KernelTerms,
     accel: Accelerator,
-    efficiency: float | None = None,
+    price: CallPrice,
     mxu_efficiency: float = MXU_EFFICIENCY,
-    rescale_s: float | None = None,
 ) -> float:
     """One kernel call's time as the step model runs it: its FLOPs at the MXU's rate (fp8's,
-    for fp8 operands) times `efficiency` (its family's, `kernel_efficiency`; None: the whole
-    step's), and at least GRID_STEP_S a grid step; then the HBM bytes it waits on."""
+    for fp8 operands) times its family's efficiency (`price`; None: the whole step's); its
+    grid steps at GRID_STEP_S a floor under that, or, where its family's accumulator rescales
+    are priced (Splash's), a toll with them; then the HBM bytes it waits on."""
     rates = _Rates(accel, mxu_efficiency, FP8_MXU_EFFICIENCY)
-    compute = rates.at(terms.flops, terms.fp8, efficiency)
-    if rescale_s is None:
-        compute = max(compute, terms.steps * GRID_STEP_S)
-    else:
-        compute += terms.steps * GRID_STEP_S + terms.rescaled * rescale_s
-    return compute + terms.waits / rates.hbm
+    return rates.kernel(terms, price) + terms.waits / rates.hbm
 
 
 def calls_seconds(calls: list[dict], kernels: KernelFlops, accel: Accelerator) -> list[float]:
     """Each call's time for one execution, as `kernel_seconds` prices it at its family's
-    efficiency on `accel` (`kernel_flops` of the same calls)."""
-    prices, prefix = [], accel.topology_prefix
-    rescaled = kernels.rescaled or [0.0] * len(calls)
-    for c, f, n, w, r in zip(calls, kernels.each, kernels.steps, kernels.waits, rescaled,
-                             strict=True):  # fmt: skip
-        terms = KernelTerms(f, n, w, c.get("precision") == "fp8", r)
-        prices.append(kernel_seconds(terms, accel, kernel_efficiency(prefix, c),
-                                     rescale_s=rescale_seconds(prefix, c)))  # fmt: skip
-    return prices
+    constants on `accel` (`kernel_flops` of the same calls)."""
+    terms = _call_terms(calls, kernels)
+    return [
+        kernel_seconds(t, accel, CallPrice.of(c, accel)) for c, t in zip(calls, terms, strict=True)
+    ]
+
+
+def _call_terms(calls: list[dict], kernels: KernelFlops) -> list[KernelTerms]:
+    """Each call's `KernelTerms` from `kernel_flops` of the same calls (none counted: 0)."""
+    none = [0.0] * len(calls)
+    return [
+        KernelTerms(f, n, w, c.get("precision") == "fp8", r)
+        for c, f, n, w, r in zip(calls, kernels.each, kernels.steps or none,
+                                 kernels.waits or none, kernels.rescaled or none, strict=True)
+    ]  # fmt: skip
 
 
 class _Rates:
@@ -211,14 +227,12 @@ class _Rates:
             return self.compute(flops, 0.0, 0.0) if fp8 else self.compute(0.0, flops, 0.0)
         return flops / (self.peak.get("fp8" if fp8 else "bf16", self.peak["bf16"]) * efficiency)
 
-    def kernel(self, call: dict, flops: float, steps: float, rescaled: float, prefix: str) -> float:
-        """One execution of a compiled program's kernel `call`, but for its waits (see
-        `kernel_seconds`)."""
-        compute = self.at(flops, call.get("precision") == "fp8", kernel_efficiency(prefix, call))
-        rescale_s = rescale_seconds(prefix, call)
-        if rescale_s is None:
-            return max(compute, steps * GRID_STEP_S)
-        return compute + steps * GRID_STEP_S + rescaled * rescale_s
+    def kernel(self, terms: KernelTerms, price: CallPrice) -> float:
+        """One kernel call's compute, as `kernel_seconds` prices it less its waits."""
+        compute = self.at(terms.flops, terms.fp8, price.efficiency)
+        if price.rescale_s is None:
+            return max(compute, terms.steps * GRID_STEP_S)
+        return compute + terms.steps * GRID_STEP_S + terms.rescaled * price.rescale_s
 
     def ici(self, kind: str, group: int, torus_dims: int, counted: float) -> float:
         """A collective's bytes, ring-corrected by its group size, over one torus axis's

@@ -407,14 +407,13 @@ def _terms(
     expert = tokens * m.num_layers * experts / num_devices
     logits = 3 * 2 * tokens * m.d_model * m.vocab_size / num_devices
     context = degrees["context"]
-    forward, backward, grid = _attention_work(config, accel, num_devices, global_batch, context,
-                                              again)  # fmt: skip
+    forward, backward, grid, rescales = _attention_work(config, accel, num_devices, global_batch,
+                                                        context, again)  # fmt: skip
     layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
     # the grouped-matmul kernels take at least their grid steps (the step model's floor)
     expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
     expert_s += m.num_layers * expert_waits(config, degrees, again) / hbm
-    attention_s = forward / (peak * splash_fwd) + backward / (peak * splash_bwd)
-    attention_s += _splash_rescales(config, accel, num_devices, global_batch, context, again)
+    attention_s = forward / (peak * splash_fwd) + backward / (peak * splash_bwd) + rescales
     compute = layer / layer_rate + expert_s + logits / (peak * MXU_EFFICIENCY) + attention_s
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
@@ -446,45 +445,30 @@ def _attention_work(
     global_batch: int,
     context: int,
     again: dict[str, bool],
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Attention's FLOPs per device a step, forward (again where the policy recomputes it) and
-    backward, and its kernel's grid steps: Splash by its blocks, or the XLA reference's
-    causal half."""
+    backward, its kernel's grid steps, and the seconds Splash spends rescaling its
+    accumulators where measured on `accel` (trainer.trial.mxu's `rescale_seconds`, as the step
+    model prices a compiled program's calls; training's forward saves residuals): Splash by
+    its blocks, or the XLA reference's causal half."""
     m = config.model
     runs = 2 if again["attention"] else 1
-    if config.resolved_kernels(Backend.TPU, context).attention == "splash":
-        splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
-        steps = m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
-        return (m.num_layers * runs * splash["forward_flops"],
-                m.num_layers * splash["backward_flops"], steps)  # fmt: skip
-    tokens = global_batch * config.seq_len
-    forward = tokens * m.num_layers * forward_flops_per_token(config)["attention"] / num_devices
-    return forward * runs, 2 * forward, 0.0
-
-
-def _splash_rescales(
-    config: TrialConfig,
-    accel: Accelerator,
-    num_devices: int,
-    global_batch: int,
-    context: int,
-    again: dict[str, bool],
-) -> float:
-    """Seconds a step's Splash calls spend rescaling their accumulators, where measured on
-    `accel` (trainer.trial.mxu's `rescale_seconds`, as the step model prices a compiled
-    program's calls; training's forward saves residuals); 0 elsewhere."""
     if config.resolved_kernels(Backend.TPU, context).attention != "splash":
-        return 0.0
-    prefix = accel.topology_prefix
-    forward = rescale_seconds(prefix, {"name": "splash_mha_fwd_residuals"})
-    backward = rescale_seconds(prefix, {"name": "splash_mha_dkv_no_residuals"})
-    if forward is None or backward is None:
-        return 0.0
+        tokens = global_batch * config.seq_len
+        forward = tokens * m.num_layers * forward_flops_per_token(config)["attention"] / num_devices
+        return forward * runs, 2 * forward, 0.0, 0.0
     splash = splash_work(config, global_batch, num_devices, context, accel.mxu_width)
-    runs = 2 if again["attention"] else 1
-    return config.model.num_layers * (
-        runs * splash["forward_rescaled"] * forward + splash["backward_rescaled"] * backward
-    )
+    steps = m.num_layers * (runs * splash["forward_steps"] + splash["backward_steps"])
+    prefix = accel.topology_prefix
+    forward_s = rescale_seconds(prefix, {"name": "splash_mha_fwd_residuals"})
+    backward_s = rescale_seconds(prefix, {"name": "splash_mha_dkv_no_residuals"})
+    rescales = (
+        m.num_layers * (runs * splash["forward_rescaled"] * forward_s
+                        + splash["backward_rescaled"] * backward_s)
+        if forward_s is not None and backward_s is not None else 0.0
+    )  # fmt: skip
+    return (m.num_layers * runs * splash["forward_flops"],
+            m.num_layers * splash["backward_flops"], steps, rescales)  # fmt: skip
 
 
 def _kernel_slowdowns(

@@ -201,8 +201,8 @@ def kernel_family(call: dict[str, Any]) -> str:
     if name.startswith("splash_"):
         if "_fwd" not in name:
             return SPLASH_BACKWARD
-        return SPLASH_FORWARD if name.endswith("_no_residuals") or "residuals" not in name else (
-            SPLASH_RESIDUALS)  # fmt: skip
+        residuals = name.endswith("_residuals") and not name.endswith("_no_residuals")
+        return SPLASH_RESIDUALS if residuals else SPLASH_FORWARD
     family = next((f for k, f in _TOKAMAX_GMM.items() if name.startswith(k)), "")
     return family + FP8 if family and call.get("precision") == "fp8" else family
 
