@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.maxtext import logs
+from trainer.maxtext.tiles import tuned_for_maxtext
 from trainer.trial.checks import global_batch_size
 from trainer.trial.config import ConfigError, TrialConfig
 from trainer.trial.events import (
@@ -139,6 +140,15 @@ def _effects(knobs: dict[str, Any]) -> dict[str, KnobEffect]:
     }
 
 
+def _run_tune(config: TrialConfig, fidelity: Fidelity) -> dict[str, KnobEffect]:
+    """`kernels.tune: compile` where it cannot act: a run's blocks are as set."""
+    if fidelity != Fidelity.RUN or config.kernels.tune != "compile":
+        return {}
+    why = ("the compile tuner compiles for a TPU target (compile fidelity); a MaxText run takes "
+           "its Splash blocks as set")  # fmt: skip
+    return {"kernels.tune": KnobEffect(status=EffectStatus.INERT, reason=why)}
+
+
 def _accepted(
     config: TrialConfig,
     settings: MaxTextSettings,
@@ -164,7 +174,7 @@ def _accepted(
         tokens_per_step=global_batch * config.seq_len,
         mesh=config.mesh.resolve(num_devices),
         global_batch=global_batch,
-        effects=_effects(knobs),
+        effects={**_effects(knobs), **_run_tune(config, fidelity)},
         target=target,
         libtpu_init_args=settings.libtpu_init_args,
         program="maxtext",
@@ -210,6 +220,11 @@ def compile_trial(
             target=topology.target,
         )
     )  # fmt: skip
+    # kernels.tune: the tuner compiles Splash alone (the trial says `compiling` meanwhile),
+    # then MaxText compiles the trial with the blocks it chose.
+    config, tuned, tuning = tuned_for_maxtext(config, program, topology)
+    if tuning is not None:
+        settings = program_settings(config, program, knobs, Backend.TPU)
     work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))
     try:
         env = {
@@ -242,7 +257,7 @@ def compile_trial(
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary = _compiled_summary(config, topology, memory, hlo, compile_s, emitter)
+    summary = _compiled_summary(config, topology, memory, hlo, compile_s, emitter, tuned, tuning)
     return _with_maxtext_flops(summary, maxtext_tflops(python, [base, *settings.argv()]),
                                topology.devices)  # fmt: skip
 
@@ -310,9 +325,12 @@ def _compiled_summary(
     hlo: str,
     compile_s: float,
     emitter: Emitter,
+    tuned: dict[str, dict[str, str]] | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The compile's event and the trial's summary at compile fidelity (its memory the
-    compiler's, its step time the step model's reading of the program)."""
+    compiler's, its step time the step model's reading of the program; `kernels.tune`'s
+    effect and record, where the tuner ran)."""
     from trainer.compile.aot import compile_summary
     from trainer.compile.cost import program_cost
     from trainer.program.hlo import count_collectives, count_matmuls, fingerprint, parse
@@ -333,6 +351,8 @@ def _compiled_summary(
             matmuls=count_matmuls(module),
             program_fingerprint=record["fingerprint"],
             program_cost=record["cost"],
+            effects=tuned or {},
+            kernel_tuning=tuning,
         )
     )
     degrees = config.mesh.resolve(topology.devices)

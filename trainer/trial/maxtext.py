@@ -399,12 +399,15 @@ def _kernels(config: TrialConfig, platform: Backend, unmapped: list[Unmapped]) -
     out["use_max_logit_estimate"] = _text(
         -1 if kernels.max_logit_const is None else int(kernels.max_logit_const)
     )
-    if config.kernels.tune != "off":
+    if config.kernels.tune == "time":
+        # `compile` is the engine's, before MaxText compiles (trainer/maxtext/tiles.py): MaxText
+        # is given the Splash blocks it chose.
         unmapped.append(
             Unmapped(
                 "kernels.tune",
                 config.kernels.tune,
-                "the tuner compiles our trainer's kernels; MaxText takes its blocks as set",
+                "the tuner times our trainer's kernels on a TPU; a MaxText run takes its blocks "
+                "as set (`compile` tunes Splash's for MaxText at compile fidelity)",
             )
         )
     if kernels.attention == "splash" and kernels.dq_reduction_steps:

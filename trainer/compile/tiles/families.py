@@ -74,6 +74,11 @@ class Family:
     parts: dict[str, str]
     device: Any
 
+    @property
+    def kind(self) -> str:
+        """splash, megablox or gmm (of either weight)."""
+        return self.name.split()[0]
+
     def owner(self, text: str) -> str | None:
         """The kernel a call name (or a compiler's refusal) names, if one."""
         return next((k for k, n in self.names.items() if n in text), None)

@@ -8,7 +8,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,20 @@ VMEM_OPTION = "xla_tpu_scoped_vmem_limit_kib"
 
 
 class Search:
-    """One trial's tuning: its shapes and batch, the device and target it compiles for, and
-    the scoped VMEM limit (None: the trial's flags as they stand)."""
+    """One trial's tuning: its shapes and batch, the device and target it compiles for, the
+    scoped VMEM limit (None: the trial's flags as they stand), and the kinds of family its
+    program takes no tiles for, each with why (`untaken`: a family's name's first word)."""
 
-    def __init__(self, config, global_batch, degrees, topology: Topology, device, vmem_kib=None):
+    def __init__(self, config, global_batch, degrees, topology: Topology, device, vmem_kib=None,
+                 untaken: Mapping[str, str] | None = None):  # fmt: skip
         self.config, self.global_batch, self.degrees = config, global_batch, degrees
         self.topology, self.device = topology, device
         self.vmem_kib = vmem_kib
         self.options = {VMEM_OPTION: vmem_kib} if vmem_kib else None
-        self.families, self.untuned = families(config, global_batch, degrees, device)
+        found, self.untuned = families(config, global_batch, degrees, device)
+        untaken = untaken or {}
+        self.families = [f for f in found if f.kind not in untaken]
+        self.untuned += [f"{f.name}: {untaken[f.kind]}" for f in found if f.kind in untaken]
 
     def run(self, cache: Path) -> Tuning:
         key = kernels_key(self.families, self.vmem_kib, self.topology.accelerator.name,
@@ -159,10 +164,12 @@ def tune(
     device: jax.Device,
     cache: Path,
     vmem_kib: int | None = None,
+    untaken: Mapping[str, str] | None = None,
 ) -> tuple[Tuning, list[str]]:
     """This trial's kernels tuned (read from `cache` where tuned before), and why any
-    kernel of its program was not."""
-    search = Search(config, global_batch, degrees, topology, device, vmem_kib)
+    kernel of its program was not (`untaken`: kinds of family the program takes no tiles
+    for, and why)."""
+    search = Search(config, global_batch, degrees, topology, device, vmem_kib, untaken)
     if not search.families:
         return Tuning([], vmem_kib=vmem_kib), search.untuned
     return search.run(cache), search.untuned

@@ -1,0 +1,142 @@
+"""`kernels.tune: compile` in a MaxText trial (issue 51): Splash's blocks tuned by the
+engine's tuner at the trial's shapes under its scoped VMEM limit before MaxText compiles, and
+given to MaxText as its sa_block_* settings; what MaxText takes no tiles for (its grouped
+matmuls) or whose attention is not the trial's shape (sliding windows, MLA, ...) said inert.
+The slow test compiles the tuned trial with MaxText itself and reads the blocks back from its
+program."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sweeper.execute.programs import program_of
+from sweeper.space.checks import static_check
+from sweeper.space.errors import SpaceError
+from sweeper.space.load import load_space
+from tests.helpers import REPO
+from trainer.maxtext.tiles import tuned_for_maxtext
+from trainer.trial.config import SPLASH_BLOCKS, load_config
+from trainer.trial.events import parse_event
+from trainer.trial.hardware import Topology
+from trainer.trial.maxtext import MaxTextProgram, MaxTextRecipe, program_settings
+
+MODEL = {"preset": "tiny-dense", "d_model": 256, "num_layers": 1, "num_heads": 8,
+         "num_kv_heads": 8, "head_dim": 128}  # fmt: skip
+# As tests/test_compile_tiles.py: at 2k under 16 MiB, 2048-row blocks overflow and the
+# forward's 512-row blocks are not the cheapest that fit.
+TRIAL = {
+    "model": MODEL,
+    "seq_len": 2048,
+    "per_device_batch": 1,
+    "kernels": {"attention": "splash", "tune": "compile"},
+    "xla": {"scoped_vmem_kib": 16384, "judge": False},
+    "compile_target": "tpu7x:2x2x1",
+}
+# In a fresh process: the tuner starts libtpu with the trial's flags in its environment.
+_TUNE = """
+import json, sys
+from trainer.maxtext.tiles import tuned_for_maxtext
+from trainer.trial.config import load_config
+from trainer.trial.hardware import Topology
+from trainer.trial.maxtext import MaxTextProgram, program_settings
+config = load_config(json.loads(sys.argv[1]))
+tuned, effects, tuning = tuned_for_maxtext(config, MaxTextProgram(), Topology.parse("tpu7x:2x2x1"))
+args = program_settings(tuned, MaxTextProgram()).args
+print(json.dumps({"effects": effects, "tuning": tuning, "args": args}))
+"""
+
+
+@pytest.mark.tpu_compile
+def test_maxtext_is_given_the_splash_blocks_the_tuner_chose(tmp_path):
+    config = {**TRIAL, "convergence": {"enabled": False, "cache_dir": str(tmp_path)}}
+    done = subprocess.run([sys.executable, "-c", _TUNE, json.dumps(config)], capture_output=True,
+                          text=True, cwd=REPO, timeout=1200)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    tuning = {k["kernel"]: k for k in out["tuning"]["kernels"]}
+    assert set(tuning) == {"splash forward", "splash backward"}
+    for tuned in tuning.values():  # refused by the compiler under the trial's 16 MiB
+        assert any(2048 in t["blocks"] and "vmem" in t["failure"] for t in tuned["tried"])
+    assert tuning["splash forward"]["chosen"] != tuning["splash forward"]["given"]
+    assert out["effects"]["kernels.tune"]["status"] == "active"
+    assert "sa_block_*" in out["effects"]["kernels.tune"]["reason"]
+    # MaxText's settings carry every chosen block (the given 512s if the choice were dropped).
+    chosen = {f: b for t in tuning.values() for f, b in zip(t["knobs"], t["chosen"], strict=True)}
+    assert set(chosen) == set(SPLASH_BLOCKS)
+    assert {f: int(out["args"][f"sa_{f}"]) for f in chosen} == chosen
+
+
+def test_grouped_matmuls_and_other_attention_shapes_are_said_untuned():
+    """MaxText 0.2.5's tokamax path takes no tiles: its grouped matmuls are not tuned, said
+    (no compile: no Splash here, and nothing else MaxText takes tiles for). A recipe with sliding windows has Splash calls of other
+    shapes than the trial's model: not tuned, said."""
+    moe = {"preset": "tiny-moe", "d_model": 512, "mlp_dim": 1024, "num_layers": 1,
+           "num_heads": 8, "num_kv_heads": 8, "head_dim": 128}  # fmt: skip
+    config = load_config({**TRIAL, "model": moe,
+                          "kernels": {"attention": "xla", "moe_gmm": "tokamax", "tune": "compile"}})  # fmt: skip
+    same, effects, tuning = tuned_for_maxtext(
+        config, MaxTextProgram(), Topology.parse("tpu7x:2x2x1")
+    )
+    assert same == config and tuning is None
+    assert effects["kernels.tune"]["status"] == "inert"
+    reason = effects["kernels.tune"]["reason"]
+    assert "Splash alone" in reason and "MaxText 0.2.5's tokamax path" in reason
+    recipe = MaxTextRecipe(settings={"model_name": "gemma4-26b"}, trial={},
+                           unmodeled=["shared_experts=1: 1 shared expert(s)",
+                                      "sliding_window_size=1024: sliding-window attention"])  # fmt: skip
+    splash = load_config(TRIAL)
+    same, effects, tuning = tuned_for_maxtext(splash, MaxTextProgram(recipe=recipe),
+                                              Topology.parse("tpu7x:2x2x1"))  # fmt: skip
+    assert same == splash and tuning is None
+    assert "sliding_window_size=1024" in effects["kernels.tune"]["reason"]
+    assert "shared_experts" not in effects["kernels.tune"]["reason"]
+
+
+def _space(**trial) -> dict:
+    return {"name": "t", "target": "tpu7x:2x2x1", "fidelity": "compile", "program": "maxtext",
+            "model": MODEL, "trial": {"seq_len": 2048, **trial}}  # fmt: skip
+
+
+def test_a_maxtext_space_may_tune_at_compile_fidelity_and_not_time():
+    space = load_space(_space(kernels={"attention": "splash", "tune": "compile"}))
+    settings = program_settings(static_check(space, {}), space.maxtext_program(), {})
+    assert "kernels.tune" not in {u.field for u in settings.unmapped}
+    with pytest.raises(SpaceError, match=r"kernels\.tune = 'time': MaxText has no setting"):
+        load_space(_space(kernels={"attention": "splash", "tune": "time"}))
+
+
+MAXTEXT = MaxTextProgram().interpreter()
+
+
+@pytest.mark.slow
+@pytest.mark.tpu_compile
+@pytest.mark.skipif(not os.access(MAXTEXT, os.X_OK), reason="no MaxText environment")
+def test_maxtexts_program_runs_the_blocks_the_tuner_chose(tmp_path):
+    """MaxText's train_compile of the tuned trial: its program's Splash calls carry the blocks
+    the tuner chose (they would carry the trial's 512s if the choice were ignored)."""
+    space = load_space(_space(kernels={"attention": "splash", "tune": "compile"},
+                              xla={"scoped_vmem_kib": 16384, "judge": False}))  # fmt: skip
+    trial = static_check(space, {})
+    trial = trial.model_copy(update={"convergence": trial.convergence.model_copy(
+        update={"cache_dir": str(tmp_path)})})  # fmt: skip
+    path = tmp_path / "trial.json"
+    path.write_text(trial.to_json())
+    [flag, request] = program_of(space).args(space, {})
+    done = subprocess.run([sys.executable, "-m", "trainer", "--config", str(path), flag, request],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = {e.event: e for e in map(parse_event, done.stdout.splitlines()) if e}
+    compiled = events["compiled"]
+    assert compiled.effects["kernels.tune"].status == "active"
+    tuning = {k["kernel"]: k for k in compiled.kernel_tuning["kernels"]}
+    blocks = {}
+    for call in compiled.program_cost["kernel_calls"]:
+        if call["name"].startswith("splash_") and call["blocks"]:
+            kernel = "splash forward" if "_fwd" in call["name"] else "splash backward"
+            blocks[kernel] = (call["blocks"][0][-2], call["blocks"][1][-2])
+    assert blocks == {k: tuple(t["chosen"][:2]) for k, t in tuning.items()}
