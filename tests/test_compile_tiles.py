@@ -270,3 +270,39 @@ def test_megablox_tiling_is_tuned_once_for_every_pass_and_the_program_runs_it(tm
     calls = [c for c in events["compiled"]["program_cost"]["kernel_calls"]
              if c["name"] in ("gmm", "tgmm")]  # fmt: skip
     assert calls and all(c["blocks"][0][0] == tm for c in calls), calls
+
+
+def test_splash_under_context_parallelism_is_tuned_on_one_devices_chunk(tmp_path):
+    """With context 2 each device's Splash kernel runs its 1024 queries against all 2048 keys:
+    the tuner compiles that kernel alone (query blocks divide the chunk, key blocks the
+    sequence), prices it with the trial's context, and the trial's program runs its choice."""
+    trial = {**TRIAL, "mesh": {"context": 2},
+             "convergence": {"enabled": False, "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    code, events, err = _compile(tmp_path, trial, timeout=1200)
+    assert code == 0, err[-3000:]
+    tuning = {k["kernel"]: k for k in events["compiled"]["kernel_tuning"]["kernels"]}
+    for tuned in tuning.values():
+        tried = {tuple(t["blocks"]) for t in tuned["tried"]}
+        assert tried == {(q, kv, kv) for q in (512, 1024) for kv in (512, 1024, 2048)}, tried
+        priced = [t for t in tuned["tried"] if t["seconds"] is not None]
+        assert len({t["seconds"] for t in priced}) > 1, priced
+    assert events["compiled"]["effects"]["kernels.tune"]["status"] == "active"
+    chosen = {k: tuple(t["chosen"][:2]) for k, t in tuning.items()}
+    assert _splash_blocks(events) == chosen  # the given 512s if the choice were ignored
+    # The kernel the tuner compiled alone is the trial's: the same calls, output and grid.
+    from trainer.compile.aot import topology_devices
+    from trainer.compile.tiles.families import families
+    from trainer.trial.checks import global_batch_size
+    from trainer.trial.config import load_config
+
+    config = load_config({**trial, "compile_target": "tpu7x:2x2x1"})
+    batch, degrees = global_batch_size(config, 8), config.mesh.resolve(8)
+    (splash,), _ = families(config, batch, degrees, topology_devices("tpu7x:2x2x1")[0])
+    pick = {k: tuple(t["chosen"]) for k, t in tuning.items()}
+    alone = splash.calls(splash.trial(config, pick), {"xla_tpu_scoped_vmem_limit_kib": 16384})
+
+    def kernel(call: dict) -> str:
+        return json.dumps([call["name"], call["out"], call["grid"], call["blocks"]])
+
+    ran = events["compiled"]["program_cost"]["kernel_calls"]
+    assert {kernel(c) for c in alone} == {kernel(c) for c in ran if c["name"].startswith("splash")}

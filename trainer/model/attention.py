@@ -107,6 +107,21 @@ def splash_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, in
     return _run_kernel(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
 
+def chunk_splash_attention(
+    q_BxCxHxD, k_BxSxKxD, v_BxSxKxD, kernels: KernelsConfig, interpret: bool, positions
+):
+    """One device's Splash kernel under context parallelism, alone: its query chunk (the
+    sequence positions `positions`, in the order it holds them) against every key, causal by
+    position. The kernel `sharded_splash_attention` runs on that device, without the mesh (the
+    tile tuner compiles it so)."""
+    c, s = q_BxCxHxD.shape[1], k_BxSxKxD.shape[1]
+    mask = ChunkCausalMask(np.asarray(positions), s)
+    kernel = splash.make_splash_mqa_single_device(
+        mask=mask, config=splash_config(kernels, interpret, c, s)
+    )
+    return _run_kernel(kernel, q_BxCxHxD, k_BxSxKxD, v_BxSxKxD)
+
+
 def sharded_splash_attention(
     q_BxSxHxD,
     k_BxSxKxD,
@@ -176,3 +191,20 @@ class LoadBalancedCausalMask(splash_mask._ComputableMask):
 
     def __hash__(self):
         return hash((type(self), self.shape, self.context))
+
+
+class ChunkCausalMask(splash_mask._ComputableMask):
+    """Causal attention for one device's query chunk: row r is the query at position
+    `positions[r]`, columns are key positions (a shard of LoadBalancedCausalMask's rows)."""
+
+    def __init__(self, positions: np.ndarray, kv_len: int):
+        super().__init__(shape=(len(positions), kv_len), mask_function=lambda q, kv: q >= kv)
+        self.q_sequence = positions.astype(np.int32)
+
+    def __eq__(self, other: object):
+        if not isinstance(other, ChunkCausalMask):
+            return NotImplemented
+        return self.shape == other.shape and np.array_equal(self.q_sequence, other.q_sequence)
+
+    def __hash__(self):
+        return hash((type(self), self.shape, self.q_sequence.tobytes()))

@@ -9,10 +9,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import SingleDeviceSharding
 
-from trainer.model.attention import splash_attention
+from trainer.model.attention import chunk_splash_attention, splash_attention
 from trainer.model.grouped_matmul import grouped_matmul, tokamax_tpu_configs
+from trainer.parallel.context import load_balance_order
 from trainer.trial.config import KernelsConfig, PrecisionConfig
 
 Layer = tuple[Callable[..., Any], list[jax.ShapeDtypeStruct]]
@@ -26,9 +28,14 @@ def splash_layer(
     "backward" its output and the gradients of all three (the fused dK/dV kernel's)."""
     kernels = kernels.model_copy(update={"attention": "splash"})
     b, s, d = shapes["batch"], shapes["seq"], shapes["head_dim"]
+    context = shapes.get("context", 1)
+    c = s // context  # a device's queries (all of them without context parallelism)
+    positions = chunk_positions(s, context, bool(shapes.get("load_balanced", False)))
 
     def attend(q, k, v):
-        return splash_attention(q, k, v, kernels, interpret)
+        if context == 1:
+            return splash_attention(q, k, v, kernels, interpret)
+        return chunk_splash_attention(q, k, v, kernels, interpret, positions)
 
     def layer(q, k, v, do):
         if part == "forward":
@@ -37,7 +44,21 @@ def splash_layer(
         return out, vjp(do)
 
     heads = (shapes["heads"], shapes["kv_heads"], shapes["kv_heads"], shapes["heads"])
-    return layer, [jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16) for h in heads]
+    lengths = (c, s, s, c)
+    return layer, [
+        jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
+        for n, h in zip(lengths, heads, strict=True)
+    ]
+
+
+def chunk_positions(seq: int, context: int, load_balanced: bool) -> np.ndarray:
+    """The query positions of the device whose Splash kernel a context-parallel trial waits
+    on: under load balancing every device's causal work is the same (the first's is taken);
+    without, the last device's chunk sees the most keys."""
+    c = seq // context
+    if load_balanced and context > 1:
+        return load_balance_order(seq, context)[:c]
+    return np.arange(seq - c, seq)
 
 
 def gmm_layer(

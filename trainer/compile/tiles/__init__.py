@@ -3,8 +3,9 @@
 Each tunable kernel of a trial's program is compiled alone, at the trial's per-device shapes
 and dtypes under the trial's libtpu flags (its scoped VMEM limit among them, or a limit given
 to the tuner), for one device of the target, once for each candidate: Splash's forward and
-fused dK/dV backward (the trial's blocks, and square blocks of 512 to 4096 rows that divide
-the sequence), tokamax's grouped matmuls for each expert weight, forward, input gradient
+fused dK/dV backward (the trial's blocks, and blocks of 512 to 4096 rows: query blocks that
+divide a device's queries, key blocks that divide the sequence; under context parallelism one
+device's query chunk against every key), tokamax's grouped matmuls for each expert weight, forward, input gradient
 and weight gradient (the trial's tiles, and 256-1024 rows by 512-2048 contraction and
 columns, clamped to the pass), and Megablox's one tiling for every pass of both weights
 (128-1024 rows that divide the routed rows by 512-2048). A candidate the compiler refuses (a scoped-VMEM overflow, a

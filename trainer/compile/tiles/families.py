@@ -97,10 +97,14 @@ class Family:
         return [{**c, "name": _SCOPED.sub(r"\1", c["name"])} for c in calls]
 
 
-def splash_candidates(seq: int, given: Blocks) -> list[Blocks]:
-    """The trial's blocks first, then square blocks that divide the sequence."""
-    sizes = [s for s in SPLASH_SIZES if s <= seq and seq % s == 0]
-    square = [(q, kv, kv) for q in sizes for kv in sizes]
+def splash_candidates(seq: int, given: Blocks, queries: int | None = None) -> list[Blocks]:
+    """The trial's blocks first, then query blocks that divide a device's queries (`queries`:
+    seq / context under context parallelism) by key blocks that divide the sequence."""
+
+    def dividing(n: int) -> list[int]:
+        return [s for s in SPLASH_SIZES if s <= n and n % s == 0]
+
+    square = [(q, kv, kv) for q in dividing(queries or seq) for kv in dividing(seq)]
     return [given, *(c for c in square if c != given)]
 
 
@@ -143,10 +147,7 @@ def families(
     out: list[Family] = []
     why: list[str] = []
     if kernels.attention == "splash":
-        if degrees["context"] != 1:
-            why.append("Splash under context parallelism (the mask is sharded): not tuned yet")
-        else:
-            out.append(_splash(config, global_batch, degrees, device, interpret))
+        out.append(_splash(config, global_batch, degrees, device, interpret))
     if config.model.is_moe:
         if kernels.moe_gmm == "megablox":
             out.append(_megablox(config, global_batch, degrees, device))
@@ -167,11 +168,14 @@ def families(
 def _splash(config, global_batch, degrees, device, interpret: bool) -> Family:
     m = config.model
     batch = global_batch // (degrees["data"] * degrees["fsdp"] * degrees["expert"])
-    tensor = degrees["tensor"]
+    tensor, context = degrees["tensor"], degrees["context"]
     shapes = {"batch": max(batch, 1), "seq": config.seq_len, "heads": m.num_heads // tensor,
               "kv_heads": max(m.num_kv_heads // tensor, 1), "head_dim": m.head_dim}  # fmt: skip
+    if context > 1:  # one device's query chunk against every key (program/kernels.py)
+        shapes.update(context=context, load_balanced=config.mesh.context_load_balance)
     given = {k: tuple(getattr(config.kernels, b) for b in f) for k, f in SPLASH.items()}
-    listed = {k: splash_candidates(config.seq_len, given[k]) for k in SPLASH}
+    queries = config.seq_len // context
+    listed = {k: splash_candidates(config.seq_len, given[k], queries) for k in SPLASH}
     k = config.kernels
     layouts = [k.q_layout, k.k_layout, k.v_layout, k.dq_reduction_steps]
 

@@ -91,8 +91,9 @@ class Search:
     def _price(self, trial, family: Family, calls: list, kernel: str) -> float | None:
         """The step model's time for one execution of each of `kernel`'s calls, summed."""
         accel = self.topology.accelerator
-        flops = kernel_flops(trial, self.global_batch, self.topology.devices, 1, calls,
-                             self.degrees["expert"], accel.mxu_width)  # fmt: skip
+        flops = kernel_flops(trial, self.global_batch, self.topology.devices,
+                             self.degrees["context"], calls, self.degrees["expert"],
+                             accel.mxu_width)  # fmt: skip
         seconds = [
             s
             for c, s in zip(calls, calls_seconds(calls, flops, accel), strict=True)
