@@ -306,3 +306,22 @@ def test_splash_under_context_parallelism_is_tuned_on_one_devices_chunk(tmp_path
 
     ran = events["compiled"]["program_cost"]["kernel_calls"]
     assert {kernel(c) for c in alone} == {kernel(c) for c in ran if c["name"].startswith("splash")}
+
+
+def test_a_priced_tie_goes_to_the_trials_own_tiles_else_the_largest():
+    """At 128k under context 8 Splash's price does not depend on its query block (its work
+    hides the streaming the block sets): of equal prices the trial's own stays, else the
+    largest blocks (fewer grid steps and passes over the keys), not the first listed."""
+    from types import SimpleNamespace
+
+    from trainer.compile.tiles.record import Tried
+    from trainer.compile.tiles.search import chosen
+
+    family = SimpleNamespace(given={"fwd": (2048, 2048, 512)},
+                             knobs={"fwd": ("block_q", "block_kv", "block_kv_compute")})  # fmt: skip
+    tried = [Tried((2048, 2048, 512), 97.66), Tried((512, 4096, 4096), 94.35),
+             Tried((1024, 4096, 4096), 94.35), Tried((2048, 4096, 4096), 94.35),
+             Tried((4096, 4096, 4096), failure="vmem")]  # fmt: skip
+    assert chosen(family, "fwd", tried).chosen == (2048, 4096, 4096)
+    tied = [*tried[1:], Tried((2048, 2048, 512), 94.35)]
+    assert chosen(family, "fwd", tied).chosen == (2048, 2048, 512)

@@ -103,11 +103,17 @@ class Search:
 
 
 def chosen(family: Family, kernel: str, tried: list[Tried]) -> Tuned:
-    """`kernel`'s tuning: the candidate of least time (priced or timed; the trial's own on a
-    tie), the trial's own where none has one."""
+    """`kernel`'s tuning: the candidate of least time (priced or timed), the trial's own where
+    none has one. On a tie the trial's own, else the largest tiles (first dim first): fewer
+    grid steps, and each streams its operands fewer times, which the price does not count
+    where the kernel's work hides it (Splash's query blocks at 128k)."""
     given = family.given[kernel]
     timed = [t for t in tried if t.seconds is not None]
-    best = min(timed, key=lambda t: (t.seconds, t.blocks != given)) if timed else None
+
+    def order(t: Tried) -> tuple:
+        return (t.seconds, t.blocks != given, tuple(-b for b in t.blocks))
+
+    best = min(timed, key=order) if timed else None
     return Tuned(kernel, family.knobs[kernel], given, best.blocks if best else given, tried)
 
 
