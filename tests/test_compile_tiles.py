@@ -217,6 +217,14 @@ def test_tiles_says_what_each_scoped_vmem_limit_unlocks(tmp_path, monkeypatch):
     for kernel in ("splash forward", "splash backward"):
         small, large = re.findall(r"\((\d+)/4 refused\)", rows[kernel])
         assert int(small) > int(large), rows[kernel]  # columns in limit order: 4, then 64 MiB
+
+    # Beside the best, trial 0's own tiles and their price: never below the best's.
+    def totals(row: str) -> list[float | None]:
+        cells = row.split("│")[2:-1]
+        return [float(c.split()[0].replace(",", "")) if "µs" in c else None for c in cells]
+
+    best, own = totals(rows["all, one call each"]), totals(rows["trial 0's own tiles"])
+    assert best[1] is not None and own[1] is not None and own[1] >= best[1], (best, own)
     # A target without TPUs: said, exit 2, nothing run.
     local = CliRunner().invoke(app, ["tiles", str(path), "--target", "local"])
     assert local.exit_code == 2 and "TPU target" in local.output

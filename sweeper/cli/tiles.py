@@ -118,7 +118,8 @@ def _run(
 
 def _table(name: str, target: str, found: list[dict[str, Any]], took: float) -> Table:
     """One row per kernel, one column per limit: the chosen tiles, their priced time per call
-    and how many candidates the compiler refused; the last row sums one call of each."""
+    and how many candidates the compiler refused, and, where the choice is not trial 0's own
+    tiles, those and their price (or the refusal); the last rows sum one call of each."""
     table = Table(title=f"{name}: trial 0's kernel tiles per scoped VMEM limit on {target} "
                         f"(tuned in {took:.0f} s; times are the step model's, per call)")  # fmt: skip
     table.add_column("kernel")
@@ -126,13 +127,17 @@ def _table(name: str, target: str, found: list[dict[str, Any]], took: float) -> 
         table.add_column(f"{record['vmem_kib'] // 1024} MiB", justify="right")
     kernels = list(dict.fromkeys(k["kernel"] for r in found for k in r["kernels"]))
     totals = [0.0] * len(found)
+    own: list[float | None] = [0.0] * len(found)  # trial 0's tiles, None once one is refused
     for kernel in kernels:
         cells = []
         for i, record in enumerate(found):
             tuned = next((k for k in record["kernels"] if k["kernel"] == kernel), None)
             cells.append(_cell(tuned, totals, i))
+            given, before = _given_seconds(tuned), own[i]
+            own[i] = before + given if before is not None and given is not None else None
         table.add_row(kernel, *cells)
     table.add_row("all, one call each", *(f"{t * 1e6:,.1f} µs" if t else "-" for t in totals))
+    table.add_row("trial 0's own tiles", *(f"{t * 1e6:,.1f} µs" if t else "refused" for t in own))
     untuned = {u for r in found for u in r.get("untuned", [])}
     if untuned:
         table.caption = "not tuned: " + "; ".join(sorted(untuned))
@@ -149,4 +154,17 @@ def _cell(tuned: dict[str, Any] | None, totals: list[float], i: int) -> str:
         return f"none fits ({refused} refused)"
     totals[i] += seconds
     tiles = "x".join(map(str, tuned["chosen"]))
-    return f"{tiles} {seconds * 1e6:,.1f} µs ({refused}/{len(tuned['tried'])} refused)"
+    cell = f"{tiles} {seconds * 1e6:,.1f} µs ({refused}/{len(tuned['tried'])} refused)"
+    if tuned["chosen"] == tuned["given"]:
+        return cell + "\n= trial 0's own"
+    given = _given_seconds(tuned)
+    price = f"{given * 1e6:,.1f} µs ({seconds / given:.3f}x)" if given else "refused"
+    return cell + f"\ntrial 0's {'x'.join(map(str, tuned['given']))}: {price}"
+
+
+def _given_seconds(tuned: dict[str, Any] | None) -> float | None:
+    """Trial 0's own tiles' priced time per call (None where refused or not tuned)."""
+    if tuned is None:
+        return None
+    given = tuple(tuned["given"])
+    return next((t["seconds"] for t in tuned["tried"] if tuple(t["blocks"]) == given), None)
