@@ -140,3 +140,38 @@ def test_maxtexts_program_runs_the_blocks_the_tuner_chose(tmp_path):
             kernel = "splash forward" if "_fwd" in call["name"] else "splash backward"
             blocks[kernel] = (call["blocks"][0][-2], call["blocks"][1][-2])
     assert blocks == {k: tuple(t["chosen"][:2]) for k, t in tuning.items()}
+
+
+@pytest.mark.tpu_compile
+def test_tiles_on_a_maxtext_space_tunes_what_maxtext_takes_and_says_what_it_does_not(
+    tmp_path, monkeypatch
+):
+    """`sweeper tiles` on a MaxText MoE space: Splash tuned, the grouped matmuls (which our
+    trainer's tiles would tune) said untaken by MaxText; on a recipe with sliding windows,
+    exit 2 naming why."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from sweeper.cli import app
+    from sweeper.cli.app import console
+
+    moe = {"preset": "tiny-moe", "d_model": 512, "mlp_dim": 1024, "num_layers": 1,
+           "num_heads": 8, "num_kv_heads": 8, "head_dim": 128}  # fmt: skip
+    space = {**_space(kernels={"attention": "splash", "moe_gmm": "tokamax"},
+                      xla={"judge": False}), "model": moe}  # fmt: skip
+    space["trial"]["seq_len"] = 1024
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    monkeypatch.setenv("SWEEPER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(console, "width", 200)
+    said = CliRunner().invoke(app, ["tiles", str(path), "--vmem", "65536"])
+    assert said.exit_code == 0, said.output
+    kernels = {line.split("│")[1].strip() for line in said.output.splitlines() if "│" in line}
+    assert {"splash forward", "splash backward"} <= kernels
+    assert not any(k.startswith(("wi ", "wo ")) for k in kernels), kernels  # gmm passes
+    assert "gmm wi: MaxText 0.2.5's tokamax path" in " ".join(said.output.split())
+    recipe = {"settings": {"model_name": "gemma4-26b"}, "trial": {},
+              "unmodeled": ["sliding_window_size=1024: sliding-window attention"]}  # fmt: skip
+    path.write_text(yaml.safe_dump({**space, "maxtext": {"recipe": recipe}}))
+    refused = CliRunner().invoke(app, ["tiles", str(path), "--vmem", "65536"])
+    assert refused.exit_code == 2 and "sliding_window_size=1024" in refused.output, refused.output

@@ -107,8 +107,9 @@ def _estimate(config: TrialConfig) -> dict:
     return estimate(config, topology.accelerator, topology.devices)
 
 
-def _tiles(config: TrialConfig, limits: str) -> None:
-    """`--tiles-vmem`: the trial's kernels tuned under each limit, a JSON line each."""
+def _tiles(config: TrialConfig, limits: str, maxtext: str | None = None) -> None:
+    """`--tiles-vmem`: the trial's kernels tuned under each limit, a JSON line each; with
+    `maxtext` (the MaxText trial's request), only those MaxText takes tiles for."""
     if not config.compile_target:
         raise ConfigError("compile_target", "the tuner compiles for a TPU target: set --target")
     try:
@@ -117,10 +118,20 @@ def _tiles(config: TrialConfig, limits: str) -> None:
         raise ConfigError(
             "--tiles-vmem", f"{limits!r}: KiB as integers, e.g. 16384,65536"
         ) from None
+    untaken = None
+    if maxtext:
+        from trainer.maxtext.tiles import UNTAKEN, untunable
+        from trainer.trial.maxtext import MaxTextProgram
+
+        program = MaxTextProgram.model_validate(json.loads(maxtext).get("program", {}))
+        why = untunable(config, program)
+        if why:
+            raise ConfigError("kernels", f"no kernel to tune for MaxText here: {why}")
+        untaken = UNTAKEN
     from trainer.compile.aot import topology_devices  # imports JAX: after the environment
     from trainer.compile.tiles.search import per_vmem
 
-    for record in per_vmem(config, kib, topology_devices(config.compile_target)):
+    for record in per_vmem(config, kib, topology_devices(config.compile_target), untaken):
         print(json.dumps(record), flush=True)
 
 
@@ -196,6 +207,10 @@ def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None
         raise ConfigError(
             "compile_target", "--compile-only/--estimate-only need --target (e.g. tpu7x:2x2x1)"
         )
+    if args.tiles_vmem:  # no trial: its kernels tuned (as MaxText takes them, for a MaxText one)
+        prepare_environment(config)
+        _tiles(config, args.tiles_vmem, args.maxtext)
+        return
     if args.maxtext:  # MaxText runs in its own Python, with an environment of its own
         from trainer.maxtext.driver import maxtext_trial
 
@@ -203,9 +218,6 @@ def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None
         emitter.emit(Summary(**maxtext_trial(config, args.maxtext, args.estimate_only, emitter)))
         return
     prepare_environment(config)
-    if args.tiles_vmem:
-        _tiles(config, args.tiles_vmem)
-        return
     if args.estimate_only:
         emitter.emit(Summary(**_estimate(config)))
         return

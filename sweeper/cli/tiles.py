@@ -1,7 +1,8 @@
 """`sweeper tiles SPACE`: what each scoped VMEM limit unlocks. Trial 0's kernels (Splash, and
 tokamax's grouped matmuls) are tuned for the space's TPU target under each limit, as
-`kernels.tune: compile` tunes them (trainer/compile/tiles/): the tiles each limit admits,
-the best of them as the step model prices them (an estimate, at compile fidelity)."""
+`kernels.tune: compile` tunes them (trainer/compile/tiles/; for a MaxText space, what MaxText
+takes tiles for: Splash): the tiles each limit admits, the best of them as the step model
+prices them (an estimate, at compile fidelity)."""
 
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ def tiles(
             )
         limits = _limits(loaded, vmem)
         config = _trial_zero(loaded)
+        more = _program_args(loaded)
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     started = time.perf_counter()
     with console.status(f"tuning {loaded.name}'s kernels for {loaded.target} under "
                         f"{len(limits)} VMEM limits (compiles each candidate)..."):  # fmt: skip
-        found = _run(config, limits, lambda line: console.print(line))
+        found = _run(config, limits, lambda line: console.print(line), more)
     console.print(_table(loaded.name, str(loaded.target), found, time.perf_counter() - started))
 
 
@@ -86,15 +88,24 @@ def _trial_zero(space: Any) -> dict[str, Any]:
     return data
 
 
+def _program_args(space: Any) -> list[str]:
+    """For a MaxText space, its trial's request: the tuner tunes what MaxText takes tiles for."""
+    if space.program != "maxtext":
+        return []
+    from sweeper.execute.programs import program_of
+
+    return program_of(space).args(space, {})
+
+
 def _run(
-    config: dict[str, Any], limits: list[int], say: Callable[[str], None]
+    config: dict[str, Any], limits: list[int], say: Callable[[str], None], more: list[str]
 ) -> list[dict[str, Any]]:
     """The tuner in a child process (libtpu is loaded there), one record per limit."""
     found: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sweeper-tiles-") as tmp:
         path = Path(tmp) / "trial.json"
         path.write_text(json.dumps(config))
-        argv = trainer_command(path, ["--tiles-vmem", ",".join(map(str, limits))])
+        argv = trainer_command(path, ["--tiles-vmem", ",".join(map(str, limits)), *more])
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "JAX_PLATFORMS": "cpu"})  # fmt: skip
         assert proc.stdout is not None

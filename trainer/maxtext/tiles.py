@@ -45,7 +45,7 @@ def tuned_for_maxtext(
     trainer.compile.aot.tuned_blocks for our trainer."""
     if config.kernels.tune != "compile":
         return config, {}, None
-    why = _untunable(config, program)
+    why = untunable(config, program)
     if why:
         return config, {"kernels.tune": {"status": "inert", "reason": why}}, None
     _environment(config)
@@ -61,7 +61,7 @@ def tuned_for_maxtext(
     return applied(config, tuning, untuned, HOW, "priced lowest")
 
 
-def _untunable(config: TrialConfig, program: MaxTextProgram) -> str:
+def untunable(config: TrialConfig, program: MaxTextProgram) -> str:
     """Why MaxText's program has no kernel the tuner can tune for it ("" when it has)."""
     attention = config.resolved_kernels(Backend.TPU, config.mesh.context).attention
     if attention != "splash":

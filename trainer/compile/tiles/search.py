@@ -208,11 +208,14 @@ def applied(
 
 
 def per_vmem(
-    config: TrialConfig, limits: list[int], devices: list[jax.Device]
+    config: TrialConfig,
+    limits: list[int],
+    devices: list[jax.Device],
+    untaken: Mapping[str, str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The trial's kernels tuned under each scoped VMEM limit in turn (`sweeper tiles`), for
-    its target's `devices`: one record a limit, as `as_json` with the limit. Raises
-    ConfigError for a trial that cannot be built on its target."""
+    its target's `devices`: one record a limit, as `as_json` with the limit (`untaken`: as
+    `tune`'s). Raises ConfigError for a trial that cannot be built on its target."""
     from trainer.trial.checks import check_static, global_batch_size
     from trainer.trial.files import cache_dir
 
@@ -221,6 +224,6 @@ def per_vmem(
     batch = global_batch_size(config, len(devices))
     for limit in limits:
         tuning, untuned = tune(
-            config, batch, degrees, topology, devices[0], cache_dir(config), limit
+            config, batch, degrees, topology, devices[0], cache_dir(config), limit, untaken
         )
         yield {"vmem_kib": limit, **as_json(tuning, untuned)}
