@@ -323,7 +323,8 @@ class KernelsConfig(Frozen):
     `time`, at run fidelity on a TPU, times the candidates that compile with tune-jax on the
     trial's device and runs the fastest. Each is inert where it cannot act (`compile` at run
     fidelity; `time` at compile fidelity or off TPU: a CPU's interpreted kernels say nothing
-    of a TPU's)."""
+    of a TPU's). Under context parallelism Splash is tuned as one device runs it; in a MaxText
+    trial (`compile` only) Splash's blocks, given to MaxText as sa_block_*."""
     dq_reduction_steps: Literal[0, 3] = 0
     """Splash fused backward (MaxText's dq_reduction_steps): 0 writes one query gradient per
     key/value block and sums them after the kernel (float32 beyond 4 blocks: at 128k with
