@@ -37,14 +37,17 @@ TRIAL = {
     "xla": {"scoped_vmem_kib": 16384, "judge": False},
     "compile_target": "tpu7x:2x2x1",
 }
-# In a fresh process: the tuner starts libtpu with the trial's flags in its environment.
+# In a fresh process, its environment prepared as `python -m trainer` prepares a MaxText
+# compile trial's: the tuner starts libtpu with the trial's flags.
 _TUNE = """
 import json, sys
+from trainer.cli import prepare_environment
 from trainer.maxtext.tiles import tuned_for_maxtext
 from trainer.trial.config import load_config
 from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import MaxTextProgram, program_settings
 config = load_config(json.loads(sys.argv[1]))
+prepare_environment(config)
 tuned, effects, tuning = tuned_for_maxtext(config, MaxTextProgram(), Topology.parse("tpu7x:2x2x1"))
 args = program_settings(tuned, MaxTextProgram()).args
 print(json.dumps({"effects": effects, "tuning": tuning, "args": args}))

@@ -212,6 +212,8 @@ def _trial(args: argparse.Namespace, emitter: Emitter, phase: list[str]) -> None
         _tiles(config, args.tiles_vmem, args.maxtext)
         return
     if args.maxtext:  # MaxText runs in its own Python, with an environment of its own
+        if config.compile_target and config.kernels.tune == "compile":
+            prepare_environment(config)  # this process compiles Splash for the tuner first
         from trainer.maxtext.driver import maxtext_trial
 
         phase[0] = "compile"

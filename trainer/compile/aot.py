@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -160,12 +161,17 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
 
 
 def tuned_blocks(
-    config: TrialConfig, topology: Topology, devices: list[jax.Device]
+    config: TrialConfig,
+    topology: Topology,
+    devices: list[jax.Device],
+    untaken: Mapping[str, str] | None = None,
+    how: str = "tuned",
 ) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
     """`kernels.tune: compile`: the trial with each tunable kernel's tiles the tuner chose
     (trainer/compile/tiles/), its effect (active where it changed a tile, inert where the
     trial's own were the best or nothing could be tuned), and the tuning's record (None
-    when the tuner did not run)."""
+    when the tuner did not run). `untaken`: kinds of kernel the program takes no tiles for
+    (MaxText's), and why; `how`: how the effect says they were tuned."""
     if config.kernels.tune != "compile":
         return config, {}, None
     from trainer.compile.tiles.search import applied, tune
@@ -173,8 +179,9 @@ def tuned_blocks(
 
     degrees = config.mesh.resolve(topology.devices)
     batch = global_batch_size(config, topology.devices)
-    tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config))
-    return applied(config, tuning, untuned, "tuned", "priced lowest")
+    tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config),
+                           untaken=untaken)  # fmt: skip
+    return applied(config, tuning, untuned, how, "priced lowest")
 
 
 def compile_summary(

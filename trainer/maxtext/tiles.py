@@ -14,10 +14,8 @@ recipe's features `sweeper import` found unmodeled), whose kernels are other sha
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from trainer.trial.checks import global_batch_size
 from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend, Topology
 from trainer.trial.maxtext import TOKAMAX_TILES_UNMAPPED, MaxTextProgram
@@ -41,24 +39,17 @@ def tuned_for_maxtext(
     config: TrialConfig, program: MaxTextProgram, topology: Topology
 ) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
     """The trial with the Splash blocks the tuner chose (`kernels.tune: compile`), the knob's
-    effect, and the tuning's record (None when the tuner did not run): as
-    trainer.compile.aot.tuned_blocks for our trainer."""
+    effect, and the tuning's record (None when the tuner did not run): our trainer's
+    `tuned_blocks`, less what MaxText takes no tiles for. In a process whose environment
+    trainer/cli.py prepared for libtpu, as for any compile trial."""
     if config.kernels.tune != "compile":
         return config, {}, None
     why = untunable(config, program)
     if why:
         return config, {"kernels.tune": {"status": "inert", "reason": why}}, None
-    _environment(config)
-    from trainer.compile.aot import topology_devices  # imports JAX: after the environment
-    from trainer.compile.tiles.search import applied, tune
-    from trainer.trial.files import cache_dir
+    from trainer.compile.aot import topology_devices, tuned_blocks  # imports JAX and libtpu
 
-    devices = topology_devices(topology.target)
-    degrees = config.mesh.resolve(topology.devices)
-    batch = global_batch_size(config, topology.devices)
-    tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config),
-                           untaken=UNTAKEN)  # fmt: skip
-    return applied(config, tuning, untuned, HOW, "priced lowest")
+    return tuned_blocks(config, topology, topology_devices(topology.target), UNTAKEN, HOW)
 
 
 def untunable(config: TrialConfig, program: MaxTextProgram) -> str:
@@ -83,14 +74,3 @@ def attention_features(program: MaxTextProgram) -> list[str]:
     if program.recipe is None:
         return []
     return [u for u in program.recipe.unmodeled if u.split("=")[0] in ATTENTION_FEATURES]
-
-
-def _environment(config: TrialConfig) -> None:
-    """This process ready to compile kernels for a TPU target with the trial's libtpu flags
-    (before JAX starts; MaxText's own process is given its environment apart)."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # MaxText's compile loads libtpu too
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    host = os.environ.get("LIBTPU_INIT_ARGS", "").split()
-    flags = [f for f in config.xla.libtpu_init_args() if f not in host]
-    os.environ["LIBTPU_INIT_ARGS"] = " ".join([*host, *flags])
