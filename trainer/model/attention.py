@@ -173,29 +173,11 @@ def sharded_splash_attention(
     )(kernel, q_BxSxHxD, k_BxSxKxD, v_BxSxKxD)
 
 
-class LoadBalancedCausalMask(splash_mask._ComputableMask):
-    """Causal attention for queries in load-balanced order, computed inside the kernel (as
-    MaxText's mask of the same name): row r is the query at position order[r], columns are
-    key positions. `context` 1 is the plain causal mask."""
-
-    def __init__(self, shape: tuple[int, int], context: int):
-        super().__init__(shape=shape, mask_function=lambda q, kv: q >= kv)
-        self.context = context
-        self.order = load_balance_order(shape[0], context) if context > 1 else np.arange(shape[0])
-        self.q_sequence = self.order.astype(np.int32)
-
-    def __eq__(self, other: object):
-        if not isinstance(other, LoadBalancedCausalMask):
-            return NotImplemented
-        return self.shape == other.shape and self.context == other.context
-
-    def __hash__(self):
-        return hash((type(self), self.shape, self.context))
-
-
 class ChunkCausalMask(splash_mask._ComputableMask):
-    """Causal attention for one device's query chunk: row r is the query at position
-    `positions[r]`, columns are key positions (a shard of LoadBalancedCausalMask's rows)."""
+    """Causal attention for queries at sequence positions `positions`, computed inside the
+    kernel: row r is the query at position positions[r], columns are key positions. One
+    device's query chunk under context parallelism (the tile tuner's), or every row
+    (LoadBalancedCausalMask)."""
 
     def __init__(self, positions: np.ndarray, kv_len: int):
         super().__init__(shape=(len(positions), kv_len), mask_function=lambda q, kv: q >= kv)
@@ -208,3 +190,22 @@ class ChunkCausalMask(splash_mask._ComputableMask):
 
     def __hash__(self):
         return hash((type(self), self.shape, self.q_sequence.tobytes()))
+
+
+class LoadBalancedCausalMask(ChunkCausalMask):
+    """Causal attention for every query in load-balanced order (as MaxText's mask of the same
+    name): row r is the query at position load_balance_order[r]. `context` 1 is the plain
+    causal mask. Equal by shape and context (its order follows from them)."""
+
+    def __init__(self, shape: tuple[int, int], context: int):
+        order = load_balance_order(shape[0], context) if context > 1 else np.arange(shape[0])
+        super().__init__(order, shape[1])
+        self.context = context
+
+    def __eq__(self, other: object):
+        if not isinstance(other, LoadBalancedCausalMask):
+            return NotImplemented
+        return self.shape == other.shape and self.context == other.context
+
+    def __hash__(self):
+        return hash((type(self), self.shape, self.context))
