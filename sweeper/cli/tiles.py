@@ -143,8 +143,8 @@ def _table(name: str, target: str, found: list[dict[str, Any]], took: float) -> 
         cells = []
         for i, record in enumerate(found):
             tuned = next((k for k in record["kernels"] if k["kernel"] == kernel), None)
-            cells.append(_cell(tuned, totals, i))
             given, before = _given_seconds(tuned), own[i]
+            cells.append(_cell(tuned, given, totals, i))
             own[i] = before + given if before is not None and given is not None else None
         table.add_row(kernel, *cells)
     table.add_row("all, one call each", *(f"{t * 1e6:,.1f} µs" if t else "-" for t in totals))
@@ -155,7 +155,8 @@ def _table(name: str, target: str, found: list[dict[str, Any]], took: float) -> 
     return table
 
 
-def _cell(tuned: dict[str, Any] | None, totals: list[float], i: int) -> str:
+def _cell(tuned: dict[str, Any] | None, given: float | None, totals: list[float], i: int) -> str:
+    """The chosen tiles, their price and refusals; beside them trial 0's own (priced `given`)."""
     if tuned is None:
         return "-"
     times = {tuple(t["blocks"]): t["seconds"] for t in tuned["tried"]}
@@ -168,7 +169,6 @@ def _cell(tuned: dict[str, Any] | None, totals: list[float], i: int) -> str:
     cell = f"{tiles} {seconds * 1e6:,.1f} µs ({refused}/{len(tuned['tried'])} refused)"
     if tuned["chosen"] == tuned["given"]:
         return cell + "\n= trial 0's own"
-    given = _given_seconds(tuned)
     price = f"{given * 1e6:,.1f} µs ({seconds / given:.3f}x)" if given else "refused"
     return cell + f"\ntrial 0's {'x'.join(map(str, tuned['given']))}: {price}"
 
