@@ -113,6 +113,25 @@ def test_a_maxtext_space_may_tune_at_compile_fidelity_and_not_time():
         load_space(_space(kernels={"attention": "splash", "tune": "time"}))
 
 
+def test_a_maxtext_run_says_the_compile_tuner_inert():
+    """At run fidelity a MaxText trial takes its Splash blocks as set: `kernels.tune: compile`
+    is inert there, said in the trial's effects (at compile fidelity the tuner acts)."""
+    from trainer.maxtext.driver import _accepted
+    from trainer.trial.events import Fidelity
+    from trainer.trial.maxtext import program_settings as settings_of
+
+    run = load_config({k: v for k, v in TRIAL.items() if k != "compile_target"})
+    said = {}
+    for config, fidelity in ((run, Fidelity.RUN), (load_config(TRIAL), Fidelity.COMPILE)):
+        settings = settings_of(config, MaxTextProgram(), {})
+        accepted = _accepted(config, settings, {}, fidelity=fidelity, backend="cpu",
+                             hardware="cpu", device_kind="cpu", num_devices=8, chips=8.0)  # fmt: skip
+        said[fidelity] = accepted.effects.get("kernels.tune")
+    assert said[Fidelity.RUN].status == "inert", said
+    assert "MaxText run on cpu takes its Splash blocks as set" in said[Fidelity.RUN].reason
+    assert said[Fidelity.COMPILE] is None
+
+
 MAXTEXT = MaxTextProgram().interpreter()
 
 

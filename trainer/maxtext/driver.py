@@ -30,6 +30,7 @@ from trainer.maxtext import logs
 from trainer.maxtext.tiles import tuned_for_maxtext
 from trainer.trial.checks import global_batch_size
 from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.effects import tune_effect
 from trainer.trial.events import (
     Accepted,
     Compiled,
@@ -140,13 +141,11 @@ def _effects(knobs: dict[str, Any]) -> dict[str, KnobEffect]:
     }
 
 
-def _run_tune(config: TrialConfig, fidelity: Fidelity) -> dict[str, KnobEffect]:
-    """`kernels.tune: compile` where it cannot act: a run's blocks are as set."""
-    if fidelity != Fidelity.RUN or config.kernels.tune != "compile":
-        return {}
-    why = ("the compile tuner compiles for a TPU target (compile fidelity); a MaxText run takes "
-           "its Splash blocks as set")  # fmt: skip
-    return {"kernels.tune": KnobEffect(status=EffectStatus.INERT, reason=why)}
+def _tune(config: TrialConfig, backend: str) -> dict[str, KnobEffect]:
+    """`kernels.tune` where it cannot act (a MaxText run: its Splash blocks as set)."""
+    platform = Backend.CPU if backend == "cpu" else Backend.TPU
+    said = tune_effect(config, platform, maxtext=True)
+    return {} if said is None else {"kernels.tune": said}
 
 
 def _accepted(
@@ -174,7 +173,7 @@ def _accepted(
         tokens_per_step=global_batch * config.seq_len,
         mesh=config.mesh.resolve(num_devices),
         global_batch=global_batch,
-        effects={**_effects(knobs), **_run_tune(config, fidelity)},
+        effects={**_effects(knobs), **_tune(config, backend)},
         target=target,
         libtpu_init_args=settings.libtpu_init_args,
         program="maxtext",

@@ -133,20 +133,25 @@ def _attention(
         effects["kernels.max_logit_const"] = _active("numerics: softmax uses exp(s - c)")
     if config.kernels.dq_reduction_steps:
         effects["kernels.dq_reduction_steps"] = _dq_reduction_effect(config, platform, kernels)
-    tune = _tune_effect(config, platform)
+    tune = tune_effect(config, platform)
     if tune is not None:
         effects["kernels.tune"] = tune
     return effects
 
 
-def _tune_effect(config: TrialConfig, platform: Backend) -> KnobEffect | None:
-    """Where `kernels.tune` cannot act, why (where it can, the tuner's record says what it did)."""
+def tune_effect(config: TrialConfig, platform: Backend, maxtext: bool = False) -> KnobEffect | None:
+    """Where `kernels.tune` cannot act, why (where it can, the tuner's record says what it did).
+    `maxtext`: a MaxText trial's (it takes only its Splash blocks; `time` is refused there)."""
     tune = config.kernels.tune
     if tune == "compile" and config.compile_target is None:
+        run = (
+            f"a MaxText run on {platform} takes its Splash blocks as set"
+            if maxtext
+            else f"a run on {platform} takes the tiles as set (`time` times them on a TPU)"
+        )
         return _effect(
             EffectStatus.INERT,
-            f"the compile tuner compiles for a TPU target (compile fidelity); a run on "
-            f"{platform} takes the tiles as set (`time` times them on a TPU)",
+            f"the compile tuner compiles for a TPU target (compile fidelity); {run}",
         )
     if tune == "time" and config.compile_target is not None:
         return _effect(
