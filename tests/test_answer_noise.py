@@ -98,13 +98,59 @@ def test_measuring_the_best_two_again_says_whether_the_lead_held():
     assert "ran 100, then 99" in note and "the order held" in note and "beyond the noise" in note
     flipped = _measured_again(first, (81, 79, 83), (90, 88, 92))
     note = next(n for n in noise_notes(flipped, metric, True) if n.startswith("re-measured"))
-    assert "the order flipped: the second measurement puts b ahead" in note
+    assert "disagree on the order (the first put a ahead, the second b)" in note
+    assert "by the mean of both, a ranks first (90 against 85)" in note  # 90.5 and 85
+    assert "yet the first measurements disagreed" in note and "beyond the noise" not in note
     close = _measured_again(first, (90, 85, 95), (88, 84, 93))
     note = next(n for n in noise_notes(close, metric, True) if n.startswith("re-measured"))
     assert "the order held" in note and "within the noise" in note
     # A re-measuring trial is named by the point it measured again, never by its own id.
     busy = next(n for n in noise_notes(close, metric, True) if n.startswith("contention"))
     assert "a (measured again) 30%" in busy and "a2" not in busy
+
+
+def test_a_point_measured_again_ranks_by_the_mean_of_both_in_every_view():
+    """Measured again, the two best points rank by the mean of their two figures (the first
+    leans high: it was picked for being among the best). Here the second measurements put b
+    ahead beyond their intervals and the means agree (a 95, b 102.5): b is the best trial of
+    the table, the notes, best_row (best.yaml, export, MLflow, the manifest) and the terminal
+    table, which shows each figure and (`mean`) the mean it ranks by."""
+    from rich.console import Console
+
+    from sweeper.answer.console import sweep_table
+    from sweeper.answer.table import best_row, ranked
+    from sweeper.record.manifest import SweepManifest
+    from sweeper.space.load import load_space
+    from sweeper.space.schema import Objective
+
+    metric = "tokens_per_sec_per_chip"
+    first = _frame((100, 96, 104), (95, 91, 99)).assign(cpu_contention=0.0)
+    frame = _measured_again(first, (90, 88, 92), (110, 108, 112))
+    objective = Objective(metric=metric, mode="max")
+    assert list(ranked(frame, objective)["trial_id"]) == ["b", "a"]
+    best = best_row(frame, objective)
+    assert best is not None and best.trial_id == "b"
+    assert best.figure(metric) == 95 and best.ranking_figure(metric) == 102.5
+    notes = noise_notes(frame, metric, True)
+    again = next(n for n in notes if n.startswith("re-measured"))
+    assert again.startswith("re-measured: the best trial b ran 95, then 110")
+    assert (
+        "the first put a ahead, the second b" in again and "b ranks first (102 against 95)" in again
+    )
+    first_noise = next(n for n in notes if n.startswith("noise: the best trial"))
+    assert "were within the noise of each other when first measured" in first_noise
+    space = load_space("smoke")
+    manifest = SweepManifest(sweep_id="20261206-000000-abcd", space=space, study_name="s",
+                             own_study=True, optuna_storage="", tracking_uri="",
+                             experiment_id="", parent_run_id="", storage="")  # fmt: skip
+    out = Console(width=200, record=True)
+    out.print(sweep_table(manifest, frame.assign(mfu=0.1)))
+    lines = out.export_text().splitlines()
+    heads = lines[1].split()
+    assert heads[2:5] == ["tokens/s/chip", "again", "mean"], lines[1]
+    rows = [line.split() for line in lines if line.startswith(("a ", "b "))]
+    assert [r[0] for r in rows] == ["b", "a"]
+    assert rows[0][2:5] == ["95.0", "110.0", "102.5"] and rows[1][2:5] == ["100.0", "90.0", "95.0"]
 
 
 def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():

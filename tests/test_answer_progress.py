@@ -36,8 +36,8 @@ def test_a_point_measured_again_never_becomes_the_progress_lines_best(capsys):
     lines = err.splitlines()
     assert lines[0].startswith("sweep 20261205-000000-abcd:")  # the id first: resume needs it
     assert "sweeper resume 20261205-000000-abcd" in lines[0]
-    assert "again b2: 150.0 (first 120.0) by r3" in err
-    assert lines[-1].startswith("[3/3 done, 0 running, 0 failed, best 120.0]"), lines[-1]
+    assert "again b2: 150.0 (first 120.0; it ranks by their mean, 135.0) by r3" in err
+    assert lines[-1].startswith("[3/3 done, 0 running, 0 failed, best 135.0]"), lines[-1]
     # The final table's rule, over the same rows, names the same best.
     import pandas as pd
 
@@ -48,4 +48,4 @@ def test_a_point_measured_again_never_becomes_the_progress_lines_best(capsys):
     ])  # fmt: skip
     best = best_row(frame, space.objective.primary)
     assert best is not None and best.trial_id == "b2"
-    assert f"best {best.figure(METRIC):,.1f}]" in lines[-1]
+    assert f"best {best.ranking_figure(METRIC):,.1f}]" in lines[-1]

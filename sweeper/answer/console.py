@@ -13,7 +13,7 @@ from rich.table import Table
 
 from sweeper.answer.notes import UNPINNED
 from sweeper.answer.streams import terminal
-from sweeper.answer.table import constant_knobs, searched
+from sweeper.answer.table import constant_knobs, in_rank_order, searched
 from sweeper.record.manifest import Found, SweepManifest
 from sweeper.record.mlflow_view import runs_url
 from sweeper.record.row import REMEASURED, Column, knob_columns, missing, short_names
@@ -80,12 +80,11 @@ def sweep_table(
     names = short_names(knobs.values())
     # Compile/estimate trials have no measured MFU: show the roofline bound under its own name.
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
-    heads = ["trial", "status", metric_label(metric), *(["again"] if again in frame else []),
-             mfu, "conv."]  # fmt: skip
-    ordered = frame.sort_values(
-        metric, ascending=space.objective.primary.mode == "min", na_position="last"
-    )
-    lines = [_cells(row, metric, again in frame, mfu) for _, row in ordered.head(rows).iterrows()]
+    measured_again = bool(again in frame and frame[again].notna().any())
+    heads = ["trial", "status", metric_label(metric),
+             *(["again", "mean"] if measured_again else []), mfu, "conv."]  # fmt: skip
+    ordered = in_rank_order(frame, space.objective.primary)
+    lines = [_cells(row, metric, measured_again, mfu) for _, row in ordered.head(rows).iterrows()]
     values = [
         ["-" if missing(r[c]) else str(r[c]) for c in knobs]
         for _, r in ordered.head(rows).iterrows()
@@ -97,7 +96,8 @@ def sweep_table(
     table = Table(title=f"best {len(lines)} of {len(frame)}", title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     for i, head in enumerate(heads):
-        table.add_column(head, no_wrap=True, justify="right" if 1 < i < 5 else "left")
+        numeric = 1 < i < len(heads) - 1  # the figures, between the status and the verdict
+        table.add_column(head, no_wrap=True, justify="right" if numeric else "left")
     if apart:
         for head in knob_heads:
             table.add_column(head)
@@ -126,10 +126,17 @@ def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]
         str(row[Column.TRIAL_ID]),
         status,
         "-" if missing(value) else f"{value:,.1f}",
-        *([("-" if missing(row[again]) else f"{row[again]:,.1f}")] if remeasured else []),
+        *(_again_cells(value, row[again]) if remeasured else []),
         "-" if missing(row.get(mfu)) else f"{row[mfu]:.3f}",
         _VERDICT.get(row.get(Column.CONVERGENCE_PASSED), "-"),
     ]
+
+
+def _again_cells(first: Any, second: Any) -> list[str]:
+    """A point's second figure and the mean it ranks by ("-" where it was measured once)."""
+    if missing(second) or missing(first):
+        return ["-" if missing(second) else f"{second:,.1f}", "-"]
+    return [f"{second:,.1f}", f"{(first + second) / 2:,.1f}"]
 
 
 def dashboard_command(storage: str) -> list[str] | None:

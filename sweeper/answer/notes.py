@@ -44,10 +44,20 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
         return notes
     ok = ranked(frame, Objective(metric=metric, mode="max" if maximize else "min"))
     order = ok if len(ok) >= 2 else None
+    again = f"{REMEASURED}{metric}"
+    both_again = order is not None and again in ok and not order.iloc[:2][again].isna().any()
     if order is not None and metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns):
         best, second = order.iloc[0], order.iloc[1]
         overlap = _overlap(best, second, metric)
-        if overlap is not None:
+        if overlap is not None and both_again:  # ranked on both measurements: the note below
+            verdict = "within the noise of each other" if overlap else "apart beyond the noise"
+            notes.append(
+                f"noise: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f} {metric}"
+                f"{_interval(best, metric)}) and the next, {second[Column.TRIAL_ID]} "
+                f"({second[metric]:,.0f}{_interval(second, metric)}), were {verdict} when first "
+                "measured; both were measured again (re-measured)"
+            )
+        elif overlap is not None:
             verdict = "within the noise of" if overlap else "ahead of, beyond the noise of,"
             notes.append(
                 f"noise: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f} {metric}"
@@ -63,7 +73,7 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
                 f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
                 "say whether the winner is within the noise; run more steps"
             )
-    if order is not None and f"{REMEASURED}{metric}" in ok:
+    if order is not None and again in ok:
         notes += _remeasure_note(order.iloc[0], order.iloc[1], metric, maximize)
     if "cpu_contention" in frame:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
@@ -103,7 +113,9 @@ def _named(row: Any) -> str:
 
 
 def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list[str]:
-    """Whether the winner's lead over the next survived measuring both again."""
+    """Whether the two best points' order held when both were measured again, which leads by
+    the mean of both measurements (the rule every view ranks by), and whether that lead is
+    beyond the noise."""
     again = f"{REMEASURED}{metric}"
     if missing(best[again]) or missing(second[again]):
         unmeasured = [str(r[Column.TRIAL_ID]) for r in (best, second) if missing(r[again])]
@@ -111,20 +123,33 @@ def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list
             f"re-measured: {', '.join(unmeasured)} has no second figure (its re-measurement "
             "failed or never ran): the lead rests on one measurement"
         ]
-    held = (best[again] > second[again]) == maximize or best[again] == second[again]
+
+    def ahead(column: str) -> Any:
+        first = (best[column] > second[column]) == maximize or best[column] == second[column]
+        return best if first else second
+
+    leader = {ahead(c)[Column.TRIAL_ID] for c in (metric, again)}
+    means = [(r[metric] + r[again]) / 2 for r in (best, second)]
     overlap = _overlap(best, second, metric, REMEASURED)
     said = (
         "the order held"
-        if held
-        else f"the order flipped: the second measurement puts {second[Column.TRIAL_ID]} ahead"
+        if leader == {best[Column.TRIAL_ID]}
+        else f"the measurements disagree on the order (the first put "
+        f"{ahead(metric)[Column.TRIAL_ID]} ahead, the second {ahead(again)[Column.TRIAL_ID]}); "
+        f"by the mean of both, {best[Column.TRIAL_ID]} ranks first ({means[0]:,.0f} against "
+        f"{means[1]:,.0f})"
     )
-    noise = (
-        ""
-        if overlap is None
-        else "; their second intervals overlap: within the noise, measure longer before choosing"
-        if overlap
-        else "; their second intervals do not overlap: the lead is beyond the noise"
-    )
+    if overlap is None:
+        noise = ""
+    elif overlap:
+        noise = "; their second intervals overlap: within the noise, measure longer before choosing"
+    elif len(leader) > 1:
+        noise = (
+            "; their second intervals do not overlap, yet the first measurements disagreed: "
+            "the runs vary more than one run's interval says; measure longer before choosing"
+        )
+    else:
+        noise = "; their second intervals do not overlap: the lead is beyond the noise"
     return [
         f"re-measured: the best trial {best[Column.TRIAL_ID]} ran {best[metric]:,.0f}, then "
         f"{best[again]:,.0f}{_interval(best, metric, REMEASURED)}; the next, {second[Column.TRIAL_ID]}, "

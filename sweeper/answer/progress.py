@@ -39,6 +39,7 @@ class ProgressCallback(tune.Callback):
         self.shown_at: dict[str, float] = {}  # trial id -> when a line last spoke of it
         self.where: dict[str, str] = {}  # trial id -> where it was, as last shown
         self.values: dict[str, float] = {}  # the search's trials that ended well -> objective
+        self.again: dict[str, float] = {}  # the points measured again -> their second figure
 
     @property
     def console(self) -> Console:
@@ -67,8 +68,15 @@ class ProgressCallback(tune.Callback):
             soft_wrap=True,  # one line per event, whatever the terminal's width
         )
 
-    def _better(self, value: float) -> bool:
-        return self.best is None or (value > self.best if self.maximize else value < self.best)
+    def _ranking_figure(self, trial_id: str) -> float:
+        """As the final table ranks (table.ranking_figure): a point measured again by the mean
+        of its two figures."""
+        first, second = self.values[trial_id], self.again.get(trial_id)
+        return first if second is None else (first + second) / 2
+
+    def _rank(self) -> None:
+        figures = [self._ranking_figure(t) for t in self.values]
+        self.best = (max if self.maximize else min)(figures) if figures else None
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
@@ -129,13 +137,17 @@ class ProgressCallback(tune.Callback):
             shown = "-" if value is None else f"{value:,.1f}"
             if again:  # the same point measured again: beside its first figure, never a best
                 first = self.values.get(str(again))
-                said = "" if first is None else f" (first {first:,.1f})"
+                said = "" if first is None else f" (first {first:,.1f}"
+                if first is not None and value is not None:
+                    self.again[str(again)] = value
+                    self._rank()
+                    said += f"; it ranks by their mean, {(first + value) / 2:,.1f}"
+                said += ")" if said else ""
                 self._line(f"[green]again[/green] {again}: {shown}{said} by {trial.trial_id}")
                 return
             if value is not None:
                 self.values[trial.trial_id] = value
-                if self._better(value):
-                    self.best = value
+                self._rank()
             fidelity = result.fidelity.value if result.fidelity else "?"
             self._line(
                 f"[green]ok[/green] {trial.trial_id} {shown} ({fidelity} on {result.hardware})"

@@ -24,7 +24,13 @@ matplotlib.use("Agg")  # files only: no display, whatever the host has
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sweeper.answer.table import INTERVAL, constant_knobs, searched
+from sweeper.answer.table import (
+    INTERVAL,
+    constant_knobs,
+    in_rank_order,
+    ranking_figure,
+    searched,
+)
 from sweeper.record.row import (
     KNOB_PREFIX,
     REMEASURED,
@@ -36,6 +42,7 @@ from sweeper.record.row import (
     short_names,
 )
 from sweeper.search.outcomes import Outcome
+from sweeper.space.schema import Objective
 from trainer.trial.events import FailureClass, TrialStatus
 from trainer.trial.files import write_text
 
@@ -343,10 +350,15 @@ def ranked_table(frame: pd.DataFrame, metric: str, maximize: bool, rows: int = 2
     unit, factor = memory_unit(frame[MEMORY].dropna() if MEMORY in frame else pd.Series())
     memory = f"memory/device, {unit}"
     frame = frame.assign(**{memory: frame[MEMORY] * factor}) if MEMORY in frame else frame
-    columns = ["trial_id", "status", "failure_class", metric, f"{REMEASURED}{metric}", memory,
+    again = f"{REMEASURED}{metric}"
+    mean = "mean of both measurements"  # what a point measured again ranks by
+    if again in frame and frame[again].notna().any():
+        frame = frame.assign(**{mean: ranking_figure(frame, metric).where(frame[again].notna())})
+    columns = ["trial_id", "status", "failure_class", metric, again, mean, memory,
                "convergence_passed", "screen_rank", "screen_compiled_for", "verify_rank",
                *knobs]  # fmt: skip
-    shown = frame.sort_values(metric, ascending=not maximize, na_position="last").head(rows)
+    order = Objective(metric=metric, mode="max" if maximize else "min")
+    shown = in_rank_order(frame, order).head(rows)
     head = "".join(
         f"<th>{html.escape(knobs.get(c, c))}</th>" for c in columns if c in frame.columns
     )

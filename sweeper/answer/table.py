@@ -131,14 +131,38 @@ def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame[Column.STATUS] == TrialStatus.OK]
 
 
+def ranking_figure(frame: pd.DataFrame, metric: str) -> pd.Series:
+    """The figure each trial ranks by: its objective, or, for a point measured again, the
+    mean of its two measurements (the first was picked for being among the best, so it leans
+    high; the second, made to compare, weighs as much): TrialRow.ranking_figure, by column."""
+    first = pd.to_numeric(frame[metric], errors="coerce")
+    again = f"{REMEASURED}{metric}"
+    if again not in frame:
+        return first
+    second = pd.to_numeric(frame[again], errors="coerce")
+    return ((first + second) / 2).where(first.notna() & second.notna(), first)
+
+
+def in_rank_order(frame: pd.DataFrame, objective: Objective) -> pd.DataFrame:
+    """`frame` best first by `ranking_figure` (rows without the figure last, ties as found)."""
+    if frame.empty or objective.metric not in frame:
+        return frame
+    key = ranking_figure(frame, objective.metric)
+    order = key.sort_values(
+        ascending=objective.mode == "min", na_position="last", kind="stable"
+    ).index
+    return frame.loc[order]
+
+
 def ranked(frame: pd.DataFrame, objective: Objective) -> pd.DataFrame:
     """The search's trials that ended well, best first by the objective (a re-measurement
-    repeats a point: its first trial ranks)."""
+    repeats a point: its first trial ranks, by the mean of both measurements)."""
+    if f"{REMEASURED}{objective.metric}" not in frame:
+        frame = remeasured(frame, objective.metric)
     ok = ok_rows(searched(frame))
     if ok.empty or objective.metric not in ok:
         return ok.iloc[:0]
-    ok = ok[ok[objective.metric].notna()]
-    return ok.sort_values(objective.metric, ascending=objective.mode == "min", kind="stable")
+    return in_rank_order(ok[ok[objective.metric].notna()], objective)
 
 
 def best_row(frame: pd.DataFrame, objective: Objective) -> TrialRow | None:

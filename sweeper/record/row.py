@@ -262,6 +262,12 @@ class TrialRow(BaseModel):
             return None
         return float(value)
 
+    def ranking_figure(self, metric: str) -> float | None:
+        """The figure the trial ranks by: its `metric`, or, for a point measured again, the
+        mean of its two measurements (sweeper.answer.table.ranking_figure, for a table)."""
+        first, second = self.figure(metric), self.figure(f"{REMEASURED}{metric}")
+        return first if first is None or second is None else (first + second) / 2
+
     def to_record(self) -> dict[str, Any]:
         """The row as the results table holds it: one column per field, figure and knob."""
         record: dict[str, Any] = {

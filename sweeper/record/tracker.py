@@ -355,9 +355,9 @@ class Tracker:
         notes: list[str] | None = None,
     ) -> None:
         metrics = {f"trials_{k}": float(v) for k, v in counts.items()}
-        if best:
+        if best:  # the figures it ranks by (a point measured again: the mean of both)
             for name in self.space.objective.metrics:
-                value = best.figure(name)
+                value = best.ranking_figure(name)
                 if value is not None:
                     metrics[f"best_{name}"] = value
         self._batch(
@@ -381,8 +381,11 @@ class Tracker:
         """The sweep run's description in the UI: its best trial, its counts, its notes."""
         metric = self.space.objective.primary.metric
         if best:
-            value = best.figure(metric)
+            value = best.ranking_figure(metric)
             shown = "-" if value is None else f"{value:,.1f}"
+            first, again = best.figure(metric), best.figure(f"{REMEASURED}{metric}")
+            if first is not None and again is not None:
+                shown += f" (the mean of {first:,.1f} and, measured again, {again:,.1f})"
             fidelity = best.fidelity.value if best.fidelity else "?"
             head = (
                 f"Best: trial {best.trial_id}, {metric} {shown} (fidelity "

@@ -19,7 +19,7 @@ from sweeper.answer.notes import effect_caveats, noise_notes, pinning_notes, pro
 from sweeper.execute import tune_state
 from sweeper.record.callback import TrackingCallback
 from sweeper.record.manifest import BEST, SUMMARY, Ending, SweepManifest, now
-from sweeper.record.row import Column, TrialRow
+from sweeper.record.row import REMEASURED, Column, TrialRow
 from sweeper.record.tracker import Tracker
 from sweeper.search import ladder
 from sweeper.search.searcher import SweepSearch
@@ -102,7 +102,7 @@ def finish(sweep: Sweep, trials: Iterable[Trial] | None) -> SweepResult:
             ended_at=now(),
             counts=counts,
             best_trial=best.trial_id if best else "",
-            best_value=best.figure(sweep.space.objective.primary.metric) if best else None,
+            best_value=best.ranking_figure(sweep.space.objective.primary.metric) if best else None,
             notes=notes,
         )
     )
@@ -174,6 +174,12 @@ def write_best(sweep: Sweep, best: TrialRow) -> dict[str, Any]:
     metric = sweep.space.objective.primary.metric
     point = {name: value for name, value in best.knobs.items()}
     config = sweep.best_config(point)
+    again = f"{REMEASURED}{metric}"
+    measured_again = (  # its second figure, and the mean of both it ranked by
+        {again: best.figure(again), "ranked_by_mean_of_both": best.ranking_figure(metric)}
+        if best.figure(again) is not None
+        else {}
+    )
     write_text(
         sweep.sweep_dir / BEST,
         yaml.safe_dump(
@@ -181,6 +187,7 @@ def write_best(sweep: Sweep, best: TrialRow) -> dict[str, Any]:
                 "trial_id": best.trial_id,
                 "knobs": point,
                 metric: best.figure(metric),
+                **measured_again,
                 "fidelity": best.fidelity.value if best.fidelity else None,
                 "hardware": best.hardware,
                 "program_fingerprint": best.program_fingerprint,
@@ -221,7 +228,8 @@ def sweep_notes(
             "(memory and step time are MaxText's compiled program's); they"
         )
         notes.append(f"model: {whose} do not model: " + "; ".join(recipe.unmodeled))
-    notes += profile_notes(frame)
+    best = table.best_row(frame, objective)
+    notes += profile_notes(frame, best.trial_id if best else "")
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
         notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
@@ -235,17 +243,20 @@ def sweep_notes(
     return notes
 
 
-def profile_notes(frame: pd.DataFrame) -> list[str]:
-    """Where the best point's profile is (its re-measurement traced its last steps)."""
+def profile_notes(frame: pd.DataFrame, best: str = "") -> list[str]:
+    """Where the re-measured points' profiles are (each re-measurement traced its last steps),
+    the best trial's first."""
     if Column.REMEASURE_OF not in frame or Column.PROFILE_DIR not in frame:
         return []
     again = frame[(frame[Column.REMEASURE_OF].fillna("").astype(str) != "")
                   & (frame[Column.PROFILE_DIR].fillna("").astype(str) != "")]  # fmt: skip
+    again = again.assign(_best=again[Column.REMEASURE_OF].astype(str) != best)
     return [
-        f"profile: the point of trial {row[Column.REMEASURE_OF]}, measured again by trial "
+        f"profile: the point of trial {row[Column.REMEASURE_OF]}"
+        f"{'' if row['_best'] else ' (the best)'}, measured again by trial "
         f"{row[Column.TRIAL_ID]}, traced its last steps: {row[Column.PROFILE_DIR]} (and its "
         "MLflow run's profile/; xprof or TensorBoard read it)"
-        for _, row in again.iterrows()
+        for _, row in again.sort_values("_best", kind="stable").iterrows()
     ]
 
 
