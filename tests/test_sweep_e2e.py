@@ -144,7 +144,13 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert "Tiny dense model" in experiment.tags["mlflow.note.content"]
     view = json.loads(experiment.tags[f"mlflow.sharedViewState.sweep-{result.sweep_id}"])
-    assert view["orderByKey"] == "metrics.`tokens_per_sec_per_chip`" and not view["orderByAsc"]
+    # Sorted by the figure each trial ranks by (a point measured again: the mean of both).
+    assert view["orderByKey"] == "metrics.`ranking_tokens_per_sec_per_chip`"
+    assert not view["orderByAsc"]
+    ranking = {r.data.tags["sweeper.trial_id"]: r.data.metrics["ranking_tokens_per_sec_per_chip"]
+               for r in children}  # fmt: skip
+    assert ranking == pytest.approx(dict(zip(frame["trial_id"], ranks, strict=True)))
+    assert max(ranking, key=ranking.__getitem__) == best["trial_id"]
     assert view["selectedColumns"][0] == "metrics.`tokens_per_sec_per_chip`"
     assert "params.`knob.remat.policy`" in view["selectedColumns"]
     assert view["runsExpanded"] == {result.parent_run_id: True}

@@ -110,7 +110,8 @@ class TrackingCallback(tune.Callback):
         if original is not None:
             run_of_original = self.run_ids.get(original)
             if run_of_original:
-                self.tracker.log_remeasure(run_of_original, trial.trial_id, final)
+                first = self.finals.get(original)
+                self.tracker.log_remeasure(run_of_original, trial.trial_id, final, first)
             return
         run_id = self.run_ids.get(trial.trial_id)
         if run_id:

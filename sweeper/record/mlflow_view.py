@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sweeper.record.row import REMEASURED, short_names
+from sweeper.record.row import RANKING, REMEASURED, short_names
 from sweeper.space.schema import Space
 
 EXPERIMENT_KIND = "mlflow.experimentKind"
@@ -55,8 +55,10 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
     """The sweep's runs table and charts, as MLflow's UI keeps a shared view."""
     objective = space.objective.primary
     mfu = "mfu" if space.effective_fidelity == "run" else "est_mfu"
+    # Measuring points again, the trials rank by `ranking_<metric>` (the mean of a point's two
+    # figures): sorted by it, as every other view ranks them.
     again = (
-        [f"{REMEASURED}{objective.metric}"]
+        [f"{REMEASURED}{objective.metric}", f"{RANKING}{objective.metric}"]
         if space.search.remeasure_count(space.effective_fidelity)
         else []
     )
@@ -71,7 +73,7 @@ def view_state(space: Space, sweep_id: str, parent_run_id: str) -> dict[str, Any
     ]
     return {
         "searchFilter": f"tags.`sweeper.sweep_id` = '{sweep_id}'",
-        "orderByKey": _metric(objective.metric),
+        "orderByKey": _metric(again[-1] if again else objective.metric),
         "orderByAsc": objective.mode == "min",
         "selectedColumns": columns,
         "columnOrder": columns,  # the objective first (the UI sorts them by name otherwise)

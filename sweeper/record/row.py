@@ -73,6 +73,9 @@ KNOB_PREFIX = "knob:"
 # A re-measured point's second figure, beside its first: `remeasured_<figure>` (the results
 # table's column, and the metric on the trial's MLflow run).
 REMEASURED = "remeasured_"
+# A re-measuring sweep's trial runs carry the figure they rank by (the objective; for a point
+# measured again, the mean of both) as `ranking_<objective>`: the MLflow view sorts by it.
+RANKING = "ranking_"
 # Where a trial ran, as MLflow tags too (Ray node ids, slice name, process count, device kind).
 LAYOUT_TAGS = (Column.HOSTS, Column.SLICE, Column.PROCESSES, Column.DEVICE_KIND)
 # What a running trial reports each step, and what the engine adds to it.

@@ -19,6 +19,7 @@ from sweeper.record import mlflow_view
 from sweeper.record.journal import TrackingJournal, is_outage
 from sweeper.record.row import (
     LAYOUT_TAGS,
+    RANKING,
     REMEASURED,
     STEP_METRICS,
     TUNING_FILE,
@@ -294,6 +295,9 @@ class Tracker:
             tags["reused_from"] = f"optuna trial {final.reused_from}"
         # The tiles kernels.tune chose, as the run's settings (`tuned.block_q`,
         # `tuned.tokamax_tiles.wi_fwd`, ...).
+        primary = self.space.objective.primary.metric
+        if self._ranks() and final.ok and final.figure(primary) is not None:
+            metrics[f"{RANKING}{primary}"] = final.figure(primary)
         chosen = (final.kernel_tuning or {}).get("settings") or {}
         tuned = {f"{mlflow_view.TUNED_PARAM}{k}": v for k, v in chosen.items()}
         self._batch(
@@ -323,12 +327,23 @@ class Tracker:
             )
         self.terminate(run_id, RUN_STATUS.get(final.status, "FAILED"))
 
-    def log_remeasure(self, run_id: str, by: str, final: TrialResult) -> None:
+    def _ranks(self) -> bool:
+        """Whether this sweep measures points again: its runs then carry `ranking_<metric>`."""
+        return self.space.search.remeasure_count(self.space.effective_fidelity) > 0
+
+    def log_remeasure(
+        self, run_id: str, by: str, final: TrialResult, first: TrialResult | None = None
+    ) -> None:
         """A second measurement of a trial's point, on that trial's run: `remeasured_<figure>`
-        for its objective and interval, and who measured it (`remeasured_by`, `remeasured`)."""
+        for its objective and interval, who measured it (`remeasured_by`, `remeasured`) and,
+        with the `first` measurement, the mean of both that it ranks by (`ranking_<metric>`)."""
         names = [*self.space.objective.metrics]
         names += [f"{m}{end}" for m in names for end in ("_low", "_high")]
         metrics = {f"{REMEASURED}{n}": v for n in names if (v := final.figure(n)) is not None}
+        primary = self.space.objective.primary.metric
+        once, again = (first.figure(primary) if first else None), final.figure(primary)
+        if once is not None and again is not None:
+            metrics[f"{RANKING}{primary}"] = (once + again) / 2
         failure = final.failure_class.value if final.failure_class else ""
         tags = {
             f"{REMEASURED}by": by,
