@@ -102,7 +102,7 @@ def sweep_table(
         for head in knob_heads:
             table.add_column(head)
     elif knob_heads:
-        table.add_column("knobs that varied", ratio=1)
+        table.add_column("knobs that varied", ratio=1, overflow="fold")
     for line, value in zip(lines, values, strict=True):
         words = [f"{h}={v}" for h, v in zip(knob_heads, value, strict=True) if v != "-"]
         table.add_row(*line, *(value if apart else ([" ".join(words)] if words else [])))

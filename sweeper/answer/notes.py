@@ -43,21 +43,13 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
     if frame.empty or Column.STATUS not in frame:
         return notes
     ok = ranked(frame, Objective(metric=metric, mode="max" if maximize else "min"))
-    order = ok if len(ok) >= 2 else None
-    again = f"{REMEASURED}{metric}"
-    both_again = order is not None and again in ok and not order.iloc[:2][again].isna().any()
-    if order is not None and metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns):
-        best, second = order.iloc[0], order.iloc[1]
+    attempted = ok[ok[f"{REMEASURED}by"].notna()] if f"{REMEASURED}by" in ok else ok.iloc[:0]
+    if len(attempted):  # measured again: the points are judged on both measurements
+        notes += _remeasure_notes(ok, attempted, metric, maximize)
+    elif len(ok) >= 2 and metric in INTERVAL and set(INTERVAL[metric]) <= set(ok.columns):
+        best, second = ok.iloc[0], ok.iloc[1]
         overlap = _overlap(best, second, metric)
-        if overlap is not None and both_again:  # ranked on both measurements: the note below
-            verdict = "within the noise of each other" if overlap else "apart beyond the noise"
-            notes.append(
-                f"noise: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f} {metric}"
-                f"{_interval(best, metric)}) and the next, {second[Column.TRIAL_ID]} "
-                f"({second[metric]:,.0f}{_interval(second, metric)}), were {verdict} when first "
-                "measured; both were measured again (re-measured)"
-            )
-        elif overlap is not None:
+        if overlap is not None:
             verdict = "within the noise of" if overlap else "ahead of, beyond the noise of,"
             notes.append(
                 f"noise: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f} {metric}"
@@ -73,8 +65,6 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
                 f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
                 "say whether the winner is within the noise; run more steps"
             )
-    if order is not None and again in ok:
-        notes += _remeasure_note(order.iloc[0], order.iloc[1], metric, maximize)
     if "cpu_contention" in frame:
         busy = frame[frame["cpu_contention"].fillna(0) > CONTENDED]
         if len(busy):
@@ -112,17 +102,54 @@ def _named(row: Any) -> str:
     return f"{again} (measured again)" if isinstance(again, str) and again else trial
 
 
-def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list[str]:
-    """Whether the two best points' order held when both were measured again, which leads by
-    the mean of both measurements (the rule every view ranks by), and whether that lead is
-    beyond the noise."""
+def _remeasure_notes(
+    ok: pd.DataFrame, attempted: pd.DataFrame, metric: str, maximize: bool
+) -> list[str]:
+    """What measuring the best points again said: which has no second figure; whether the
+    order of the first two measured again held, which leads by the mean of both (the rule
+    every view ranks by) and whether beyond the noise; and, where a point measured once now
+    ranks first, that its lead rests on one measurement."""
     again = f"{REMEASURED}{metric}"
-    if missing(best[again]) or missing(second[again]):
-        unmeasured = [str(r[Column.TRIAL_ID]) for r in (best, second) if missing(r[again])]
-        return [
-            f"re-measured: {', '.join(unmeasured)} has no second figure (its re-measurement "
-            "failed or never ran): the lead rests on one measurement"
-        ]
+    notes = [
+        f"re-measured: {r[Column.TRIAL_ID]} has no second figure (its re-measurement failed): "
+        "it ranks by its first"
+        for _, r in attempted[attempted[again].isna()].iterrows()
+    ]
+    measured = attempted[attempted[again].notna()]
+    best = ok.iloc[0]
+    lead = measured.iloc[0] if len(measured) else None
+    named = (
+        "the best trial "
+        if lead is not None and lead[Column.TRIAL_ID] == best[Column.TRIAL_ID]
+        else ""
+    )
+    if len(measured) >= 2:
+        notes.append(
+            f"re-measured: {named}{_pair_note(measured.iloc[0], measured.iloc[1], metric, maximize)}"
+        )
+    elif lead is not None:
+        notes.append(
+            f"re-measured: {named}{lead[Column.TRIAL_ID]} ran {lead[metric]:,.0f}, then "
+            f"{lead[again]:,.0f}{_interval(lead, metric, REMEASURED)} {metric}: it ranks by "
+            f"their mean, {(lead[metric] + lead[again]) / 2:,.0f}"
+        )
+    if best[Column.TRIAL_ID] not in set(measured[Column.TRIAL_ID]):
+        below = ", ".join(
+            f"{r[Column.TRIAL_ID]} ({r[metric]:,.0f}, then {r[again]:,.0f})"
+            for _, r in measured.iterrows()
+        )
+        notes.append(
+            f"re-measured: the best trial {best[Column.TRIAL_ID]} ({best[metric]:,.0f}) was "
+            f"measured once: the points measured again rank below it by the mean of their two "
+            f"figures ({below}); its lead rests on one measurement"
+        )
+    return notes
+
+
+def _pair_note(best: Any, second: Any, metric: str, maximize: bool) -> str:
+    """Two points measured again (the note's words after `re-measured: `): whether their order held, which leads by the mean of both,
+    and whether that lead is beyond the noise."""
+    again = f"{REMEASURED}{metric}"
 
     def ahead(column: str) -> Any:
         first = (best[column] > second[column]) == maximize or best[column] == second[column]
@@ -150,12 +177,12 @@ def _remeasure_note(best: Any, second: Any, metric: str, maximize: bool) -> list
         )
     else:
         noise = "; their second intervals do not overlap: the lead is beyond the noise"
-    return [
-        f"re-measured: the best trial {best[Column.TRIAL_ID]} ran {best[metric]:,.0f}, then "
-        f"{best[again]:,.0f}{_interval(best, metric, REMEASURED)}; the next, {second[Column.TRIAL_ID]}, "
-        f"{second[metric]:,.0f}, then {second[again]:,.0f}{_interval(second, metric, REMEASURED)}"
-        f" {metric}: {said}{noise}"
-    ]
+    return (
+        f"{best[Column.TRIAL_ID]} ran {best[metric]:,.0f}{_interval(best, metric)}, "
+        f"then {best[again]:,.0f}{_interval(best, metric, REMEASURED)}; "
+        f"{second[Column.TRIAL_ID]}, {second[metric]:,.0f}{_interval(second, metric)}, then "
+        f"{second[again]:,.0f}{_interval(second, metric, REMEASURED)} {metric}: {said}{noise}"
+    )
 
 
 def effect_caveats(effects_per_trial: list[str | None]) -> list[str]:

@@ -188,11 +188,17 @@ class SweepSearch(Searcher):
         return self._remeasure_config(trial_id)
 
     def _remeasure_config(self, trial_id: str) -> dict[str, Any]:
-        """The point trial `trial_id` measures again, profiled: the repeats decide which of
-        their points is the best (table.ranking_figure), so each of them keeps a trace."""
+        """The point trial `trial_id` measures again; the first (the best before the repeats)
+        is profiled. Only it: a profiled run times two steps fewer, and the repeats' figures
+        decide the best (table.ranking_figure)."""
         original = self._remeasures[trial_id]
         config = {**knob_point(self._configs[original]), REMEASURE_KEY: original}
-        return {**config, PROFILE_KEY: True} if self._sweep_space.search.profile_best else config
+        first = trial_id == next(iter(self._remeasures))
+        return (
+            {**config, PROFILE_KEY: True}
+            if first and self._sweep_space.search.profile_best
+            else config
+        )
 
     def _point(self, ot_trial: optuna.Trial) -> dict[str, Any]:
         """The knob values the trial draws (define-by-run: asked here, then in its params)."""

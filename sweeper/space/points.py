@@ -19,7 +19,7 @@ OPTUNA_NUMBER_KEY = "sweeper.optuna_trial"  # the Optuna trial that drew the poi
 REUSE_KEY = "sweeper.reuse"
 # A trial that measures again the point of an ended trial of this sweep (its Tune id).
 REMEASURE_KEY = "sweeper.remeasure_of"
-# That trial traces its last steps with the profiler: a point's re-measurement.
+# That trial traces its last steps with the profiler: the best point's re-measurement.
 PROFILE_KEY = "sweeper.profile"
 
 

@@ -190,10 +190,10 @@ class Search(Frozen):
     (default 2; 0: none), so the table says whether the winner's lead survives a second
     measurement. Estimates and compiles are deterministic: nothing to re-measure."""
     profile_best: bool = True
-    """run-fidelity sweeps: each point's re-measurement traces its last two steps with the
-    profiler (they are then not timed; the trace lands in its folder and on the point's
-    MLflow run), so the best, which the re-measurements decide, has one; unless the trials
-    already profile (`trial.profile`)."""
+    """run-fidelity sweeps: the best point's re-measurement traces its last two steps with
+    the profiler (they are then not timed; its trace lands in its folder and on the point's
+    MLflow run; the notes say when the re-measurements then made another point the best),
+    unless the trials already profile (`trial.profile`)."""
 
     def remeasure_count(self, fidelity: str) -> int:
         """Points measured again at the end of a sweep of `fidelity` (its effective one)."""

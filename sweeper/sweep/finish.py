@@ -244,20 +244,25 @@ def sweep_notes(
 
 
 def profile_notes(frame: pd.DataFrame, best: str = "") -> list[str]:
-    """Where the re-measured points' profiles are (each re-measurement traced its last steps),
-    the best trial's first."""
+    """Where the best point's profile is (its re-measurement traced its last steps), and
+    when the re-measurements then made another point the `best`, that it was not traced."""
     if Column.REMEASURE_OF not in frame or Column.PROFILE_DIR not in frame:
         return []
     again = frame[(frame[Column.REMEASURE_OF].fillna("").astype(str) != "")
                   & (frame[Column.PROFILE_DIR].fillna("").astype(str) != "")]  # fmt: skip
-    again = again.assign(_best=again[Column.REMEASURE_OF].astype(str) != best)
-    return [
+    notes = [
         f"profile: the point of trial {row[Column.REMEASURE_OF]}"
-        f"{'' if row['_best'] else ' (the best)'}, measured again by trial "
+        f"{' (the best)' if row[Column.REMEASURE_OF] == best else ''}, measured again by trial "
         f"{row[Column.TRIAL_ID]}, traced its last steps: {row[Column.PROFILE_DIR]} (and its "
         "MLflow run's profile/; xprof or TensorBoard read it)"
-        for _, row in again.sort_values("_best", kind="stable").iterrows()
+        for _, row in again.iterrows()
     ]
+    if notes and best and best not in set(again[Column.REMEASURE_OF]):
+        notes.append(
+            f"profile: the best trial, {best}, was not traced (the re-measurements ranked it "
+            "first after the trace above was taken): set `trial.profile` to trace its point"
+        )
+    return notes
 
 
 def close_records(
