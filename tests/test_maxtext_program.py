@@ -82,6 +82,20 @@ def test_an_assertion_of_maxtexts_while_tracing_is_a_setting_it_cannot_take():
     assert failure_class == FailureClass.INVALID_CONFIG and "shardable" in message
 
 
+def test_a_weight_the_mesh_cannot_shard_is_a_setting_named_by_its_mesh_axis():
+    """gpt-oss-120b's 2880-wide weights over fsdp 128: JAX's IndivisibleError once compiling
+    has started is invalid_config naming mesh.fsdp, said shortly (the engine's static check
+    now refuses that mesh before MaxText starts: tests/test_space_import.py)."""
+    text = (DATA / "indivisible.log").read_text()
+    failure_class, message, field = logs.failure(text, "compile")
+    assert (failure_class, field) == (FailureClass.INVALID_CONFIG, "mesh.fsdp")
+    assert message == (
+        "the mesh cannot shard model.decoder.layers.layers_0.GptOssAttention.key.kernel.value: "
+        "its axis 0 (2880), split 128 ways over fsdp, does not divide evenly (JAX's "
+        "IndivisibleError); take mesh degrees that divide it"
+    )
+
+
 def test_a_bare_assertion_says_what_failed_and_where():
     """tokamax's fp8 grouped matmul asserts with no message (gemma4-26b's 704-wide experts,
     fp8 through qwix, MaxText 0.2.5): the message is the failed statement and its place, not
@@ -206,6 +220,7 @@ def test_points_that_differ_only_in_a_maxtext_setting_are_distinct_points():
 def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
     """tpu7x:4x4x4x2 is two 4x4x4 slices: 256 devices, 128 chips, and MaxText's settings
     compile one slice's topology twice over (compile_topology_num_slices 2)."""
+    from trainer.trial.config import ConfigError
     from trainer.trial.hardware import Topology
 
     two = Topology.parse("tpu7x:4x4x4x2")
@@ -213,8 +228,11 @@ def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
         "4x4x4", 2, 128, 256, 128,
     )  # fmt: skip
     assert Topology.parse("tpu7x:4x4x4").slices == 1 and Topology.parse("v6e:4x4x2").slices == 2
+    # (a model MaxText can shard over a slice's 128 devices: d_model 128)
     path = _space(tmp_path, target="tpu7x:4x4x4x2", fidelity="compile", objective=None,
-                  knobs={"maxtext.dcn_data_parallelism": {"values": [2]}})  # fmt: skip
+                  knobs={"maxtext.dcn_data_parallelism": {"values": [2]}},
+                  model={"preset": "tiny-dense", "d_model": 128, "num_heads": 4,
+                         "num_kv_heads": 2, "head_dim": 32})  # fmt: skip
     space = load_space(path)
     point = {"maxtext.dcn_data_parallelism": 2}
     args = program_of(space).args(space, point)
@@ -227,9 +245,11 @@ def test_a_multi_slice_target_compiles_maxtext_for_its_slices(tmp_path):
     assert settings.args["compile_topology"] == "tpu7x-128"
     assert settings.args["compile_topology_num_slices"] == "2"
     assert settings.args["dcn_data_parallelism"] == "2"
+    # MaxText's mesh is 128 fsdp within a slice, data across: a 64-wide model cannot be split so.
+    with pytest.raises(ConfigError, match=r"fsdp x context x expert = 128 x 1 x 1 = 128"):
+        static_check(load_space(path, {"model.d_model": 64}), point)
     # Our trainer, asked for one anyway (`python -m trainer`), names the field.
     from trainer.compile.aot import topology_devices
-    from trainer.trial.config import ConfigError
 
     with pytest.raises(ConfigError, match="compile_target: tpu7x:4x4x4x2 is several slices"):
         topology_devices("tpu7x:4x4x4x2")

@@ -192,7 +192,7 @@ def test_tiles_on_a_maxtext_space_tunes_what_maxtext_takes_and_says_what_it_does
     assert {"splash forward", "splash backward"} <= kernels
     assert not any(k.startswith(("wi ", "wo ")) for k in kernels), kernels  # gmm passes
     assert "gmm wi: MaxText 0.2.5's tokamax path" in " ".join(said.output.split())
-    recipe = {"settings": {"model_name": "gemma4-26b"}, "trial": {},
+    recipe = {"settings": {"model_name": "gemma4-26b"}, "trial": {**space["trial"], "model": moe},
               "unmodeled": ["sliding_window_size=1024: sliding-window attention"]}  # fmt: skip
     path.write_text(yaml.safe_dump({**space, "maxtext": {"recipe": recipe}}))
     refused = CliRunner().invoke(app, ["tiles", str(path), "--vmem", "65536"])

@@ -15,6 +15,7 @@ from sweeper.space.checks import static_check
 from sweeper.space.command import read_command, translate
 from sweeper.space.load import load_space
 from sweeper.space.points import maxtext_knobs
+from trainer.trial.config import ConfigError
 from trainer.trial.maxtext import program_settings
 
 COMMANDS = Path(__file__).parent / "data" / "commands"
@@ -159,6 +160,34 @@ def test_an_unknown_setting_is_refused_by_name_and_nothing_is_written(tmp_path):
     assert result.exit_code == 2, result.output
     assert "sa_blok_q=1024 is not a MaxText 0.2.5 setting" in result.output
     assert not out.exists()
+
+
+def test_a_mesh_maxtext_cannot_shard_the_model_over_is_refused_with_one_it_can(tmp_path):
+    """gpt-oss-120b's weights are 2880 wide: over fsdp 128 (ici_fsdp_parallelism=-1 on 128
+    devices) JAX refuses them after a minute of MaxText's tracing (IndivisibleError: kept in
+    tests/data/maxtext_0.2.5/indivisible.log). The importer refuses that command by name with
+    a mesh that divides it; a space's trial with that mesh is invalid before MaxText starts;
+    knob values that would make such a mesh are left out."""
+    text = (COMMANDS / "gpt_oss_120b_8k_xpk.sh").read_text()
+    assert "ici_fsdp_parallelism=64 ici_data_parallelism=2" in text
+    unshardable = text.replace(
+        "ici_fsdp_parallelism=64 ici_data_parallelism=2", "ici_fsdp_parallelism=-1"
+    )
+    out = tmp_path / "x.yaml"
+    result = CliRunner().invoke(
+        app, ["import", unshardable, "-o", str(out)], env={"COLUMNS": "300"}
+    )
+    assert result.exit_code == 2 and not out.exists(), result.output
+    said = " ".join(result.output.split())
+    assert "ici_fsdp_parallelism: the command cannot run on tpu7x:4x4x4 (128 devices)" in said
+    assert "(d_model 2880)" in said and "ici_fsdp_parallelism=64 ici_data_parallelism=2" in said
+    space, _ = _import("gpt_oss_120b_8k_xpk", tmp_path)
+    assert "mesh.tensor" not in space.knobs and "mesh.expert" not in space.knobs  # 2 x 64 x 2
+    wide = load_space(
+        tmp_path / "gpt_oss_120b_8k_xpk.yaml", {"trial.mesh.data": 1, "trial.mesh.fsdp": -1}
+    )
+    with pytest.raises(ConfigError, match=r"mesh\.fsdp: MaxText shards every weight's"):
+        static_check(wide, wide.search.warm_start[0])  # (the screen's and each trial's check)
 
 
 def test_a_command_without_a_topology_asks_for_one(tmp_path):

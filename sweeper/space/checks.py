@@ -13,13 +13,22 @@ import yaml
 from sweeper.space.errors import SpaceError
 from sweeper.space.file import line_of
 from sweeper.space.inert import pin_inert
-from sweeper.space.points import KEY_SEPARATOR, active, assemble, count_points, join_key, points
+from sweeper.space.points import (
+    KEY_SEPARATOR,
+    active,
+    assemble,
+    count_points,
+    join_key,
+    maxtext_knobs,
+    points,
+)
 from sweeper.space.schema import Knob, Space
 from trainer.trial.checks import check_static
 from trainer.trial.config import ConfigError, TrialConfig, load_config
 from trainer.trial.events import SUMMARY_NUMBERS
 from trainer.trial.hardware import Backend
-from trainer.trial.maxtext import KNOB_PREFIX, to_maxtext
+from trainer.trial.maxtext import KNOB_PREFIX, program_settings, to_maxtext
+from trainer.trial.maxtext_sharding import check_shardable, maxtext_degrees
 
 
 def check_objective(space: Space, root: yaml.Node | None, file: str) -> None:
@@ -203,7 +212,13 @@ def static_check(
 ) -> TrialConfig:
     """The trial config of a point, with every JAX-free check; raises ConfigError."""
     config = load_config(assemble(space, point))
-    check_static(config, num_devices or space.num_devices, space.default_backend)
+    devices = num_devices or space.num_devices
+    check_static(config, devices, space.default_backend)
+    if space.program == "maxtext":  # the mesh MaxText makes of the trial's settings
+        program = space.maxtext_program()
+        args = program_settings(config, program, maxtext_knobs(point)).args
+        slices = space.target.topology.slices if space.target.topology is not None else 1
+        check_shardable(config, maxtext_degrees(args, devices, slices))
     return config
 
 

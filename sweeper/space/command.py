@@ -18,6 +18,7 @@ import yaml
 
 from sweeper.space.errors import SpaceError
 from sweeper.space.points import set_path
+from trainer.trial.checks import check_static
 from trainer.trial.config import ConfigError, TrialConfig, load_config
 from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import (
@@ -26,10 +27,19 @@ from trainer.trial.maxtext import (
     MaxTextRecipe,
     from_maxtext,
     slice_target,
+    to_maxtext,
 )
+from trainer.trial.maxtext_sharding import check_shardable, maxtext_degrees
 
 # Settings whose name changed between the recipes' MaxText and 0.2.5, meaning unchanged.
 RENAMED_IN_025 = {"fsdp_shard_on_exp": "shard_exp_on_fsdp"}
+# The command's settings a mesh refusal names (the engine's mesh fields, as MaxText's keys).
+MESH_SETTINGS = {
+    "mesh.fsdp": "ici_fsdp_parallelism",
+    "mesh.expert": "ici_expert_parallelism",
+    "mesh.context": "ici_context_parallelism",
+    "mesh.tensor": "ici_tensor_parallelism",
+}
 # Settings the engine sets for each trial itself (its name, and its folder in the sweep).
 ENGINE_SETS = {
     "run_name": "the engine names each trial's run",
@@ -293,6 +303,14 @@ def space_of(
     topology = _topology(target or command.target)
     recipe = recipe_of(command)
     config = recipe.config()
+    try:  # the command itself: a mesh MaxText cannot shard fails every trial of the space
+        shardable(config, command.settings, topology)
+    except ConfigError as exc:
+        raise SpaceError(
+            f"the command cannot run on {topology.target} ({topology.devices} devices): "
+            f"{exc.message}",
+            field=MESH_SETTINGS.get(exc.field, exc.field),
+        ) from None
     knobs, start = knobs_around(config, command.settings, topology)
     return {
         "name": name,
@@ -361,7 +379,7 @@ def knobs_around(
     base = config.model_dump(mode="json")
 
     def valid(key: str, value: Any, when: dict[str, Any]) -> bool:
-        return _makes_a_trial(base, {**when, key: value})
+        return _makes_a_trial(base, {**when, key: value}, settings, topology)
 
     def vary(
         key: str, at: Any, values: list[Any], when: dict[str, Any] | None = None, one: bool = False
@@ -407,15 +425,26 @@ def knobs_around(
     return knobs, start
 
 
-def _makes_a_trial(base: dict[str, Any], values: dict[str, Any]) -> bool:
+def _makes_a_trial(
+    base: dict[str, Any], values: dict[str, Any], settings: dict[str, str], topology: Topology
+) -> bool:
     trial = copy.deepcopy(base)
     for dotted, value in values.items():
         set_path(trial, dotted, value)
     try:
-        load_config(trial)
+        shardable(load_config(trial), settings, topology)
     except ConfigError:
         return False
     return True
+
+
+def shardable(config: TrialConfig, settings: dict[str, str], topology: Topology) -> None:
+    """The trial's checks on the topology (batch, sequence, kernels) and its mesh, as MaxText
+    makes it of the trial's mapped settings over the command's (`dcn_*` across slices), one
+    MaxText can shard the model over; raises ConfigError."""
+    check_static(config, topology.devices)
+    args = {**settings, **to_maxtext(config).args}
+    check_shardable(config, maxtext_degrees(args, topology.devices, topology.slices))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

@@ -85,6 +85,9 @@ def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
     # the compiler itself raises (XlaRuntimeError, JaxRuntimeError) is a compile error.
     if message.startswith("AssertionError"):
         return FailureClass.INVALID_CONFIG, message, None
+    indivisible = _indivisible(message)
+    if indivisible is not None:
+        return FailureClass.INVALID_CONFIG, *indivisible
     if phase != "config":
         return failure_class, message, None
     unknown = _UNKNOWN_KEY.search(text)
@@ -97,6 +100,35 @@ def failure(text: str, phase: str) -> tuple[FailureClass, str, str | None]:
     if _CONFIG_ERROR.search(message):  # refused while MaxText read its configuration
         return FailureClass.INVALID_CONFIG, message, None
     return failure_class, message, None
+
+
+# JAX's refusal of a weight the mesh cannot shard evenly (jax._src.sharding.IndivisibleError).
+_INDIVISIBLE = re.compile(
+    r"IndivisibleError: .*?pytree key path (?P<path>\S+) was given the sharding .*?"
+    r"spec=P\((?P<spec>.*?)\), memory_kind.*?array axis (?P<axis>\d+) is partitioned "
+    r"(?P<ways>\d+) times, but the dimension size is (?P<size>\d+)",
+    re.S,
+)
+_MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+
+
+def _indivisible(message: str) -> tuple[str, str | None] | None:
+    """JAX's IndivisibleError, said shortly (the weight, its axis, the mesh axes splitting it)
+    with the engine's mesh field where one mesh axis splits it; None for any other error."""
+    found = _INDIVISIBLE.search(message)
+    if found is None:
+        return None
+    parts = re.findall(r"\([^)]*\)|'[^']*'|None", found["spec"])
+    axis = int(found["axis"])
+    names = re.findall(r"'(\w+)'", parts[axis]) if axis < len(parts) else []
+    path = re.sub(r"\['(\w+)'\]", r".\1", found["path"]).removeprefix("state.")
+    said = (
+        f"the mesh cannot shard {path}: its axis {axis} ({found['size']}), split "
+        f"{found['ways']} ways over {' x '.join(names) or 'the mesh'}, does not divide evenly "
+        "(JAX's IndivisibleError); take mesh degrees that divide it"
+    )
+    field = f"mesh.{names[0]}" if len(names) == 1 and names[0] in _MESH_AXES else None
+    return said, field
 
 
 def _last_error(text: str) -> str:
