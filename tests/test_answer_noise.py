@@ -151,6 +151,16 @@ def test_a_point_measured_again_ranks_by_the_mean_of_both_in_every_view():
     rows = [line.split() for line in lines if line.startswith(("a ", "b "))]
     assert [r[0] for r in rows] == ["b", "a"]
     assert rows[0][2:5] == ["95.0", "110.0", "102.5"] and rows[1][2:5] == ["100.0", "90.0", "95.0"]
+    # Too narrow for a knob's words beside the figures: each trial's knobs whole, below them.
+    knobs = frame.assign(mfu=0.1, **{"knob:remat.policy": ["save_dot_except_mlp", "full"] * 2,
+                                     "knob:per_device_batch": [1, 2, 1, 2]})  # fmt: skip
+    narrow = Console(width=80, record=True)
+    narrow.print(sweep_table(manifest, knobs, width=80))
+    text = narrow.export_text()
+    assert (
+        "knobs that varied:\nb  remat=full batch=2\na  remat=save_dot_except_mlp batch=1\n" in text
+    )
+    assert max(map(len, text.splitlines())) <= 80
 
 
 def test_points_measured_again_below_one_measured_once_say_so():

@@ -9,7 +9,9 @@ from typing import Any
 
 import pandas as pd
 from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from sweeper.answer.notes import UNPINNED
 from sweeper.answer.streams import terminal
@@ -67,10 +69,11 @@ def sweep_header(manifest: SweepManifest, frame: pd.DataFrame) -> list[str]:
 
 def sweep_table(
     manifest: SweepManifest, frame: pd.DataFrame, rows: int = 10, width: int | None = None
-) -> Table:
+) -> RenderableType:
     """The sweep's trials, best first: id, status, objective (and its re-measure), MFU,
     convergence verdict and the values of the knobs that varied, by their short names: a
-    column each where they fit `width`, else one column of `name=value` words."""
+    column each where they fit `width`, else one column of `name=value` words, else (too
+    narrow for the longest word) each trial's words on a line below the table."""
     space = manifest.space
     metric = space.objective.primary.metric
     again = f"{REMEASURED}{metric}"  # the best points' second figure, on their first row
@@ -93,6 +96,15 @@ def sweep_table(
     widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(heads)]
     widths += [max([len(h), *(len(v[i]) for v in values)]) for i, h in enumerate(knob_heads)]
     apart = width is None or sum(w + 2 for w in widths) <= width  # a space either side of each
+    words = [[f"{h}={v}" for h, v in zip(knob_heads, value, strict=True) if v != "-"]
+             for value in values]  # fmt: skip
+    longest = max((len(w) for ws in words for w in ws), default=0)
+    # Too narrow for the longest knob word beside the figures: each trial's knobs below them.
+    below = (
+        not apart
+        and width is not None
+        and width - sum(w + 2 for w in widths[: len(heads)]) < longest
+    )
     table = Table(title=f"best {len(lines)} of {len(frame)}", title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     for i, head in enumerate(heads):
@@ -101,12 +113,15 @@ def sweep_table(
     if apart:
         for head in knob_heads:
             table.add_column(head)
-    elif knob_heads:
+    elif knob_heads and not below:
         table.add_column("knobs that varied", ratio=1, overflow="fold")
-    for line, value in zip(lines, values, strict=True):
-        words = [f"{h}={v}" for h, v in zip(knob_heads, value, strict=True) if v != "-"]
-        table.add_row(*line, *(value if apart else ([" ".join(words)] if words else [])))
-    return table
+    for line, value, said in zip(lines, values, words, strict=True):
+        knob_cells = value if apart else [] if below or not knob_heads else [" ".join(said)]
+        table.add_row(*line, *knob_cells)
+    if not below:
+        return table
+    knobs_of = [f"{line[0]}  {' '.join(said)}" for line, said in zip(lines, words, strict=True)]
+    return Group(table, Text("knobs that varied:", style="dim"), *map(Text, knobs_of))
 
 
 def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]:
