@@ -18,7 +18,7 @@ from sweeper.answer.streams import terminal
 from sweeper.answer.table import constant_knobs, in_rank_order, searched
 from sweeper.record.manifest import Found, SweepManifest
 from sweeper.record.mlflow_view import runs_url
-from sweeper.record.row import REMEASURED, Column, knob_columns, missing, short_names
+from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of, short_names
 from sweeper.record.stores import MEMORY_SCHEME
 from trainer.trial.events import TrialStatus
 
@@ -151,7 +151,7 @@ def _again_cells(first: Any, second: Any) -> list[str]:
     """A point's second figure and the mean it ranks by ("-" where it was measured once)."""
     if missing(second) or missing(first):
         return ["-" if missing(second) else f"{second:,.1f}", "-"]
-    return [f"{second:,.1f}", f"{(first + second) / 2:,.1f}"]
+    return [f"{second:,.1f}", f"{ranking_of(first, second):,.1f}"]
 
 
 def dashboard_command(storage: str) -> list[str] | None:

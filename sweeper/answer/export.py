@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.record.manifest import Found
-from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing
+from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
 from sweeper.space.checks import static_check
 from sweeper.space.errors import SpaceError
 from sweeper.space.points import maxtext_knobs
@@ -144,8 +144,7 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
     shown = "-" if missing(value) else f"{value:,.1f}"
     again: Any = row.get(f"{REMEASURED}{metric}")
     if not missing(value) and not missing(again):  # ranked by the mean of both
-        first: Any = value
-        shown += f" (measured again {again:,.1f}; their mean {(first + again) / 2:,.1f})"
+        shown += f" (measured again {again:,.1f}; their mean {ranking_of(value, again):,.1f})"
     header = [
         f"trial {trial_id} of sweep {manifest.sweep_id} ({space.name}): {metric} {shown}, "
         f"status {row[Column.STATUS]}, fidelity {row.get('fidelity') or '-'} on "

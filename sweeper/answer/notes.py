@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.answer.table import INTERVAL, ok_rows, ranked
-from sweeper.record.row import REMEASURED, Column, knob_columns, missing
+from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of
 from sweeper.space.schema import Objective
 from trainer.trial.events import EffectStatus, KnobEffect
 from trainer.trial.timing import MIN_STEPS_FOR_INTERVAL
@@ -131,7 +131,7 @@ def _remeasure_notes(
         notes.append(
             f"re-measured: {named}{lead[Column.TRIAL_ID]} ran {lead[metric]:,.0f}, then "
             f"{lead[again]:,.0f}{_interval(lead, metric, REMEASURED)} {metric}: it ranks by "
-            f"their mean, {(lead[metric] + lead[again]) / 2:,.0f}"
+            f"their mean, {ranking_of(lead[metric], lead[again]):,.0f}"
         )
     if best[Column.TRIAL_ID] not in set(measured[Column.TRIAL_ID]):
         below = ", ".join(
@@ -156,7 +156,7 @@ def _pair_note(best: Any, second: Any, metric: str, maximize: bool) -> str:
         return best if first else second
 
     leader = {ahead(c)[Column.TRIAL_ID] for c in (metric, again)}
-    means = [(r[metric] + r[again]) / 2 for r in (best, second)]
+    means = [ranking_of(r[metric], r[again]) for r in (best, second)]
     overlap = _overlap(best, second, metric, REMEASURED)
     said = (
         "the order held"

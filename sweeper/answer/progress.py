@@ -10,6 +10,7 @@ from ray.tune.experiment import Trial
 from rich.console import Console
 
 from sweeper.answer.streams import terminal
+from sweeper.record.row import ranking_of
 from sweeper.space.points import REMEASURE_KEY
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
@@ -71,8 +72,7 @@ class ProgressCallback(tune.Callback):
     def _ranking_figure(self, trial_id: str) -> float:
         """As the final table ranks (table.ranking_figure): a point measured again by the mean
         of its two figures."""
-        first, second = self.values[trial_id], self.again.get(trial_id)
-        return first if second is None else (first + second) / 2
+        return ranking_of(self.values[trial_id], self.again.get(trial_id))
 
     def _rank(self) -> None:
         figures = [self._ranking_figure(t) for t in self.values]
@@ -141,7 +141,7 @@ class ProgressCallback(tune.Callback):
                 if first is not None and value is not None:
                     self.again[str(again)] = value
                     self._rank()
-                    said += f"; it ranks by their mean, {(first + value) / 2:,.1f}"
+                    said += f"; it ranks by their mean, {ranking_of(first, value):,.1f}"
                 said += ")" if said else ""
                 self._line(f"[green]again[/green] {again}: {shown}{said} by {trial.trial_id}")
                 return

@@ -18,7 +18,7 @@ from ray.tune.experiment import Trial
 
 from sweeper.record.callback import final_of
 from sweeper.record.manifest import SUMMARY
-from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing
+from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from sweeper.space.schema import Objective
 from trainer.trial.events import TrialStatus
@@ -140,7 +140,7 @@ def ranking_figure(frame: pd.DataFrame, metric: str) -> pd.Series:
     if again not in frame:
         return first
     second = pd.to_numeric(frame[again], errors="coerce")
-    return ((first + second) / 2).where(first.notna() & second.notna(), first)
+    return pd.Series(map(ranking_of, first, second), index=frame.index, dtype=float)
 
 
 def in_rank_order(frame: pd.DataFrame, objective: Objective) -> pd.DataFrame:

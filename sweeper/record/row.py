@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,6 +73,22 @@ KNOB_PREFIX = "knob:"
 # A re-measured point's second figure, beside its first: `remeasured_<figure>` (the results
 # table's column, and the metric on the trial's MLflow run).
 REMEASURED = "remeasured_"
+
+
+@overload
+def ranking_of(first: float, again: float | None = None) -> float: ...
+@overload
+def ranking_of(first: float | None, again: float | None = None) -> float | None: ...
+def ranking_of(first: float | None, again: float | None = None) -> float | None:
+    """The figure a trial ranks by: its measurement, or, for a point measured again, the mean
+    of both (the first was picked for being among the best, so it leans high; the second,
+    made to compare, weighs as much). The one rule of every view."""
+    if missing(first) or missing(again):
+        return first
+    assert first is not None and again is not None
+    return (first + again) / 2
+
+
 # A re-measuring sweep's trial runs carry the figure they rank by (the objective; for a point
 # measured again, the mean of both) as `ranking_<objective>`: the MLflow view sorts by it.
 RANKING = "ranking_"
@@ -268,8 +284,7 @@ class TrialRow(BaseModel):
     def ranking_figure(self, metric: str) -> float | None:
         """The figure the trial ranks by: its `metric`, or, for a point measured again, the
         mean of its two measurements (sweeper.answer.table.ranking_figure, for a table)."""
-        first, second = self.figure(metric), self.figure(f"{REMEASURED}{metric}")
-        return first if first is None or second is None else (first + second) / 2
+        return ranking_of(self.figure(metric), self.figure(f"{REMEASURED}{metric}"))
 
     def to_record(self) -> dict[str, Any]:
         """The row as the results table holds it: one column per field, figure and knob."""

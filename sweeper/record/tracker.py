@@ -26,6 +26,7 @@ from sweeper.record.row import (
     TrialRow,
     final_metrics,
     missing,
+    ranking_of,
     readable,
 )
 from sweeper.record.stores import PARENT, store_for
@@ -343,7 +344,7 @@ class Tracker:
         primary = self.space.objective.primary.metric
         once, again = (first.figure(primary) if first else None), final.figure(primary)
         if once is not None and again is not None:
-            metrics[f"{RANKING}{primary}"] = (once + again) / 2
+            metrics[f"{RANKING}{primary}"] = ranking_of(once, again)
         failure = final.failure_class.value if final.failure_class else ""
         tags = {
             f"{REMEASURED}by": by,
