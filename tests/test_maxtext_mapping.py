@@ -247,3 +247,17 @@ def test_tokamax_tiles_are_said_to_reach_no_maxtext_kernel_and_megablox_tiles_ar
         load_config(trial("tiny-moe", kernels=MOE_VARIANTS["megablox"]["kernels"]))
     )
     assert megablox.args["wi_tile_fwd_batch_seq"] == "256" and megablox.args["megablox"] == "true"
+
+
+def test_maxtexts_mesh_is_read_from_its_settings_within_and_across_slices():
+    """MaxText's degrees as its settings make them: ici_* fill a slice (fsdp by default), dcn_*
+    the slices (data by default); what check_shardable judges a model's width against."""
+    from trainer.trial.maxtext_sharding import maxtext_degrees
+
+    one = maxtext_degrees({"ici_fsdp_parallelism": "64", "ici_data_parallelism": "2"}, 128)
+    assert (one["data"], one["fsdp"]) == (2, 64)
+    assert maxtext_degrees({"ici_tensor_parallelism": "2"}, 128)["fsdp"] == 64  # fsdp fills
+    two = maxtext_degrees({"dcn_data_parallelism": "2"}, 256, slices=2)
+    assert (two["data"], two["fsdp"]) == (2, 128)  # each slice 128 fsdp, data across
+    across = {"dcn_fsdp_parallelism": "2", "dcn_data_parallelism": "1"}
+    assert maxtext_degrees(across, 256, slices=2)["fsdp"] == 256

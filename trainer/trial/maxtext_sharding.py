@@ -30,7 +30,8 @@ def maxtext_degrees(args: dict[str, str], devices: int, slices: int = 1) -> dict
 def _filled(
     args: dict[str, str], scope: str, defaults: dict[str, int], size: int
 ) -> dict[str, int]:
-    given = {a: int(args.get(f"{scope}_{a}_parallelism", defaults.get(a, 1))) for a in MESH_AXES}
+    given = {a: int(float(args.get(f"{scope}_{a}_parallelism", defaults.get(a, 1))))
+             for a in MESH_AXES}  # fmt: skip
     fixed = math.prod(d for d in given.values() if d > 0)
     return {a: max(size // fixed, 1) if d < 0 else d for a, d in given.items()}
 
