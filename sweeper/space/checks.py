@@ -27,7 +27,7 @@ from trainer.trial.checks import check_static
 from trainer.trial.config import ConfigError, TrialConfig, load_config
 from trainer.trial.events import SUMMARY_NUMBERS
 from trainer.trial.hardware import Backend
-from trainer.trial.maxtext import KNOB_PREFIX, program_settings, to_maxtext
+from trainer.trial.maxtext import KNOB_PREFIX, MaxTextProgram, program_settings, to_maxtext
 from trainer.trial.maxtext_sharding import check_shardable, maxtext_degrees
 
 
@@ -214,12 +214,23 @@ def static_check(
     config = load_config(assemble(space, point))
     devices = num_devices or space.num_devices
     check_static(config, devices, space.default_backend)
-    if space.program == "maxtext":  # the mesh MaxText makes of the trial's settings
-        program = space.maxtext_program()
-        args = program_settings(config, program, maxtext_knobs(point)).args
+    if space.program == "maxtext":
         slices = space.target.topology.slices if space.target.topology is not None else 1
-        check_shardable(config, maxtext_degrees(args, devices, slices))
+        check_maxtext_mesh(config, space.maxtext_program(), maxtext_knobs(point), devices, slices)
     return config
+
+
+def check_maxtext_mesh(
+    config: TrialConfig,
+    program: MaxTextProgram,
+    knobs: dict[str, Any],
+    devices: int,
+    slices: int = 1,
+) -> None:
+    """The mesh MaxText makes of a trial's settings (its knobs mapped, over an imported recipe's
+    own), one it can shard the model over on `devices` in `slices`; raises ConfigError."""
+    args = program_settings(config, program, knobs).args
+    check_shardable(config, maxtext_degrees(args, devices, slices))
 
 
 def check_flags(space: Space) -> None:

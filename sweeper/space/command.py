@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from sweeper.space.checks import check_maxtext_mesh
 from sweeper.space.errors import SpaceError
 from sweeper.space.points import set_path
 from trainer.trial.checks import check_static
@@ -24,12 +25,11 @@ from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import (
     BASE_KEYS,
     MODEL_NAMES,
+    MaxTextProgram,
     MaxTextRecipe,
     from_maxtext,
     slice_target,
-    to_maxtext,
 )
-from trainer.trial.maxtext_sharding import check_shardable, maxtext_degrees
 
 # Settings whose name changed between the recipes' MaxText and 0.2.5, meaning unchanged.
 RENAMED_IN_025 = {"fsdp_shard_on_exp": "shard_exp_on_fsdp"}
@@ -303,15 +303,16 @@ def space_of(
     topology = _topology(target or command.target)
     recipe = recipe_of(command)
     config = recipe.config()
+    program = MaxTextProgram(recipe=recipe)  # as the space's trials will run it
     try:  # the command itself: a mesh MaxText cannot shard fails every trial of the space
-        shardable(config, command.settings, topology)
+        shardable(config, program, topology)
     except ConfigError as exc:
         raise SpaceError(
             f"the command cannot run on {topology.target} ({topology.devices} devices): "
             f"{exc.message}",
             field=MESH_SETTINGS.get(exc.field, exc.field),
         ) from None
-    knobs, start = knobs_around(config, command.settings, topology)
+    knobs, start = knobs_around(config, command.settings, topology, program)
     return {
         "name": name,
         "description": (
@@ -370,7 +371,10 @@ def recipe_of(command: Command) -> MaxTextRecipe:
 
 
 def knobs_around(
-    config: TrialConfig, settings: dict[str, str], topology: Topology
+    config: TrialConfig,
+    settings: dict[str, str],
+    topology: Topology,
+    program: MaxTextProgram,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The guide's levers around the command's values, each holding it and only values that
     make a valid trial, and trial 0's point (every active knob at the command's value)."""
@@ -379,7 +383,7 @@ def knobs_around(
     base = config.model_dump(mode="json")
 
     def valid(key: str, value: Any, when: dict[str, Any]) -> bool:
-        return _makes_a_trial(base, {**when, key: value}, settings, topology)
+        return _makes_a_trial(base, {**when, key: value}, program, topology)
 
     def vary(
         key: str, at: Any, values: list[Any], when: dict[str, Any] | None = None, one: bool = False
@@ -426,25 +430,24 @@ def knobs_around(
 
 
 def _makes_a_trial(
-    base: dict[str, Any], values: dict[str, Any], settings: dict[str, str], topology: Topology
+    base: dict[str, Any], values: dict[str, Any], program: MaxTextProgram, topology: Topology
 ) -> bool:
     trial = copy.deepcopy(base)
     for dotted, value in values.items():
         set_path(trial, dotted, value)
     try:
-        shardable(load_config(trial), settings, topology)
+        shardable(load_config(trial), program, topology)
     except ConfigError:
         return False
     return True
 
 
-def shardable(config: TrialConfig, settings: dict[str, str], topology: Topology) -> None:
+def shardable(config: TrialConfig, program: MaxTextProgram, topology: Topology) -> None:
     """The trial's checks on the topology (batch, sequence, kernels) and its mesh, as MaxText
-    makes it of the trial's mapped settings over the command's (`dcn_*` across slices), one
+    makes it of the program's settings (a space's static_check, on the command's recipe), one
     MaxText can shard the model over; raises ConfigError."""
     check_static(config, topology.devices)
-    args = {**settings, **to_maxtext(config).args}
-    check_shardable(config, maxtext_degrees(args, topology.devices, topology.slices))
+    check_maxtext_mesh(config, program, {}, topology.devices, topology.slices)
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:
