@@ -294,11 +294,11 @@ class Tracker:
         }
         if final.reused_from is not None:
             tags["reused_from"] = f"optuna trial {final.reused_from}"
-        # The tiles kernels.tune chose, as the run's settings (`tuned.block_q`,
-        # `tuned.tokamax_tiles.wi_fwd`, ...).
         primary = self.space.objective.primary.metric
         if self._ranks() and final.ok and final.figure(primary) is not None:
             metrics[f"{RANKING}{primary}"] = final.figure(primary)
+        # The tiles kernels.tune chose, as the run's settings (`tuned.block_q`,
+        # `tuned.tokamax_tiles.wi_fwd`, ...).
         chosen = (final.kernel_tuning or {}).get("settings") or {}
         tuned = {f"{mlflow_view.TUNED_PARAM}{k}": v for k, v in chosen.items()}
         self._batch(

@@ -92,7 +92,7 @@ def finish(sweep: Sweep, trials: Iterable[Trial] | None) -> SweepResult:
     writes = Writes()
     writes.keep(SUMMARY, lambda: write_text(sweep.sweep_dir / SUMMARY, frame.to_csv(index=False)))
     best_config = writes.keep(BEST, lambda: write_best(sweep, best)) if best else None
-    notes = sweep_notes(sweep, frame, ladder_notes, counts)
+    notes = sweep_notes(sweep, frame, best, ladder_notes, counts)
     journaled = close_records(sweep, frame, best, counts, notes, writes)
     if writes.unwritten:  # no ending in sweep.json: `sweeper resume` finishes it once there is room
         raise ResultsUnwritable(sweep.sweep_id, sweep.sweep_dir, writes.unwritten)
@@ -200,10 +200,14 @@ def write_best(sweep: Sweep, best: TrialRow) -> dict[str, Any]:
 
 
 def sweep_notes(
-    sweep: Sweep, frame: pd.DataFrame, ladder_notes: list[str], counts: dict[str, int]
+    sweep: Sweep,
+    frame: pd.DataFrame,
+    best: TrialRow | None,
+    ladder_notes: list[str],
+    counts: dict[str, int],
 ) -> list[str]:
     """What the table alone does not say: where trials ran, what was pinned, what acted only
-    partly, the ladder, the noise, reuses and interruptions."""
+    partly, the ladder, the noise, reuses, interruptions and where `best`'s trace is."""
     objective = sweep.space.objective.primary
     notes = [
         *sweep.placement_notes,
@@ -228,7 +232,6 @@ def sweep_notes(
             "(memory and step time are MaxText's compiled program's); they"
         )
         notes.append(f"model: {whose} do not model: " + "; ".join(recipe.unmodeled))
-    best = table.best_row(frame, objective)
     notes += profile_notes(frame, best.trial_id if best else "")
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
