@@ -184,6 +184,24 @@ def test_points_measured_again_below_one_measured_once_say_so():
     )
 
 
+def test_repeats_that_all_failed_leave_the_first_figures_and_say_so():
+    """Both re-measurements failed: each point ranks by its first figure, the notes name the
+    failed repeats and say nothing of points measured again ranking below the best."""
+    metric, nan = "tokens_per_sec_per_chip", float("nan")
+    first = _frame((100, 98, 102), (95, 93, 97))
+    failed = _frame((nan, nan, nan), (nan, nan, nan)).assign(
+        trial_id=["a2", "b2"], remeasure_of=["a", "b"], status="failed"
+    )
+    frame = remeasured(
+        pd.concat([first.assign(remeasure_of=""), failed], ignore_index=True), metric
+    )
+    notes = [n for n in noise_notes(frame, metric, True) if n.startswith("re-measured")]
+    assert notes == [
+        "re-measured: a has no second figure (its re-measurement failed): it ranks by its first",
+        "re-measured: b has no second figure (its re-measurement failed): it ranks by its first",
+    ]
+
+
 def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():
     """One or two timed steps have no noise figure (one step's interval would be the step
     itself and call any lead beyond the noise): left out, and a note saying why."""

@@ -133,7 +133,7 @@ def _remeasure_notes(
             f"{lead[again]:,.0f}{_interval(lead, metric, REMEASURED)} {metric}: it ranks by "
             f"their mean, {ranking_of(lead[metric], lead[again]):,.0f}"
         )
-    if best[Column.TRIAL_ID] not in set(measured[Column.TRIAL_ID]):
+    if len(measured) and best[Column.TRIAL_ID] not in set(measured[Column.TRIAL_ID]):
         below = ", ".join(
             f"{r[Column.TRIAL_ID]} ({r[metric]:,.0f}, then {r[again]:,.0f})"
             for _, r in measured.iterrows()
@@ -147,8 +147,8 @@ def _remeasure_notes(
 
 
 def _pair_note(best: Any, second: Any, metric: str, maximize: bool) -> str:
-    """Two points measured again (the note's words after `re-measured: `): whether their order held, which leads by the mean of both,
-    and whether that lead is beyond the noise."""
+    """Two points measured again (the note's words after `re-measured: `): whether their
+    order held, which leads by the mean of both, and whether that lead is beyond the noise."""
     again = f"{REMEASURED}{metric}"
 
     def ahead(column: str) -> Any:
