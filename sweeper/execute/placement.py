@@ -21,7 +21,12 @@ LABEL_TOPOLOGY = "ray.io/tpu-topology"
 LABEL_POD_TYPE = "ray.io/tpu-pod-type"
 
 # Our target prefix -> (Ray's accelerator-type label, Ray's accelerator version).
-RAY_TPU_NAMES = {"tpu7x": ("TPU-V7X", "v7x"), "v5p": ("TPU-V5P", "v5p"), "v6e": ("TPU-V6E", "v6e")}
+RAY_TPU_NAMES = {
+    "tpu7x": ("TPU-V7X", "v7x"),
+    "v5p": ("TPU-V5P", "v5p"),
+    "v6e": ("TPU-V6E", "v6e"),
+    "v5e": ("TPU-V5LITEPOD", "v5litepod"),
+}
 # The Tune trial of a slice only reserves and watches: its trainers hold the hosts.
 SLICE_DRIVER_RESOURCES = {"CPU": 0.01}
 # A sliver of the driver node's own resource keeps `local` trials on the driver host.

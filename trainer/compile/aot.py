@@ -36,14 +36,31 @@ from trainer.trial.hardware import GIB, Topology
 from trainer.trial.remat import on_device, uses_offload
 
 
+# libtpu's default host of a topology it is asked for: 2x2x1 chips. A slice smaller than that
+# (v5e:1x1, one chip) is refused by libtpu 0.0.42.1 unless the host is given as the slice
+# ("Topology layout "v5e:1x1" is not divisible by the given (or default)
+# chips_per_host_bounds "2x2x1"").
+DEFAULT_HOST_BOUNDS = (2, 2, 1)
+
+
 def topology_devices(target: str) -> list[jax.Device]:
     try:
-        if Topology.parse(target).slices > 1:
+        topology = Topology.parse(target)
+        if topology.slices > 1:
             raise ValueError(
                 f"{target} is several slices joined by the data center network; this trainer "
                 "compiles one slice (its mesh has no DCN axes): MaxText trials compile multi-slice"
             )
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=target).devices)
+        dims = (*topology.dims, 1, 1)[:3]
+        kwargs = {}
+        if any(d < b for d, b in zip(dims, DEFAULT_HOST_BOUNDS, strict=True)):
+            kwargs["chips_per_host_bounds"] = tuple(
+                min(d, b) for d, b in zip(dims, DEFAULT_HOST_BOUNDS, strict=True)
+            )
+        found = topologies.get_topology_desc(
+            platform="tpu", topology_name=topology.target, **kwargs
+        )
+        return list(found.devices)
     except ValueError as exc:
         raise ConfigError("compile_target", str(exc)) from None
     except Exception as exc:  # libtpu's own rejection of a topology string
@@ -274,7 +291,7 @@ def estimate_from_compile(
     )
     model = step_time(cost, accel, kernels)
     step_s, chips = model["est_step_time_s"], est["chips"]
-    peak = accel.peak_tflops[config.precision.peak] * 1e12
+    peak = accel.peak_of(config.precision.peak) * 1e12
     formula_only = ("est_serial_s",)  # the schedule's own exposed time replaces it
     return {
         **{k: v for k, v in est.items() if k not in formula_only},

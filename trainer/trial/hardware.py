@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -63,10 +64,15 @@ class Accelerator:
         HBM rate where the chip has none."""
         return (self.sparsecore_bytes_per_s or self.hbm_bytes_per_s) / self.devices_per_chip
 
+    def peak_of(self, precision: str) -> float:
+        """Peak TFLOP/s of one chip at `precision`; bf16's where the datasheet lists none
+        (no fp8 or int8 units: such operands are multiplied at the bf16 rate)."""
+        return self.peak_tflops.get(precision, self.peak_tflops["bf16"])
+
     def peak_flops_per_device(self, precision: str = "bf16") -> float:
         """Peak FLOP/s of one device (TensorCore) at `precision` (bf16 where fp8 is not
         listed)."""
-        tflops = self.peak_tflops.get(precision, self.peak_tflops["bf16"])
+        tflops = self.peak_of(precision)
         return tflops * 1e12 / self.devices_per_chip
 
     @property
@@ -89,10 +95,10 @@ class Accelerator:
     def intensity_flops_per_ici_byte(self, precision: str = "bf16") -> float:
         """Peak FLOPs per byte over one ICI link, both directions: the guide's 'about 11.5k'
         for TPU7x."""
-        return self.peak_tflops[precision] * 1e12 / (2 * self.ici_link_bytes_per_s)
+        return self.peak_of(precision) * 1e12 / (2 * self.ici_link_bytes_per_s)
 
     def intensity_flops_per_hbm_byte(self, precision: str = "bf16") -> float:
-        return self.peak_tflops[precision] * 1e12 / self.hbm_bytes_per_s
+        return self.peak_of(precision) * 1e12 / self.hbm_bytes_per_s
 
 
 ACCELERATORS: dict[str, Accelerator] = {
@@ -174,6 +180,36 @@ ACCELERATORS: dict[str, Accelerator] = {
         torus_rank=2,
         dcn_bytes_per_s_per_chip=100e9 / 8,
     ),
+    "v5e": Accelerator(
+        name="TPU v5e",
+        topology_prefix="v5e",
+        devices_per_chip=1,
+        # No fp8 units: fp8 operands are converted and multiplied at the bf16 rate; int8 is
+        # the MXU's native low precision.
+        peak_tflops={"bf16": 197.0, "fp8": 197.0, "int8": 394.0},
+        hbm_bytes_per_chip=16e9,
+        hbm_bytes_per_s=819e9,
+        ici_link_bytes_per_s=50e9,  # 400 GB/s bidirectional per chip / 4 links / 2
+        ici_links=4,
+        usable_hbm_per_device=15.75 * GIB,  # JAX on the chip: bytes_limit 15.75 GiB
+        source="v5e datasheet; usable HBM as JAX shows it on the chip (docs/facts.md, v5e)",
+        device_kind="TPU v5 lite",
+        mxu_width=128,
+        torus_rank=2,
+        dcn_bytes_per_s_per_chip=2 * 100e9 / 8 / 8,
+        sources={
+            "peak_tflops": "docs.cloud.google.com/tpu/docs/v5e: 197 TFLOPs (bf16), 393 TOPs "
+            "(int8; 394 elsewhere on the page's versions) per chip. No fp8 MXU: fp8 is "
+            "converted (measured on the chip: fp8 operands 155 TFLOP/s, bf16 169-170)",
+            "hbm": "docs.cloud.google.com/tpu/docs/v5e: HBM2 16 GB, 819 GBps per chip",
+            "ici": "docs.cloud.google.com/tpu/docs/v5e: 400 GBps bidirectional ICI per chip, "
+            "4 ports, 2D torus; split evenly over the ports (assumed)",
+            "dcn": "docs.cloud.google.com/tpu/docs/v5e: 2 x 100 Gbps NICs per host of 8 chips",
+            "usable_hbm_per_device": "jax.devices()[0].memory_stats()['bytes_limit'] on the "
+            "lent chip: 15.75 GiB (shared/docs/V5E.md)",
+            "mxu_width": "docs.cloud.google.com/tpu/docs/v5e: four 128x128 MXUs per TensorCore",
+        },
+    ),
     # GPUs: measured runs only, never compile targets. No fp8 peak until the trainer's fp8
     # path on GPU is measured (docs/facts.md, H200); MFU of an fp8 step there is then unknown.
     "h100": Accelerator(
@@ -219,7 +255,12 @@ class Topology:
 
     @classmethod
     def parse(cls, target: str) -> Topology:
-        """Raises ValueError naming what is wrong and what is known."""
+        """Raises ValueError naming what is wrong and what is known. MaxText's names of a
+        slice by its devices (`v5e-16`, `tpu7x-128`) are read as the standard slice of that
+        size (`v5e:4x4`, `tpu7x:4x4x4`): the topology libtpu compiles for."""
+        named = re.fullmatch(r"([a-z0-9]+)-(\d+)", target)
+        if named:
+            return cls.parse(standard_slice(named[1], int(named[2])))
         prefix, _, shape = target.partition(":")
         known = {a.topology_prefix: a for a in ACCELERATORS.values() if a.topology_prefix}
         if prefix not in known:
@@ -265,6 +306,36 @@ class Topology:
         return self.chips * self.accelerator.devices_per_chip
 
 
+# Standard TPU slice shapes, as libtpu and MaxText's topology table name them: by the rank of
+# the accelerator's torus (TPU7x and v5p: 3D; v5e and v6e: 2D).
+STANDARD_SHAPES = {
+    3: ("1x1x1", "2x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
+        "8x8x8", "8x8x16", "8x16x16", "16x16x16"),
+    2: ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+}  # fmt: skip
+
+
+def standard_slice(prefix: str, devices: int) -> str:
+    """MaxText's `PREFIX-DEVICES` (`tpu7x-128`, `v5e-16`) as our target (`tpu7x:4x4x4`,
+    `v5e:4x4`); ValueError when no standard slice has that many devices."""
+    known = {a.topology_prefix: a for a in ACCELERATORS.values() if a.topology_prefix}
+    if prefix not in known:
+        raise ValueError(f"unknown accelerator {prefix!r} in {prefix}-{devices}; known: "
+                         f"{', '.join(known)}")  # fmt: skip
+    accelerator = known[prefix]
+    chips, extra = divmod(devices, accelerator.devices_per_chip)
+    shapes = STANDARD_SHAPES[accelerator.torus_rank]
+    shape = next((s for s in shapes if math.prod(map(int, s.split("x"))) == chips), None)
+    if shape is None or extra or not devices:
+        sizes = ", ".join(
+            f"{prefix}-{math.prod(map(int, s.split('x'))) * accelerator.devices_per_chip}"
+            for s in shapes
+        )
+        raise ValueError(f"{prefix}-{devices}: no standard {accelerator.name} slice of "
+                         f"{devices} devices; standard: {sizes}")  # fmt: skip
+    return f"{prefix}:{shape}"
+
+
 # GPUs a `gpu:N` target may ask for on one host.
 MAX_GPUS_PER_HOST = 64
 
@@ -289,7 +360,8 @@ class Target:
             if not count.isdigit() or not 0 < int(count) <= MAX_GPUS_PER_HOST:
                 raise ValueError(f"{text!r}: a GPU target is gpu:N, N GPUs per trial on one host")
             return cls(text, gpus=int(count))
-        return cls(text, topology=Topology.parse(text))
+        topology = Topology.parse(text)
+        return cls(topology.target, topology=topology)  # MaxText's name, as libtpu's
 
     def __str__(self) -> str:
         return self.text

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from trainer.trial.config import SPLASH_BLOCKS, PrecisionConfig, TrialConfig
 from trainer.trial.flags import ASYNC_FUSION, RAGGED_DOT_KERNEL, SPARSECORE_OFFLOAD
-from trainer.trial.hardware import Backend, Topology
+from trainer.trial.hardware import Backend, Topology, standard_slice
 from trainer.trial.presets import MODEL_PRESETS
 from trainer.trial.remat import EXPERT_TENSORS, Tensor
 from trainer.trial.schema import Frozen
@@ -602,16 +602,9 @@ def _flags_back(flags: list[str]) -> dict[str, Any]:
     return xla
 
 
-# TPU slice shapes by chip count, as libtpu and MaxText's topology table name them.
-SHAPES = ("1x1x1", "2x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
-          "8x8x8", "8x8x16", "8x16x16", "16x16x16")  # fmt: skip
-
-
 def slice_target(prefix: str, devices: int) -> str:
     """A compile_topology (`tpu7x-128`) as our target (`tpu7x:4x4x4`)."""
-    accelerator = Topology.parse(f"{prefix}:1x1x1").accelerator
-    chips = devices // accelerator.devices_per_chip
-    shape = next((s for s in SHAPES if Topology.parse(f"{prefix}:{s}").chips == chips), None)
-    if shape is None:
-        raise ValueError(f"compile_topology {prefix}-{devices}: no standard slice of {chips} chips")
-    return f"{prefix}:{shape}"
+    try:
+        return standard_slice(prefix, devices)
+    except ValueError as exc:
+        raise ValueError(f"compile_topology {exc}") from None
