@@ -225,10 +225,14 @@ def dot_flops(instr: Instr, types: dict[str, str]) -> float:
 
 
 def precision_of(instr: Instr, types: dict[str, str]) -> str:
+    """The rate a matrix product runs at: fp8 with an fp8 operand, int8 with both operands
+    8-bit integers (the MXU's integer mode), bf16, else f32."""
     kinds = {arrays(types.get(o, ""))[0][0] for o in instr.operands[:2] if arrays(types.get(o, ""))}
-    return (
-        "fp8" if any(k.startswith("f8") for k in kinds) else ("bf16" if "bf16" in kinds else "f32")
-    )
+    if any(k.startswith("f8") for k in kinds):
+        return "fp8"
+    if kinds and kinds <= {"s8", "u8"}:
+        return "int8"
+    return "bf16" if "bf16" in kinds else "f32"
 
 
 def group_size(attrs: str) -> int:

@@ -63,6 +63,7 @@ class TensorCoreOp(BaseModel):
     fp8: float = 0.0
     bf16: float = 0.0
     f32: float = 0.0
+    int8: float = 0.0
     hbm: float = 0.0
     matmul: bool = False
     kernel: int = -1

@@ -106,7 +106,8 @@ def step_time(
     prices = [CallPrice.of(c, accel) for c in calls]
     # each call's compute as `kernel_seconds` prices it, its waits apart (`_run` adds them)
     call_s = [rates.kernel(t, p) for t, p in zip(terms, prices, strict=True)]
-    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0), flops.get("f32", 0.0))
+    compute = rates.compute(flops.get("fp8", 0.0), flops.get("bf16", 0.0), flops.get("f32", 0.0),
+                            flops.get("int8", 0.0))  # fmt: skip
     # the kernels' FLOPs alone (their grid steps apart, below)
     compute += sum(c["times"] * rates.at(t.flops, t.fp8, p.efficiency)
                    for c, t, p in zip(calls, terms, prices, strict=True))  # fmt: skip
@@ -213,12 +214,15 @@ class _Rates:
         self.dcn_per_device = accel.dcn_bytes_per_s_per_device
         self.sparsecore = accel.sparsecore_bytes_per_s_per_device
 
-    def compute(self, fp8: float, bf16: float, f32: float) -> float:
+    def compute(self, fp8: float, bf16: float, f32: float, int8: float = 0.0) -> float:
+        """Matrix FLOPs at each precision's peak and efficiency (int8 at bf16's efficiency of
+        its own peak: no int8 step has been fitted)."""
         peak = self.peak["bf16"]
         return (
             fp8 / (self.peak.get("fp8", peak) * self.fp8_mxu)
-            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)) / self.mxu
-        )
+            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)
+               + int8 / self.peak.get("int8", peak)) / self.mxu
+        )  # fmt: skip
 
     def at(self, flops: float, fp8: bool, efficiency: float | None) -> float:
         """A kernel's FLOPs (fp8 or bf16 operands) at `efficiency` of its precision's peak
@@ -290,7 +294,7 @@ class _Clock:
         self.finish: dict[str, float] = {}  # when each started op ends
 
     def op_seconds(self, event: TensorCoreOp) -> float:
-        seconds = self.rates.compute(event.fp8, event.bf16, event.f32)
+        seconds = self.rates.compute(event.fp8, event.bf16, event.f32, event.int8)
         waits = 0.0
         if event.kernel >= 0:
             seconds += self.call_seconds[event.kernel]

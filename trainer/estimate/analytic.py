@@ -555,7 +555,7 @@ def _intensities(
     each of the ring's two links, as the hardware figure is per link; the hardware's figure
     at the rate the estimate computes (the MXU efficiencies, Splash's blocks, the grid steps)
     rather than the peak: below it exactly when the ICI time exceeds the compute time."""
-    peak = accel.peak_tflops[precision] * 1e12
+    peak = accel.peak_of(precision) * 1e12
     achieved = flops_per_chip / step.times["compute"] / peak  # the share of the peak computed at
     hbm_bytes_per_chip = step.times["hbm"] * accel.hbm_bytes_per_s
     ici_bytes_per_chip = accel.devices_per_chip * comm["total"]
@@ -592,7 +592,7 @@ def estimate(
     share = recompute_share(config)
     recompute = (kinds["layer_matmul"] + kinds["attention"]) / 3 * share
     precision = config.precision.peak
-    peak = accel.peak_tflops[precision] * 1e12
+    peak = accel.peak_of(precision) * 1e12
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
     step = _step(_terms(config, accel, num_devices, global_batch, degrees, mem, comm), accel,

@@ -18,7 +18,10 @@ MODULE_PATH = "layers/.*"
 
 
 def qt_rule(precision: PrecisionConfig, experts_in_tokamax: bool = False) -> qwix.QtRule:
-    fwd, bwd = FORMATS[precision.forward_format], FORMATS[precision.backward_format]
+    if precision.mode == "int8":  # forward and backward operands alike (MaxText's int8)
+        fwd = bwd = jnp.int8
+    else:
+        fwd, bwd = FORMATS[precision.forward_format], FORMATS[precision.backward_format]
     op_names = OP_NAMES["dense" if experts_in_tokamax else precision.targets]
     calibration = "absmax"
     if precision.scaling == "fixed":

@@ -84,6 +84,14 @@ def check_kernels(
         _check_splash_blocks(config, kernels, degrees["context"])
     if config.model.is_moe and config.fp8_experts:
         check_fp8_experts(config.precision, kernels.moe_gmm, platform)
+    int8_experts = config.precision.mode == "int8" and config.precision.targets == "dense+moe"
+    if config.model.is_moe and int8_experts and kernels.moe_gmm != "ragged_dot":
+        raise ConfigError(
+            "precision.targets",
+            f"int8 experts are quantized through ragged_dot only (qwix intercepts "
+            f"lax.ragged_dot); {kernels.moe_gmm}'s kernel would multiply them in bf16: set "
+            "precision.targets dense, or kernels.moe_gmm ragged_dot",
+        )
     if config.model.is_moe and kernels.moe_gmm == "megablox":
         # On TPU each device runs the kernel on its own tokens (shard_map), so the tile must
         # divide the per-device routed rows (which also divide the global count used off TPU).

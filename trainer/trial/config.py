@@ -172,8 +172,9 @@ STOCHASTIC_ROUNDING_REFUSAL = (
 class PrecisionConfig(Frozen):
     """FP8 training through qwix; every sub-knob is read only when mode is fp8."""
 
-    mode: Literal["bf16", "fp8"] = "bf16"
-    """bf16, or fp8 dot operands through qwix."""
+    mode: Literal["bf16", "fp8", "int8"] = "bf16"
+    """bf16; fp8 dot operands through qwix; or int8 (qwix, forward and backward operands in
+    int8: the MXU's integer mode on TPUs that have one, v5e's 394 TOPS)."""
     granularity: Literal["per_tensor", "per_axis", "subchannel"] = "per_tensor"
     """one scale per tensor, per axis, or per subchannel tile."""
     tile_size: int | None = Field(
@@ -198,7 +199,7 @@ class PrecisionConfig(Frozen):
     def peak(self) -> str:
         """The datasheet peak a step in this precision is measured against (docs/trainer.md, Measurement: MFU
         uses the peak of the precision the matmuls run in)."""
-        return "fp8" if self.mode == "fp8" else "bf16"
+        return self.mode
 
     @model_validator(mode="after")
     def _check(self) -> PrecisionConfig:
@@ -211,6 +212,14 @@ class PrecisionConfig(Frozen):
             if changed:
                 raise ValueError(f"{changed} are only read when mode is 'fp8'")
             return self
+        if self.mode == "int8":
+            fp8_only = [
+                k for k in ("scaling", "forward_format", "backward_format", "rounding")
+                if getattr(self, k) != PrecisionConfig.model_fields[k].default
+            ]  # fmt: skip
+            if fp8_only:
+                raise ValueError(f"{fp8_only} are only read when mode is 'fp8' (int8 scales "
+                                 "each tensor dynamically, by its absolute maximum)")  # fmt: skip
         if self.rounding == "stochastic":
             raise ValueError(STOCHASTIC_ROUNDING_REFUSAL)
         if (self.granularity == "subchannel") != (self.tile_size is not None):

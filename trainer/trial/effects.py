@@ -97,6 +97,16 @@ def _precision(config: TrialConfig, platform: Backend) -> dict[str, KnobEffect]:
             if platform in FP8_EMULATED
             else _active("fp8 dot operands via qwix")
         )
+    if config.precision.mode == "int8":
+        effects["precision"] = (
+            _active("int8 dot operands via qwix (the MXU's integer mode)")
+            if platform == Backend.TPU
+            else _effect(
+                EffectStatus.EMULATED,
+                f"int8 dot operands via qwix: numerics are real; {platform} speed of int8 "
+                "dots is not a TPU finding",
+            )
+        )
     if config.model.is_moe and config.fp8_experts and not config.fp8_experts_in_tokamax(platform):
         precision = config.precision
         unlike = [
