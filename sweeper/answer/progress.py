@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ray import tune
-from ray.tune.experiment import Trial
 from rich.console import Console
 
 from sweeper.answer.streams import terminal
 from sweeper.record.row import ranking_of
+from sweeper.record.trial import RUNNING, SweepTrial
 from sweeper.space.points import REMEASURE_KEY
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
@@ -79,7 +80,7 @@ class ProgressCallback(tune.Callback):
         self.best = (max if self.maximize else min)(figures) if figures else None
 
     def on_trial_start(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self.started += 1
         self.since[trial.trial_id] = self.shown_at[trial.trial_id] = time.monotonic()
@@ -88,7 +89,12 @@ class ProgressCallback(tune.Callback):
         self._line(f"started {trial.trial_id}{said}")
 
     def on_trial_result(
-        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+        self,
+        iteration: int,
+        trials: Sequence[SweepTrial],
+        trial: SweepTrial,
+        result: dict[str, Any],
+        **info: Any,
     ) -> None:
         """A line when a running trial changes phase (compiling, training, finishing), and
         every HEARTBEAT_S while it stays in one: alive, and how long it has taken."""
@@ -108,13 +114,13 @@ class ProgressCallback(tune.Callback):
             elapsed = now - self.since.get(trial_id, now)
             self._line(f"{trial_id} {where} ({elapsed:.0f} s)")
 
-    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+    def on_step_begin(self, iteration: int, trials: Sequence[SweepTrial], **info: Any) -> None:
         """A trial that reports nothing for long (a compile of minutes) is still said to be
         alive every HEARTBEAT_S, in the phase it last reported."""
         now = time.monotonic()
         for trial in trials:
             trial_id = trial.trial_id
-            if trial.status != Trial.RUNNING or trial_id not in self.since:
+            if trial.status != RUNNING or trial_id not in self.since:
                 continue
             if now - self.shown_at.get(trial_id, now) >= HEARTBEAT_S:
                 self.shown_at[trial_id] = now
@@ -127,7 +133,7 @@ class ProgressCallback(tune.Callback):
         return bool(self.space.base_trial()["convergence"]["enabled"])
 
     def on_trial_complete(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self.done += 1
         result = TrialResult.from_report(trial.last_result)
@@ -160,7 +166,7 @@ class ProgressCallback(tune.Callback):
             self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
 
     def on_trial_error(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self.done += 1
         self.failed += 1

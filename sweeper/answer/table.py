@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ray.tune.experiment import Trial
 
 from sweeper.record.callback import final_of
 from sweeper.record.manifest import SUMMARY
 from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
+from sweeper.record.trial import SweepTrial
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from sweeper.space.schema import Objective
 from trainer.trial.events import TrialStatus
@@ -30,7 +30,7 @@ INTERVAL = {
 }
 
 
-def row_of(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) -> TrialRow:
+def row_of(trial: SweepTrial, final: TrialResult, run_id: str | None, attempts: int) -> TrialRow:
     """The row of a Tune trial that ended with `final`."""
     return TrialRow.of(
         trial.trial_id,
@@ -44,7 +44,7 @@ def row_of(trial: Trial, final: TrialResult, run_id: str | None, attempts: int) 
 
 
 def rows(
-    trials: Iterable[Trial],
+    trials: Iterable[SweepTrial],
     finals: dict[str, TrialResult],
     run_id: Callable[[str], str | None],
     attempts: dict[str, int],

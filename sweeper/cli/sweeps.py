@@ -127,15 +127,27 @@ def run(
             help="continue this Optuna study (learn from, and reuse, its earlier sweeps' trials)",
         ),
     ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            "--executor",
+            help="ray: Ray Tune schedules the trials (a private local Ray, or --address); "
+            "host: one trial at a time on this host, no Ray (one TPU VM; a host where Ray "
+            "cannot start); auto: ray, unless this host allows no TCP socket",
+        ),
+    ] = "auto",
 ) -> None:
-    """Run a sweep: Ray Tune trials, Optuna search, MLflow records."""
+    """Run a sweep: trials scheduled by Ray Tune (or, without Ray, one at a time on this
+    host), Optuna search, MLflow records."""
     try:
         loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
     except SpaceError as exc:
         fail(str(exc))
+    if address and executor == "host":
+        fail("--address names a Ray cluster and --executor host runs without Ray: give one")
     _drive(
         dict(space=loaded, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage,
-             study=study),
+             study=study, executor="ray" if address else executor),
         address,
     )  # fmt: skip
 
@@ -182,11 +194,13 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
 
     from sweeper.execute.cluster import quiet, start_ray
     from sweeper.record.lock import SweepLock
+    from sweeper.sweep.prepare import choose_executor
     from sweeper.sweep.result import SweepFinished, SweepInterrupted, unfinished
     from sweeper.sweep.run import run_sweep
 
     try:
         quiet(VERBOSE["on"])
+        executor = kwargs.get("executor", "auto")
         if kwargs.get("resume"):  # a finished or running sweep is said so before Ray starts
             found = unfinished(
                 kwargs["resume"], kwargs.get("results_dir"), kwargs.get("tracking_uri")
@@ -194,7 +208,12 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
             free = SweepLock(found.path, found.sweep_id)
             free.acquire("sweeper resume (checking)")
             free.release()
-        start_ray(address)
+            assert found.manifest is not None, "unfinished reads the manifest"
+            executor = found.manifest.executor
+        elif executor == "auto":
+            executor = choose_executor("auto", kwargs["space"])[0]
+        if executor == "ray":
+            start_ray(address)
         # SIGTERM takes Ctrl-C's path: Tune stops the trials, and every record is closed.
         # Installed after Ray starts: ray.init installs a SIGTERM handler that aborts.
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))

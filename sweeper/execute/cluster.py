@@ -16,6 +16,7 @@ import ray
 
 from sweeper.execute import tune_state
 from sweeper.execute.placement import (
+    Host,
     Placement,
     alive_hosts,
     compile_placement,
@@ -29,13 +30,17 @@ from sweeper.space.schema import Space
 from trainer.trial.events import Fidelity
 
 
-def place(space: Space) -> tuple[Space, Placement]:
-    """Read the Ray cluster: resolve `auto` fidelity and where each trial runs.
+def place(space: Space, hosts: list[Host] | None = None) -> tuple[Space, Placement]:
+    """Read the Ray cluster (or `hosts`, the first the driver's: a sweep without Ray gives
+    this host alone): resolve `auto` fidelity and where each trial runs.
 
     Raises SpaceError, before any trial, when the cluster cannot hold the space's trials.
     """
-    hosts = alive_hosts()
-    driver = driver_host(hosts)
+    if hosts is None:
+        hosts = alive_hosts()
+        driver = driver_host(hosts)
+    else:
+        driver = hosts[0]
     if space.fidelity == "auto" and space.target.is_tpu and not space.target.is_multi_slice:
         slices, _ = find_slices(hosts, space.target.tpu)
         space = with_fidelity(space, "run" if slices else "compile")

@@ -10,10 +10,12 @@ ending kills all of its processes on every host.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -84,10 +86,17 @@ class TrialRun:
         point: dict[str, Any],
         trial_dir: Path,
         profile_last: bool = False,
+        node_id: str | None = None,
+        cancel: threading.Event | None = None,
     ):
-        """`profile_last`: trace the trial's last steps (the best point measured again)."""
+        """`profile_last`: trace the trial's last steps (the best point measured again).
+        `node_id`: the host the trial runs on (default: this Ray worker's node); `cancel`,
+        once set, ends the trial's processes (the host runner's Ctrl-C)."""
         self.space, self.runtime, self.point, self.trial_dir = space, runtime, point, trial_dir
         self.profile_last = profile_last
+        self.node_id = node_id
+        self.cancel = cancel or threading.Event()
+        self.cancelled = False
         self.placement = runtime.placement
         self.objectives = space.objective.metrics
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
@@ -173,10 +182,12 @@ class TrialRun:
         fidelity), its convergence verdict, where it ran, its knobs' effects, its log tail."""
         accepted, summary = self.accepted, self.summary
         figures = summary.model_dump(exclude={"event", "time"}) if summary else {}
+        # Finite figures only: an arithmetic intensity over no ICI traffic (one chip) is
+        # infinite, which JSON (and so the stored result) cannot carry: it is left out.
         numbers = {
             k: float(v)
             for k, v in figures.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         }
         if self.compiled:
             numbers["compile_s"] = self.compiled.compile_s
@@ -211,6 +222,11 @@ class TrialRun:
     def ending(self, returncode: int | None) -> TrialResult | None:
         """How the trial failed, from what its processes said and how they exited; None
         for a trial that ended well."""
+        if self.cancelled:
+            return TrialResult(
+                status=TrialStatus.KILLED,
+                failure_message="the sweep was interrupted (Ctrl-C / SIGTERM) while it ran",
+            )
         if self.timed_out:
             return TrialResult.failed(
                 FailureClass.TIMEOUT,
@@ -275,7 +291,7 @@ class TrialRun:
                 yield handles
             return
         config_path = self.trial_dir / "trial.json"
-        node_id = ray.get_runtime_context().get_node_id()
+        node_id = self.node_id or ray.get_runtime_context().get_node_id()
         with (
             lease_cores(placement.cpus_per_trial, node_id)
             if placement.cpus_per_trial
@@ -340,7 +356,9 @@ class TrialRun:
             if time.monotonic() > deadline:
                 self.timed_out = True
                 break
-            time.sleep(POLL_S)
+            if self.cancel.wait(POLL_S):
+                self.cancelled = True
+                break
         for handle in handles:
             handle.kill()
         failed = [i for i, code in codes.items() if code != 0]
@@ -414,27 +432,51 @@ def run_trial(
     runtime: TrialRuntime,
     recorded: dict[str, TrialResult] | None = None,
 ) -> None:
-    """Ray Tune function trainable: `config` is the sampled point (knob path -> value).
+    """Ray Tune function trainable: `config` is the sampled point (knob path -> value)."""
+    context = tune.get_context()
+    run_point(
+        config,
+        space=space,
+        runtime=runtime,
+        recorded=recorded,
+        trial_id=context.get_trial_id(),
+        trial_dir=Path(context.get_trial_dir()),
+        report=lambda metrics: tune.report(metrics),
+    )
+
+
+def run_point(
+    config: dict[str, Any],
+    *,
+    space: Space,
+    runtime: TrialRuntime,
+    recorded: dict[str, TrialResult] | None,
+    trial_id: str,
+    trial_dir: Path,
+    report: Report,
+    node_id: str | None = None,
+    cancel: threading.Event | None = None,
+) -> TrialResult:
+    """One trial of the point `config`, its reports made through `report` (the last one its
+    result, which is returned too): Tune's trainable and the host runner's trial alike.
 
     A point this study measured before (`REUSE_KEY`), and a trial a resumed sweep finds
-    already recorded (`recorded`, by Tune trial id), report their stored result instead
-    of running again.
+    already recorded (`recorded`, by trial id), report their stored result instead of
+    running again.
     """
     started = time.time()
     objectives = space.objective.metrics
-    trial_id = tune.get_context().get_trial_id()
     if recorded and trial_id in recorded:
         result = recorded[trial_id].model_copy(update={"recovered": True})
-        tune.report(result.to_report(objectives))
-        return
-    if REUSE_KEY in config:
+    elif REUSE_KEY in config:
         earlier = config[REUSE_KEY]
         result = TrialResult.model_validate(earlier["result"]).reused(earlier["from"])
-        tune.report(result.to_report(objectives))
-        return
-    trial_dir = Path(tune.get_context().get_trial_dir())
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    trial = TrialRun(space, runtime, knob_point(config), trial_dir, bool(config.get(PROFILE_KEY)))
-    result = trial.run(lambda metrics: tune.report(metrics))
-    result.figures["trial_wall_s"] = time.time() - started
-    tune.report(result.to_report(objectives))
+    else:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        profile_last = bool(config.get(PROFILE_KEY))
+        trial = TrialRun(space, runtime, knob_point(config), trial_dir, profile_last, node_id,
+                         cancel)  # fmt: skip
+        result = trial.run(report)
+        result.figures["trial_wall_s"] = time.time() - started
+    report(result.to_report(objectives))
+    return result

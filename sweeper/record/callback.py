@@ -4,14 +4,15 @@ run map kept on disk."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ray import tune
-from ray.tune.experiment import Trial
 
 from sweeper.record.journal import read_state
 from sweeper.record.tracker import Tracker
+from sweeper.record.trial import SweepTrial
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from trainer.trial.events import FailureClass, TrialStatus
 from trainer.trial.files import write_json
@@ -62,7 +63,7 @@ class TrackingCallback(tune.Callback):
         write_json(self.id_map_path, state, indent=1)
 
     def on_trial_start(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self.seen[trial.trial_id] = trial
         self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
@@ -83,12 +84,17 @@ class TrackingCallback(tune.Callback):
         self.save()
 
     def on_trial_recover(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self._flush(trial.trial_id)  # Tune retries it after an infrastructure fault
 
     def on_trial_result(
-        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+        self,
+        iteration: int,
+        trials: Sequence[SweepTrial],
+        trial: SweepTrial,
+        result: dict[str, Any],
+        **info: Any,
     ) -> None:
         if result.get(STATUS_KEY) != TrialStatus.RUNNING:
             return
@@ -102,7 +108,7 @@ class TrackingCallback(tune.Callback):
         if results and trial_id in self.run_ids:
             self.tracker.log_steps(self.run_ids[trial_id], results)
 
-    def _finish(self, trial: Trial, error: bool, ending: TrialResult | None = None) -> None:
+    def _finish(self, trial: SweepTrial, error: bool, ending: TrialResult | None = None) -> None:
         self._flush(trial.trial_id)
         final = final_of(trial, error, ending)
         self.finals[trial.trial_id] = final
@@ -117,7 +123,7 @@ class TrackingCallback(tune.Callback):
         if run_id:
             self.tracker.finish_trial(run_id, final)
 
-    def kill(self, trial: Trial) -> None:
+    def kill(self, trial: SweepTrial) -> None:
         """A trial cut off by an interrupted sweep: KILLED in MLflow, a `killed` row."""
         if trial.trial_id in self.finals or trial.trial_id not in self.run_ids:
             return  # already recorded, or never started (no run, no row)
@@ -133,17 +139,17 @@ class TrackingCallback(tune.Callback):
         return self.tracker.resolve(run_id) if run_id else None
 
     def on_trial_complete(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self._finish(trial, error=False)
 
     def on_trial_error(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+        self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self._finish(trial, error=True)
 
 
-def final_of(trial: Trial, error: bool, ending: TrialResult | None = None) -> TrialResult:
+def final_of(trial: SweepTrial, error: bool, ending: TrialResult | None = None) -> TrialResult:
     """A trial's final result: `ending` (how the sweep ended it), else its final report, else
     what its never making one says: the scheduler stopped it, or its worker failed."""
     if ending is not None:
@@ -156,7 +162,7 @@ def final_of(trial: Trial, error: bool, ending: TrialResult | None = None) -> Tr
     return TrialResult(status=TrialStatus.STOPPED, failure_message="stopped early by the scheduler")
 
 
-def log_tail(trial: Trial, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(trial: SweepTrial, lines: int = LOG_TAIL_LINES) -> str:
     """The end of a trial's trainer log, where this host can read it (a local trial's Tune
     working directory); empty otherwise."""
     if trial.storage is None:

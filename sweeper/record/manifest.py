@@ -60,12 +60,32 @@ class SweepManifest(Frozen):
     experiment_id: str
     parent_run_id: str
     storage: str
+    # What schedules its trials: Ray Tune, or this host alone without Ray (sweeper/sweep/host.py).
+    executor: Literal["ray", "host"] = "ray"
     inert_notes: list[str] = Field(default_factory=list)
     started_at: str = ""
     ending: Ending = Ending()
 
     def write(self, path: Path) -> None:
         write_json(path, self.model_dump(mode="json"), indent=1, durable=True)
+
+    def moved_to(self, results_dir: Path) -> SweepManifest:
+        """This sweep read from `results_dir` after its folder was moved (brought back from
+        the host that ran it): a SQLite store named by a path that is not here is the file
+        of the same name in `results_dir`, where that one is."""
+        update = {}
+        for field in ("tracking_uri", "optuna_storage", "storage"):
+            value = getattr(self, field)
+            prefix = "sqlite:///" if value.startswith("sqlite:///") else ""
+            if prefix != "sqlite:///" and field != "storage":
+                continue
+            path = Path(value.removeprefix(prefix))
+            if "://" in value.removeprefix(prefix) or path.exists():
+                continue
+            here = results_dir / path.name if prefix else results_dir
+            if here.exists():
+                update[field] = f"{prefix}{here}"
+        return self.model_copy(update=update) if update else self
 
     @classmethod
     def read(cls, path: Path) -> SweepManifest:
@@ -109,7 +129,7 @@ def find_sweep(sweep_id: str, results_dir: Path | None = None) -> Found:
     exact = [p for p in found if p.parent.name == sweep_id]
     if len(exact) == 1 or len(found) == 1:
         path = (exact or found)[0]
-        return Found(path.parent, SweepManifest.read(path))
+        return Found(path.parent, SweepManifest.read(path).moved_to(results_dir.resolve()))
     latest = [s.sweep_id for s in list_sweeps(results_dir)[:5]]
     if found:
         what = f"several sweeps start with {sweep_id!r}: {', '.join(p.parent.name for p in found)}"

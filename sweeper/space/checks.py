@@ -75,7 +75,7 @@ def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                 )
         values = knob.extremes()
         for value in values:
-            point = dict(knob.when)
+            point = knob.condition_point()
             point[key] = int(value) if knob.kind == "int" else value
             try:
                 load_config(assemble(space, point))
@@ -113,7 +113,7 @@ def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:
         if key.startswith(KNOB_PREFIX):
             continue
         for value in knob.extremes():
-            point = {**knob.when, key: int(value) if knob.kind == "int" else value}
+            point = {**knob.condition_point(), key: int(value) if knob.kind == "int" else value}
             config = load_config(assemble(space, point))
             for u in to_maxtext(config, platform).unmapped:
                 if u.field == key or _under(u.field, key) or _under(key, u.field):

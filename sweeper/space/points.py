@@ -66,7 +66,7 @@ def maxtext_knobs(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def active(knob: Knob, point: dict[str, Any]) -> bool:
-    return all(point.get(k) == v for k, v in knob.when.items())
+    return knob.met_by(point)
 
 
 def points(space: Space, limit: int) -> list[dict[str, Any]]:

@@ -53,8 +53,20 @@ class Knob(Frozen):
     type: Literal["categorical", "int", "float"] | None = None
     """force int or float for a range (default: int when every bound is whole)."""
     when: dict[str, Any] = Field(
-        default_factory=dict, description="active only when these knobs have these values"
+        default_factory=dict,
+        description="active only when these knobs have these values (a list: any of them)",
     )
+
+    def met_by(self, point: dict[str, Any]) -> bool:
+        """Whether `point` meets this knob's condition (it is then sampled)."""
+        return all(
+            point.get(k) in v if isinstance(v, list) else point.get(k) == v
+            for k, v in self.when.items()
+        )
+
+    def condition_point(self) -> dict[str, Any]:
+        """One point of the knobs its condition names that meets it (a list's first value)."""
+        return {k: v[0] if isinstance(v, list) else v for k, v in self.when.items()}
 
     @model_validator(mode="after")
     def _check(self) -> Knob:

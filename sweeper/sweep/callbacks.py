@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ray import tune
-from ray.tune.experiment import Trial
 
 from sweeper.record.callback import TrackingCallback
+from sweeper.record.trial import SweepTrial
 from sweeper.search.searcher import SweepSearch
 from sweeper.sweep.result import ResultsUnwritable, SweepResult
 from trainer.trial.result import TrialResult
@@ -26,7 +26,7 @@ class Sweep(Protocol):
     interrupted: bool
     watching_ctrl_c: bool
 
-    def finish(self, trials: list[Trial] | None = None) -> SweepResult: ...
+    def finish(self, trials: Sequence[SweepTrial] | None = None) -> SweepResult: ...
 
 
 # The callbacks of each sweep this process drives, by sweep id (see SweepCallbacks).
@@ -66,7 +66,7 @@ class FinishCallback(tune.Callback):
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
 
-    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+    def on_experiment_end(self, trials: Sequence[SweepTrial], **info: Any) -> None:
         # Trials that started and never completed were cut off by Ctrl-C / SIGTERM (Tune
         # marks them TERMINATED when it stops them): close their records.
         tracking = self.sweep.tracking
@@ -122,6 +122,6 @@ def ctrl_c(sweep: Sweep) -> bool:
     return sweep.watching_ctrl_c and signal.getsignal(signal.SIGINT) is _sigint_marker
 
 
-def _ended(trial: Trial) -> bool:
+def _ended(trial: SweepTrial) -> bool:
     final = TrialResult.from_report(trial.last_result)
     return final is not None and final.ended

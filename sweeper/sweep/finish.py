@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import pandas as pd
 import yaml
-from ray.tune.experiment import Trial
 
 from sweeper.answer import table
 from sweeper.answer.notes import effect_caveats, noise_notes, pinning_notes, program_verdicts
@@ -21,6 +20,7 @@ from sweeper.record.callback import TrackingCallback
 from sweeper.record.manifest import BEST, SUMMARY, Ending, SweepManifest, now
 from sweeper.record.row import REMEASURED, Column, TrialRow
 from sweeper.record.tracker import Tracker
+from sweeper.record.trial import SweepTrial
 from sweeper.search import ladder
 from sweeper.search.searcher import SweepSearch
 from sweeper.space.schema import Space
@@ -82,7 +82,7 @@ class Writes:
             return None
 
 
-def finish(sweep: Sweep, trials: Iterable[Trial] | None) -> SweepResult:
+def finish(sweep: Sweep, trials: Iterable[SweepTrial] | None) -> SweepResult:
     """The sweep's end (see the module): raises ResultsUnwritable, once every record is
     closed, when the results folder took no more writes."""
     frame = results_frame(sweep, trials)
@@ -124,7 +124,7 @@ def finish(sweep: Sweep, trials: Iterable[Trial] | None) -> SweepResult:
     )
 
 
-def results_frame(sweep: Sweep, trials: Iterable[Trial] | None) -> pd.DataFrame:
+def results_frame(sweep: Sweep, trials: Iterable[SweepTrial] | None) -> pd.DataFrame:
     """One row per trial that started, re-measurements beside the points they repeat, trace
     folders where they outlive Ray's."""
     tracking = sweep.tracking

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ import pandas as pd
 import yaml
 from optuna.trial import TrialState
 from ray import tune
-from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 
 from sweeper.answer.export import trial_config
@@ -32,6 +32,7 @@ from sweeper.answer.progress import ProgressCallback
 from sweeper.answer.recover import result_of_run
 from sweeper.execute import tune_state
 from sweeper.execute.cluster import place, start_ray
+from sweeper.execute.host import this_host
 from sweeper.execute.placement import Placement
 from sweeper.execute.trainable import TrialRuntime, run_trial
 from sweeper.record.callback import TrackingCallback
@@ -48,6 +49,7 @@ from sweeper.record.manifest import (
 )
 from sweeper.record.stores import open_stores
 from sweeper.record.tracker import Tracker, check_tracking_server, default_tracking_uri
+from sweeper.record.trial import SweepTrial
 from sweeper.search import ladder
 from sweeper.search.distributions import make_sampler
 from sweeper.search.outcomes import check_study, close_open_trials, stored_result
@@ -57,9 +59,12 @@ from sweeper.space.load import load_space, space_overrides
 from sweeper.space.schema import Space
 from sweeper.sweep import finish as finishing
 from sweeper.sweep.callbacks import LIVE_CALLBACKS, FinishCallback, SweepCallbacks, watching_ctrl_c
+from sweeper.sweep.host import HostRunner
 from sweeper.sweep.prepare import (
+    Executor,
     check_study_exists,
     checked,
+    choose_executor,
     concurrency,
     local_path,
     with_trial_base,
@@ -86,6 +91,7 @@ def _new_manifest(
     storage: str | None,
     study: str | None,
     inert_notes: list[str],
+    executor: Executor,
 ) -> SweepManifest:
     """A new sweep's identity: the space as its trials run it, its study, its stores."""
     storage = storage or str(results_dir)
@@ -100,6 +106,7 @@ def _new_manifest(
         experiment_id="",
         parent_run_id="",
         storage=storage,
+        executor=executor,
         inert_notes=inert_notes,
         started_at=now(),
     )
@@ -163,6 +170,11 @@ class Sweep:
         return self.manifest.inert_notes
 
     @property
+    def executor(self) -> Executor:
+        """ray: Ray Tune schedules the trials; host: they run one at a time here, no Ray."""
+        return self.manifest.executor
+
+    @property
     def sweep_dir(self) -> Path:
         return self.results_dir / self.space.name / self.sweep_id
 
@@ -178,9 +190,14 @@ class Sweep:
         sweep_id: str | None = None,
         storage: str | None = None,
         study: str | None = None,
+        executor: str = "auto",
         **overrides: Any,
     ) -> Sweep:
         """Check the space, read the Ray cluster, open the sweep's records.
+
+        `executor`: `ray` (Ray Tune schedules the trials), `host` (one at a time on this
+        host, no Ray: sweeper/sweep/host.py), or `auto`: ray, unless this host cannot start
+        Ray and the caller has none (its notes then say so).
 
         Uses the Ray the caller initialized (its own cluster), or starts a private local
         one. Trials reserve what the placement says (a whole TPU slice, the driver host's
@@ -199,12 +216,23 @@ class Sweep:
         written, screened = space, None
         if space.search.ladder is not None:  # the screen, in this process: the trials compile
             space, screened = ladder.verify_rung(space)
-        start_ray()
-        space, placement, inert_notes, placement_notes = checked(space)
+        chosen, executor_notes = choose_executor(executor, space)
+        if chosen == "ray":
+            start_ray()
+            space, placement, inert_notes, placement_notes = checked(space)
+        else:
+            if space.search.concurrency > 1:
+                executor_notes.append(
+                    f"search.concurrency {space.search.concurrency}: without Ray, one trial at a time"
+                )
+                one = space.search.model_copy(update={"concurrency": 1})
+                space = space.model_copy(update={"search": one})
+            space, placement, inert_notes, placement_notes = checked(space, [this_host(space)])
+        placement_notes += executor_notes
         results_dir = Path(results_dir or default_results_dir()).resolve()
         results_dir.mkdir(parents=True, exist_ok=True)
         manifest = _new_manifest(space, placement, results_dir, tracking_uri, sweep_id, storage,
-                                 study, inert_notes)  # fmt: skip
+                                 study, inert_notes, chosen)  # fmt: skip
         sweep = cls._open(manifest, results_dir, placement, placement_notes)
         if screened is not None:
             ladder.write_screen(sweep.sweep_dir, screened, written)
@@ -250,7 +278,9 @@ class Sweep:
             tracker=tracker,
             tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
             placement=placement,
-            concurrency=concurrency(manifest.space, placement)[0],
+            concurrency=1
+            if manifest.executor == "host"
+            else concurrency(manifest.space, placement)[0],
             lock=lock,
             placement_notes=placement_notes,
         )
@@ -285,8 +315,11 @@ class Sweep:
     ) -> Sweep:
         sweep_dir = results_dir / manifest.space.name / manifest.sweep_id
         check_study_exists(manifest.study_name, manifest.optuna_storage, manifest.sweep_id)
-        start_ray()
-        _, placement = place(manifest.space)
+        if manifest.executor == "host":
+            _, placement = place(manifest.space, [this_host(manifest.space)])
+        else:
+            start_ray()
+            _, placement = place(manifest.space)
         manifest = manifest.model_copy(
             update={"tracking_uri": tracking_uri or manifest.tracking_uri}
         )
@@ -301,7 +334,9 @@ class Sweep:
             tracker=tracker,
             tracking=TrackingCallback(tracker, sweep_dir / ID_MAP),
             placement=placement,
-            concurrency=concurrency(manifest.space, placement)[0],
+            concurrency=1
+            if manifest.executor == "host"
+            else concurrency(manifest.space, placement)[0],
             lock=lock,
             placement_notes=[
                 f"placement: {placement.description}",
@@ -309,6 +344,9 @@ class Sweep:
             ],
             resumed=True,
         )
+        if manifest.executor == "host":
+            sweep.searcher = HostRunner.restore_searcher(sweep_dir)
+            return sweep
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
         sweep.check_tune_state()
         return sweep
@@ -419,15 +457,15 @@ class Sweep:
         `callbacks` are added to the sweep's own (tracking, finish, optional progress);
         the sweep finishes itself when Tune's experiment ends.
         """
+        if self.executor == "host":
+            raise TypeError(
+                f"sweep {self.sweep_id} runs without Ray (executor host): it has no Tune Tuner; "
+                "sweep.run() runs it"
+            )
         os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_EVERY_S)
-        all_callbacks: list[tune.Callback] = [self.tracking, FinishCallback(self)]
-        if progress:
-            all_callbacks.append(ProgressCallback(self.space, self.sweep_id, str(self.sweep_dir)))
-        all_callbacks += callbacks or []
+        all_callbacks = self._callbacks(callbacks, progress)
         LIVE_CALLBACKS[self.sweep_id] = all_callbacks
-        runtime = TrialRuntime(
-            placement=self.placement, timeout_s=self.space.search.trial_timeout_s
-        )
+        runtime = self._runtime()
         trainable = tune.with_resources(
             tune.with_parameters(
                 run_trial, space=self.space, runtime=runtime, recorded=self.recorded_results()
@@ -450,6 +488,18 @@ class Sweep:
             verbose=0,
         )
         return tune.Tuner(trainable, tune_config=self._tune_config(), run_config=run_config)
+
+    def _callbacks(
+        self, callbacks: list[tune.Callback] | None, progress: bool
+    ) -> list[tune.Callback]:
+        """The sweep's own callbacks (tracking, finish, optional progress), then the caller's."""
+        all_callbacks: list[tune.Callback] = [self.tracking, FinishCallback(self)]
+        if progress:
+            all_callbacks.append(ProgressCallback(self.space, self.sweep_id, str(self.sweep_dir)))
+        return all_callbacks + (callbacks or [])
+
+    def _runtime(self) -> TrialRuntime:
+        return TrialRuntime(placement=self.placement, timeout_s=self.space.search.trial_timeout_s)
 
     def _searcher(self) -> SweepSearch:
         space, objective = self.space, self.space.objective
@@ -537,7 +587,7 @@ class Sweep:
 
     # -- finish ---------------------------------------------------------------------------
 
-    def finish(self, trials: list[Trial] | None = None) -> SweepResult:
+    def finish(self, trials: Sequence[SweepTrial] | None = None) -> SweepResult:
         """Summary files, notes and the parent run, from Tune's trials (restored ones included).
 
         Runs once, when Tune's experiment ends (the sweep's own callback); later calls
@@ -598,11 +648,19 @@ class Sweep:
     def run(
         self, callbacks: list[tune.Callback] | None = None, progress: bool = False
     ) -> SweepResult:
-        tuner = self.tuner(callbacks, progress)
+        fit: Callable[[], Any]
+        if self.executor == "host":
+            runner = HostRunner(
+                self, self._runtime(), self._callbacks(callbacks, progress),
+                self.recorded_results(),
+            )  # fmt: skip
+            fit = runner.fit
+        else:
+            fit = self.tuner(callbacks, progress).fit
         try:
             with watching_ctrl_c(self):
                 try:
-                    tuner.fit()
+                    fit()
                 except KeyboardInterrupt:
                     raise
                 except BaseException:  # a store gone or full: no run left RUNNING

@@ -5,11 +5,13 @@ and the records a resume must find."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import optuna
 
 from sweeper.execute.cluster import place
-from sweeper.execute.placement import Placement
+from sweeper.execute.host import tcp_refused
+from sweeper.execute.placement import Host, Placement
 from sweeper.execute.programs import program_of
 from sweeper.space.checks import cap_grid, check_space
 from sweeper.space.errors import SpaceError
@@ -39,11 +41,13 @@ def local_path(path: str) -> Path | None:
     return None if "://" in path else Path(path)
 
 
-def checked(space: Space) -> tuple[Space, Placement, list[str], list[str]]:
-    """The space as its sweep runs it, where its trials run, the values pinned as inert
-    (a note each), and notes on the placement."""
+def checked(
+    space: Space, hosts: list[Host] | None = None
+) -> tuple[Space, Placement, list[str], list[str]]:
+    """The space as its sweep runs it, where its trials run (on Ray's cluster, or on `hosts`),
+    the values pinned as inert (a note each), and notes on the placement."""
     program_of(space).check(space)
-    space, placement = place(space)
+    space, placement = place(space, hosts)
     backend = placement.backend if space.effective_fidelity == "run" else None
     space, inert_notes = check_space(space, backend, placement.num_devices)
     space, grid_note = cap_grid(space)
@@ -71,3 +75,39 @@ def with_trial_base(space: Space, placement: Placement, storage: str) -> Space:
     # The convergence reference cache lives in the sweep's storage, which every node reads.
     base.setdefault("convergence", {}).setdefault("cache_dir", f"{storage}/cache")
     return space.model_copy(update={"trial": {k: v for k, v in base.items() if k != "model"}})
+
+
+Executor = Literal["ray", "host"]
+EXECUTORS = ("auto", "ray", "host")
+
+
+def choose_executor(requested: str, space: Space) -> tuple[Executor, list[str]]:
+    """What schedules a sweep's trials, and a note when it is not what a user would expect:
+    `ray` and `host` as asked; `auto` is Ray (the caller's, or a private local one) unless
+    this host cannot start Ray and the caller has none. SpaceError for a space whose trials
+    need a Ray cluster (a TPU slice at run fidelity) without one."""
+    import ray
+
+    if requested not in EXECUTORS:
+        raise SpaceError(
+            f"executor {requested!r}: one of {', '.join(EXECUTORS)}", field="--executor"
+        )
+    if requested == "ray" or (requested == "auto" and ray.is_initialized()):
+        return "ray", []
+    refused = tcp_refused()
+    if requested == "auto" and refused is None:
+        return "ray", []
+    needs_cluster = space.target.is_tpu and space.fidelity == "run"
+    if needs_cluster:
+        why = f"Ray cannot start here: {refused}" if refused else "executor host was asked for"
+        raise SpaceError(
+            f"{space.target} at fidelity run trains on whole slices of a Ray cluster; {why}. "
+            "Run it where Ray can reach the slices (--address), or use fidelity compile",
+            field="target",
+        )
+    if requested == "host":
+        return "host", ["executor host: trials run one at a time on this host, without Ray"]
+    return "host", [
+        f"executor host: Ray cannot start here ({refused}), so the trials run one at a time "
+        "on this host, without Ray (--executor ray asks for Ray)"
+    ]

@@ -24,6 +24,7 @@ def run_sweep(
     study: str | None = None,
     resume: str | None = None,
     verbose: bool = False,
+    executor: str = "auto",
     **overrides: Any,
 ) -> SweepResult:
     """Run a whole sweep and return its result; overrides are dotted space keys (`search.trials=4`).
@@ -31,11 +32,12 @@ def run_sweep(
     `resume=SWEEP_ID` continues a sweep whose driver died or was stopped instead. Prints
     nothing unless `progress` (the sweep's own lines) or `verbose` (the libraries' too). A
     Ray this call started is shut down when it returns; one the caller started is not.
+    `executor`: ray, host (no Ray: one trial at a time on this host) or auto (Sweep.prepare).
     """
     quiet(verbose)
     try:
         return _run_sweep(space, results_dir, tracking_uri, progress, callbacks, storage, study,
-                          resume, overrides)  # fmt: skip
+                          resume, overrides, executor)  # fmt: skip
     finally:
         stop_ray()
 
@@ -50,6 +52,7 @@ def _run_sweep(
     study: str | None,
     resume: str | None,
     overrides: dict[str, Any],
+    executor: str,
 ) -> SweepResult:
     if resume is not None:
         if space is not None or overrides:
@@ -59,5 +62,6 @@ def _run_sweep(
         raise TypeError("give a space (a path, a built-in name or a Space) or resume=SWEEP_ID")
     else:
         sweep = Sweep.prepare(space, results_dir=results_dir, tracking_uri=tracking_uri,
-                              storage=storage, study=study, **overrides)  # fmt: skip
+                              storage=storage, study=study, executor=executor,
+                              **overrides)  # fmt: skip
     return sweep.run(callbacks, progress)
