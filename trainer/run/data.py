@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +14,33 @@ import numpy as np
 
 from trainer.parallel.context import load_balance_order
 from trainer.trial.config import TrialConfig
+from trainer.trial.files import cache_dir
 
 
 @functools.cache
-def stdlib_corpus(max_bytes: int) -> np.ndarray:
-    """The stdlib's .py sources in sorted path order, concatenated, as uint8 tokens."""
+def stdlib_corpus(max_bytes: int, cache: Path | None = None) -> np.ndarray:
+    """The stdlib's .py sources in sorted path order, concatenated, as uint8 tokens; kept in
+    `cache` once read, for the sweep's later trials (walking the stdlib's thousands of files
+    takes 3 s on a CPU host, every trial)."""
     root = Path(sysconfig.get_paths()["stdlib"])
+    if cache is None:
+        return _read_corpus(root, max_bytes)
+    kept = cache / f"stdlib-corpus-{sys.version_info[0]}.{sys.version_info[1]}-{max_bytes}.npy"
+    if kept.exists():
+        try:
+            return np.load(kept)
+        except (OSError, ValueError):
+            pass  # a damaged copy: read the sources again
+    corpus = _read_corpus(root, max_bytes)
+    with contextlib.suppress(OSError):
+        part = kept.with_suffix(f".{os.getpid()}.part")
+        with part.open("wb") as f:
+            np.save(f, corpus)
+        part.replace(kept)
+    return corpus
+
+
+def _read_corpus(root: Path, max_bytes: int) -> np.ndarray:
     files = sorted(
         p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts)
     )
@@ -53,7 +77,7 @@ class BatchSource:
         if config.data.source == "stdlib":
             if self.vocab_size < 256:
                 raise ValueError("model.vocab_size must be >= 256 for byte-level stdlib data")
-            self.corpus = stdlib_corpus(int(config.data.max_corpus_mib * 2**20))
+            self.corpus = stdlib_corpus(int(config.data.max_corpus_mib * 2**20), cache_dir(config))
 
     def batch(self, step: int) -> Batch:
         rng = np.random.default_rng([self.config.seed, step])

@@ -30,6 +30,29 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         num_experts=8,
         experts_per_token=2,
     ),
+    # Sized for one TPU v5e chip (15.75 GiB): float32 weights, gradients and AdamW moments
+    # take 16 bytes a parameter, so these leave 10 GiB for batch. Head width 128 fills v5e's
+    # 128-wide MXU; the 32k vocabulary makes the logits a real cost.
+    "v5e-dense-270m": dict(
+        vocab_size=32768,
+        d_model=1024,
+        num_layers=12,
+        num_heads=8,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=4096,
+    ),
+    "v5e-moe-300m": dict(
+        vocab_size=32768,
+        d_model=1024,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=1024,
+        num_experts=8,
+        experts_per_token=2,
+    ),
     "llama3-8b": dict(
         vocab_size=128256,
         d_model=4096,
