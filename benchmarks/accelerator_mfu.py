@@ -52,7 +52,22 @@ CASES: dict[str, tuple[dict, int, dict]] = {
     "moe-8x-ragged-dot": (MOE, 16, {"kernels": {"moe_gmm": "ragged_dot"}}),
     "moe-8x-tokamax": (MOE, 16, {"kernels": {"moe_gmm": "tokamax"}}),
     "dense-3b-fp8-fixed": (DENSE_3B, 8, {"precision": {"mode": "fp8", "scaling": "fixed"}}),
+    # Sized for a 16 GiB chip (TPU v5e): the presets of the v5e spaces (search_spaces/v5e_*).
+    "v5e-dense": ({"preset": "v5e-dense-270m"}, 8, {}),
+    "v5e-dense-int8": (
+        {"preset": "v5e-dense-270m"},
+        8,
+        {"precision": {"mode": "int8", "granularity": "per_axis"}},
+    ),
+    "v5e-dense-fp8": ({"preset": "v5e-dense-270m"}, 8, {"precision": {"mode": "fp8"}}),
+    "v5e-dense-vmem64m": ({"preset": "v5e-dense-270m"}, 8, {"xla": {"scoped_vmem_kib": 65536}}),
+    "v5e-moe": ({"preset": "v5e-moe-300m"}, 8, {}),
 }
+# The cases a run takes by default, by the chip's memory (float32 weights, gradients and AdamW
+# moments take 16 bytes a parameter: the 1.3B-3B cases ask 30-48 GiB).
+DEFAULT_CASES = "dense-1.3b,dense-3b,dense-3b-fp8,moe-8x"
+SMALL_CHIP_CASES = "v5e-dense,v5e-dense-int8,v5e-dense-fp8,v5e-moe"
+SMALL_CHIP_GIB = 32
 # Compiler variants of a case: `CASE+VARIANT` runs CASE with these XLA flags added. The fp8
 # compile (121 s against 10 s for bf16 on the H200) is mostly GEMM autotuning; these say how
 # much, and what the step pays without it (compare a variant against bf16 with the same one).
@@ -75,13 +90,20 @@ def split_case(name: str) -> tuple[str, str]:
     return case, XLA_VARIANTS.get(variant, "")
 
 
-def trial(name: str, steps: int, cpu: bool) -> dict[str, Any]:
+def trial(name: str, steps: int, cpu: bool, platform: str = "auto") -> dict[str, Any]:
+    """The trial configuration of case `name`; `platform` the backend it runs on (a sweep's
+    trials name theirs: on TPU, its LIBTPU flags then reach libtpu as a trial's do)."""
     model, batch, extra = CASES[split_case(name)[0]]
+    if "preset" in model:
+        from trainer.trial.presets import MODEL_PRESETS
+
+        model = {**MODEL_PRESETS[model["preset"]], **model}
     model = {**model, **(CPU_SHAPE if cpu else {})}
     if cpu and "num_experts" in model:
         model["mlp_dim"] = 128
+    model.setdefault("preset", "small-moe" if "num_experts" in model else "small-dense")
     return {
-        "model": {"preset": "small-moe" if "num_experts" in model else "small-dense", **model},
+        "model": model,
         "seq_len": 256 if cpu else 2048,
         "per_device_batch": 2 if cpu else batch,
         "steps": steps,
@@ -89,6 +111,7 @@ def trial(name: str, steps: int, cpu: bool) -> dict[str, Any]:
         "remat": {"policy": "minimal"},
         "measure": {"skip_steps": min(5, steps // 2)},
         "convergence": {"enabled": False},
+        "backend": "cpu" if cpu else platform,
         **extra,
     }
 
@@ -98,10 +121,12 @@ def measure_peak(dtype_name: str, size: int, repeats: int = 10) -> float:
     import jax
     import jax.numpy as jnp
 
-    dtype = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn}[dtype_name]
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16).astype(dtype)
-    b = jax.random.normal(jax.random.key(1), (size, size), jnp.bfloat16).astype(dtype)
-    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16))
+    dtype = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}[dtype_name]
+    scale = 100.0 if dtype_name == "int8" else 1.0
+    a = (jax.random.normal(jax.random.key(0), (size, size)) * scale).astype(dtype)
+    b = (jax.random.normal(jax.random.key(1), (size, size)) * scale).astype(dtype)
+    out = jnp.int32 if dtype_name == "int8" else jnp.bfloat16
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=out))
     matmul(a, b).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
@@ -116,12 +141,16 @@ def child_peak() -> dict[str, Any]:
 
     device = jax.devices()[0]
     size = 8192 if device.platform != "cpu" else 1024
-    peaks = {"bf16": measure_peak("bf16", size)}
-    try:
-        peaks["fp8"] = measure_peak("fp8", size)
-    except Exception as exc:  # a backend without fp8 products says so in the table
-        peaks["fp8_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    return {"platform": device.platform, "device_kind": device.device_kind, "size": size, **peaks}
+    peaks: dict[str, Any] = {"bf16": measure_peak("bf16", size)}
+    for low in ("fp8", "int8"):
+        try:
+            peaks[low] = measure_peak(low, size)
+        except Exception as exc:  # a backend without such products says so in the table
+            peaks[f"{low}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    stats = device.memory_stats() or {}
+    memory = stats.get("bytes_limit")
+    return {"platform": device.platform, "device_kind": device.device_kind, "size": size,
+            "memory_gib": memory / 2**30 if memory else None, **peaks}  # fmt: skip
 
 
 def relative_max_errors(parts, got, exact) -> dict[str, float]:
@@ -238,17 +267,19 @@ def child_fp8_hlo() -> dict[str, Any]:
     }
 
 
-def child_case(name: str, steps: int) -> dict[str, Any]:
+def child_case(name: str, steps: int, platform: str) -> dict[str, Any]:
+    from trainer.cli import prepare_environment
+    from trainer.trial.config import load_config
+
+    config = load_config(trial(name, steps, platform == "cpu", platform))
+    prepare_environment(config)  # its LIBTPU flags, before libtpu starts: as a trial's process
     import jax
 
     from trainer.model.grouped_matmul import experts_run_as
     from trainer.run.train import train
-    from trainer.trial.config import load_config
     from trainer.trial.events import Emitter
 
     device = jax.devices()[0]
-    cpu = device.platform == "cpu"
-    config = load_config(trial(name, steps, cpu))
     summary = train(config, Emitter(quiet=True)).summary
     if config.model.is_moe:
         moe_gmm = config.resolved_kernels(device.platform).moe_gmm
@@ -302,7 +333,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--cases", default="dense-1.3b,dense-3b,dense-3b-fp8,moe-8x")
+    parser.add_argument(
+        "--cases",
+        default=None,
+        help=f"default: {DEFAULT_CASES}; on a chip under {SMALL_CHIP_GIB} GiB, {SMALL_CHIP_CASES}",
+    )
+    parser.add_argument("--platform", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--checks", default="", help="attention-check,gmm-check,fp8-hlo")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per case")
@@ -318,17 +354,25 @@ def main() -> None:
             "fp8-hlo": child_fp8_hlo,
         }
         result = (
-            special[args.child]() if args.child in special else child_case(args.child, args.steps)
+            special[args.child]()
+            if args.child in special
+            else child_case(args.child, args.steps, args.platform)
         )
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    names = args.cases.split(",") if args.cases else []
-    flags = {name: split_case(name)[1] for name in names}  # every name checked before a run
+    if args.cases:
+        for name in args.cases.split(","):
+            split_case(name)  # every name checked before a run
     console = Console(width=200)
     deadline = time.monotonic() + args.budget if args.budget else None
     peak = run_child(["--child", "peak"], args.timeout)
     console.print(f"matmul peak (fidelity: run): {peak}")
+    small = (peak.get("memory_gib") or SMALL_CHIP_GIB) < SMALL_CHIP_GIB
+    cases = args.cases or (SMALL_CHIP_CASES if small else DEFAULT_CASES)
+    names = cases.split(",")
+    flags = {name: split_case(name)[1] for name in names}
+    platform = peak.get("platform", "auto")
     rows = [peak]
     table = Table(
         title=f"trainer on {peak.get('device_kind', '?')} (fidelity: run, "
@@ -359,7 +403,7 @@ def main() -> None:
                 table.add_row(name, "not run: budget spent", *[""] * 7)
                 continue
         console.print(f"[{time.strftime('%H:%M:%S')}] {name} ...")
-        child = ["--child", name, "--steps", str(args.steps)]
+        child = ["--child", name, "--steps", str(args.steps), "--platform", platform]
         row = {"case": name, "xla_flags": flags[name], **run_child(child, timeout, flags[name])}
         rows.append(row)
         console.print(row)
@@ -367,7 +411,8 @@ def main() -> None:
             table.add_row(name, row["error"][:60], *[""] * 7)
             continue
         tflops = row["tflops_per_sec_per_chip"]
-        measured = peak.get("fp8" if "-fp8" in name else "bf16")
+        low = next((p for p in ("fp8", "int8") if f"-{p}" in name), "bf16")
+        measured = peak.get(low)
         matmuls = row.get("matmuls") or {}
         table.add_row(
             name,

@@ -1,0 +1,93 @@
+"""`kernels.tune` on the lent v5e: trial 0 of v5e_dense run three ways, each in a trial's own
+process (`python -m trainer`, its LIBTPU flags set as a sweep's trial's are): its own Splash
+blocks (tune off), the blocks tune-jax times fastest on the chip (tune time), and the blocks
+the compile-fidelity tuner prices lowest for v5e:1x1 (tune compile, run on a CPU host
+beforehand: `python -m benchmarks.v5e.tune_trials priced` writes
+benchmarks/data/v5e_dense_compile_tuned.json).
+
+    python -m benchmarks.v5e.tune_trials priced          # on a CPU host with libtpu
+    python -m benchmarks.v5e.tune_trials run OUT_DIR     # on the chip: a table and OUT_DIR/tune.json
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+PRICED = DATA / "v5e_dense_compile_tuned.json"
+
+
+def trial0(tune: str, **kernels: Any) -> dict[str, Any]:
+    """Trial 0 of v5e_dense on one device, with `kernels.tune` and any blocks given."""
+    from sweeper.space.checks import static_check
+    from sweeper.space.load import load_space
+    from sweeper.space.points import first_point
+
+    space = load_space("v5e_dense")
+    config = static_check(space, first_point(space), 1)
+    update = {"tune": tune, **kernels}
+    config = config.model_copy(update={"kernels": config.kernels.model_copy(update=update),
+                                       "num_devices": 1, "backend": "tpu"})  # fmt: skip
+    return config.model_dump(mode="json")
+
+
+def events(config: dict[str, Any], folder: Path, name: str, args: list[str]) -> list[dict]:
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(config))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trainer", "--config", str(path), *args],
+                          capture_output=True, text=True)  # fmt: skip
+    (folder / f"{name}.log").write_text(done.stdout + done.stderr)
+    out = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    out.append({"event": "wall", "seconds": time.perf_counter() - start, "code": done.returncode})
+    return out
+
+
+def priced() -> None:
+    """The compile tuner's choice for trial 0, compiled for v5e:1x1 on this host."""
+    folder = Path("results/v5e_tune_priced")
+    folder.mkdir(parents=True, exist_ok=True)
+    got = events(trial0("compile"), folder, "priced", ["--compile-only", "--target", "v5e:1x1"])
+    compiled = next(e for e in got if e["event"] in ("compiled", "failure"))
+    from trainer.compile.tiles.record import Tuning
+
+    tuning = compiled.get("kernel_tuning")
+    if not tuning:
+        raise SystemExit(f"no tuning in the compile trial: {compiled}")
+    chosen = Tuning.from_json(tuning, cached=False).settings()
+    PRICED.write_text(json.dumps({"chosen": chosen, "tuning": tuning}, indent=1) + "\n")
+    print(json.dumps(chosen))
+
+
+def run(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    chosen = json.loads(PRICED.read_text())["chosen"]
+    ways = {"own": trial0("off"), "timed": trial0("time"), "priced": trial0("off", **chosen)}
+    rows = []
+    for name, config in ways.items():
+        got = events(config, folder, name, [])
+        summary = next((e for e in got if e["event"] == "summary"), {})
+        compiled = next((e for e in got if e["event"] == "compiled"), {})
+        failure = next((e for e in got if e["event"] == "failure"), {})
+        row = {"way": name, "tokens_per_sec_per_chip": summary.get("tokens_per_sec_per_chip"),
+               "low": summary.get("tokens_per_sec_per_chip_low"),
+               "high": summary.get("tokens_per_sec_per_chip_high"),
+               "blocks": {k: v for k, v in config["kernels"].items() if k.startswith("block_")},
+               "tuning": compiled.get("kernel_tuning"), "effects": compiled.get("effects"),
+               "failure": failure.get("message", "")[:300],
+               "wall_s": got[-1]["seconds"]}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row)[:1500], flush=True)
+    (folder / "tune.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "priced":
+        priced()
+    else:
+        run(Path(sys.argv[2]))

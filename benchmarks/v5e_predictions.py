@@ -1,0 +1,297 @@
+"""The step model held to the lent TPU v5e: every point of a v5e space predicted (estimate and
+compile fidelity, for v5e:1x1) before the chip measures it, then the predictions against the
+measurements.
+
+    python -m benchmarks.v5e_predictions freeze SPACE COMPILE_SWEEP_DIR
+        # writes benchmarks/data/SPACE_predictions.csv: commit it before any measurement lands
+    python -m benchmarks.v5e_predictions compare SPACE [--measured CSV ...]
+
+`freeze` judges every point by the analytic estimate (the screen, in this process) and reads
+each point's compile-fidelity trial from a finished compile sweep of the space for v5e:1x1
+(`sweeper run` of the space with fidelity compile and every point as warm start, on the
+chip's own JAX and libtpu: benchmarks/v5e/README.md). `compare` joins them with the chip's
+measurements (benchmarks/data/SPACE_grid.csv, the sweep's trials) by the point's knobs and
+prints, per fidelity, Spearman's rank correlation and the median |error| of tokens/s per
+chip, memory against the chip's compiled memory, and every out-of-memory: measured, and
+whether each fidelity predicted it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+DATA = Path(__file__).resolve().parent / "data"
+TARGET = "v5e:1x1"
+INTERNAL = ("_",)  # the searcher's own keys in a trial's config (optuna number, repeats)
+
+
+def key_of(point: dict[str, Any]) -> str:
+    """A point's identity across files: its knobs, sorted, as JSON."""
+    return json.dumps({k: point[k] for k in sorted(point) if not k.startswith(INTERNAL)})
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=DATA)  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
+def estimates(space_name: str) -> dict[str, dict[str, Any]]:
+    """Every point's estimate for v5e:1x1 (the screen's judgement), by key."""
+    from sweeper.search.screen import screen
+    from sweeper.space.load import load_space
+    from sweeper.space.points import points
+
+    space = load_space(
+        space_name,
+        {
+            "target": TARGET,
+            "fidelity": "compile",
+            "objective.primary.metric": "est_tokens_per_sec_per_chip",
+        },
+    )
+    names = list(space.knobs)
+    frame = screen(space)
+    out = {}
+    for point, row in zip(points(space, 10_000), _rows_in_point_order(frame, space), strict=True):
+        out[key_of(point)] = {
+            "est_tokens_per_sec_per_chip": row.get("est_tokens_per_sec_per_chip"),
+            "est_hbm_gib": row.get("est_hbm_per_device_gib"),
+            "est_verdict": row.get("verdict"),
+        }
+    assert len(out) == len(points(space, 10_000)), names
+    return out
+
+
+def _rows_in_point_order(frame: Any, space: Any) -> list[dict[str, Any]]:
+    """The screen's rows (it sorts them by rank) back in the order of `points(space)`."""
+    from sweeper.record.row import knob_column
+    from sweeper.space.points import points
+
+    columns = [knob_column(k) for k in space.knobs]
+    rows = frame.to_dict("records")
+
+    def same(row: dict[str, Any], point: dict[str, Any]) -> bool:
+        for name, column in zip(space.knobs, columns, strict=True):
+            value = row.get(column)
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            if (name in point) == missing or (name in point and value != point[name]):
+                return False
+        return True
+
+    return [next(r for r in rows if same(r, p)) for p in points(space, 10_000)]
+
+
+def compiled(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each point's compile-fidelity trial (its config and result) from a compile sweep run
+    without Ray (its host_trials.json), by key."""
+    from trainer.trial.result import TrialResult
+
+    trials = json.loads((sweep_dir / "host_trials.json").read_text())
+    out = {}
+    for trial in trials:
+        result = TrialResult.from_report(trial["last_result"])
+        if result is None:
+            continue
+        failure = result.failure_class.value if result.failure_class else ""
+        out[key_of(trial["config"])] = {
+            "compile_status": failure or result.status.value,
+            "compile_est_tokens_per_sec_per_chip": result.figure("est_tokens_per_sec_per_chip"),
+            "compile_hbm_gib": result.figure("hbm_per_device_gib") or result.needed_gib,
+        }
+    return out
+
+
+def freeze(space_name: str, sweep_dir: Path) -> Path:
+    est, comp = estimates(space_name), compiled(sweep_dir)
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    path = DATA / f"{space_name}_predictions.csv"
+    fields = ["key", "est_tokens_per_sec_per_chip", "est_hbm_gib", "est_verdict",
+              "compile_status", "compile_est_tokens_per_sec_per_chip", "compile_hbm_gib"]  # fmt: skip
+    missing = sorted(set(est) - set(comp))
+    with path.open("w", newline="") as f:
+        f.write(f"# {space_name}: every point predicted for {TARGET} before the chip measured it. "
+                f"Model at commit {_commit()} (plus the working tree this file was written "
+                f"from); compile fidelity from sweep {manifest['sweep_id']}.\n")  # fmt: skip
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for key, row in est.items():
+            writer.writerow({"key": key, **row, **comp.get(key, {"compile_status": "missing"})})
+    if missing:
+        print(f"{len(missing)} point(s) have no compile trial: {missing[:3]}")
+    return path
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def _number(value: str | None) -> float | None:
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else float("nan")
+
+
+def measured_of(space_name: str, grid: Path) -> dict[str, dict[str, Any]]:
+    """The chip's measurement of each point of the grid (benchmarks/space_grid.py's csv)."""
+    from sweeper.space.load import load_space
+
+    names = list(load_space(space_name).knobs)
+    out = {}
+    for row in _read(grid):
+        point = {}
+        for name in names:
+            value = row.get(name)
+            if value in (None, ""):
+                continue
+            point[name] = int(value) if value.isdigit() else value
+        out[key_of(point)] = row
+    return out
+
+
+def compare(space_name: str, grid: Path, console: Console) -> dict[str, Any]:
+    predictions = {r["key"]: r for r in _read(DATA / f"{space_name}_predictions.csv")}
+    measured = measured_of(space_name, grid)
+    both = [k for k in predictions if k in measured]
+    ok = [k for k in both if measured[k]["status"] == "ok"]
+    summary: dict[str, Any] = {"points": len(both), "ok": len(ok)}
+    table = Table(
+        title=f"{space_name}: predictions (frozen) against the chip (run fidelity, TPU v5e)"
+    )
+    for col in ("fidelity", "points", "Spearman", "median |error|", "memory median |error|",
+                "OOM caught"):  # fmt: skip
+        table.add_column(col, justify="right")
+    ooms = [k for k in both if "oom" in (measured[k].get("failure") or "")]
+    for fidelity, column, hbm in (("estimate", "est_tokens_per_sec_per_chip", "est_hbm_gib"),
+                                  ("compile", "compile_est_tokens_per_sec_per_chip",
+                                   "compile_hbm_gib")):  # fmt: skip
+        pairs = [(_number(predictions[k][column]), _number(measured[k]["tokens_per_sec_per_chip"]))
+                 for k in ok]  # fmt: skip
+        pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
+        errors = [abs(p / m - 1) for p, m in pairs]
+        memory = [(_number(predictions[k][hbm]), _number(measured[k]["hbm_per_device_gib"]))
+                  for k in ok]  # fmt: skip
+        memory_errors = [abs(p / m - 1) for p, m in memory if p and m]
+        caught = sum(
+            (predictions[k]["est_verdict"] != "fits") if fidelity == "estimate"
+            else ("oom" in predictions[k]["compile_status"])
+            for k in ooms
+        )  # fmt: skip
+        rho = spearman([p for p, _ in pairs], [m for _, m in pairs]) if len(pairs) > 2 else None
+        med = statistics.median(errors) if errors else None
+        summary[fidelity] = {"spearman": rho, "median_abs_error": med, "ooms_caught": caught}
+        table.add_row(
+            fidelity, str(len(pairs)), f"{rho:.3f}" if rho is not None else "-",
+            f"{med:.1%}" if med is not None else "-",
+            f"{statistics.median(memory_errors):.1%}" if memory_errors else "-",
+            f"{caught} of {len(ooms)}",
+        )  # fmt: skip
+    console.print(table)
+    return summary
+
+
+def search(space_name: str, sweep_dir: Path, grid: Path, console: Console) -> dict[str, Any]:
+    """The sweep against the grid: its trial 0, its best, and the first trial (in the order
+    they ran) within 2% of the grid's best, by each point's figure in the sweep's own table."""
+    measured = measured_of(space_name, grid)
+    grid_ok = [(float(r["tokens_per_sec_per_chip"]), k) for k, r in measured.items()
+               if r["status"] == "ok" and r.get("tokens_per_sec_per_chip")]  # fmt: skip
+    grid_best, grid_key = max(grid_ok)
+    with (sweep_dir / "summary.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if not r.get("remeasure_of")]
+    rows.sort(key=lambda r: float(r.get("started_at") or 0))
+    figures = [_number(r.get("tokens_per_sec_per_chip")) for r in rows]
+    reached = next((i + 1 for i, v in enumerate(figures) if v and v >= 0.98 * grid_best), None)
+    best_i = max(range(len(rows)), key=lambda i: figures[i] or 0.0)
+    knobs = lambda r: {k.removeprefix("knob:"): v for k, v in r.items()  # noqa: E731
+                       if k.startswith("knob:") and v not in ("", None)}  # fmt: skip
+    out = {
+        "trials": len(rows),
+        "grid_points": len(measured),
+        "grid_best": grid_best,
+        "grid_best_point": json.loads(grid_key),
+        "trial0": figures[0],
+        "trial0_point": knobs(rows[0]),
+        "sweep_best": figures[best_i],
+        "sweep_best_point": knobs(rows[best_i]),
+        "first_within_2pct": reached,
+    }
+    table = Table(title=f"{space_name}: sweep {sweep_dir.name} against the grid of "
+                        f"{len(measured)} points (run fidelity, TPU v5e)")  # fmt: skip
+    for col in ("", "tokens/s/chip", "of the grid's best", "point"):
+        table.add_column(col)
+    for name, value, point in (("trial 0", out["trial0"], out["trial0_point"]),
+                               ("sweep best", out["sweep_best"], out["sweep_best_point"]),
+                               ("grid best", grid_best, out["grid_best_point"])):  # fmt: skip
+        table.add_row(name, f"{value:,.0f}" if value else "-",
+                      f"{value / grid_best:.1%}" if value else "-",
+                      " ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()))  # fmt: skip
+    table.caption = (f"first trial within 2% of the grid's best: "
+                     f"{reached or 'none'} of {len(rows)}")  # fmt: skip
+    console.print(table)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("freeze")
+    f.add_argument("space")
+    f.add_argument("sweep_dir", type=Path)
+    c = sub.add_parser("compare")
+    c.add_argument("space")
+    c.add_argument("--grid", type=Path, default=None)
+    e = sub.add_parser("search")
+    e.add_argument("space")
+    e.add_argument("sweep_dir", type=Path)
+    e.add_argument("--grid", type=Path, default=None)
+    args = parser.parse_args()
+    console = Console(width=100)
+    if args.command == "freeze":
+        console.print(str(freeze(args.space, args.sweep_dir)))
+    elif args.command == "compare":
+        compare(args.space, args.grid or DATA / f"{args.space}_grid.csv", console)
+    else:
+        search(args.space, args.sweep_dir, args.grid or DATA / f"{args.space}_grid.csv", console)
+
+
+if __name__ == "__main__":
+    main()
