@@ -1,5 +1,6 @@
 """`sweeper import`: a MaxText command becomes a space whose trial 0 is that command, setting
-for setting (issue 48). The commands are in tests/data/commands/ (each says where it is from)."""
+for setting (issue 48), on every training command tpu-recipes publishes for Ironwood (issue
+62): tests/data/tpu_recipes/, kept verbatim, its index.yaml naming each one's source."""
 
 from __future__ import annotations
 
@@ -16,32 +17,44 @@ from sweeper.space.command import read_command, translate
 from sweeper.space.load import load_space
 from sweeper.space.points import maxtext_knobs
 from trainer.trial.config import ConfigError
+from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import program_settings
 
-COMMANDS = Path(__file__).parent / "data" / "commands"
-# Each command, the target it is imported for, and what the importer changes of its settings
-# for MaxText 0.2.5 and the engine (nothing else may differ).
-CASES = {
-    "llama31_70b_8k_bf16_tpu7x_4x4x4": ("tpu7x:4x4x4", {}, {"run_name", "base_output_directory"}),
-    "gemma4_26b_8k_bf16_tpu7x_4x4x4": (
-        "tpu7x:4x4x4",
-        {"fsdp_shard_on_exp": "shard_exp_on_fsdp"},
-        set(),
+RECIPES = Path(__file__).parent / "data" / "tpu_recipes"
+PUBLISHED = [c["path"] for c in yaml.safe_load((RECIPES / "index.yaml").read_text())["commands"]]
+IRONWOOD = "training/ironwood/"
+# The published commands the importer refuses, and the reason it names (exit 2, no space).
+REFUSED = {
+    **dict.fromkeys(
+        (
+            f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/k8s/k8s_manifest.yaml",
+            f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/xpk/run_recipe.sh",
+        ),
+        "wi_tile_fwd_buffer_count=2 is not a MaxText 0.2.5 setting",
     ),
-    "gpt_oss_120b_8k_xpk": (
-        None,  # xpk's --tpu-type=tpu7x-128 says it
-        {"fsdp_shard_on_exp": "shard_exp_on_fsdp"},
-        {"run_name", "base_output_directory", "use_random_routing"},
+    **dict.fromkeys(
+        (
+            f"{IRONWOOD}wan2.1-14b/bf16-tpu7x-4x4x4/k8s/k8s_manifest.yaml",
+            f"{IRONWOOD}wan2.1-14b/bf16-tpu7x-4x4x4/xpk/run_recipe.sh",
+        ),
+        "the command runs src.maxdiffusion.train_wan (MaxDiffusion)",
     ),
 }
+IMPORTED = [p for p in PUBLISHED if p not in REFUSED]
+LLAMA_70B = f"{IRONWOOD}llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+GEMMA4_26B = f"{IRONWOOD}gemma4-26b/4k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+GPT_OSS = f"{IRONWOOD}gpt-oss-120b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
 
 
-def _import(name: str, tmp_path: Path, *more: str):
-    target, _, _ = CASES[name]
-    out = tmp_path / f"{name}.yaml"
-    args = ["import", str(COMMANDS / f"{name}.sh"), "-o", str(out), *more]
-    args += ["--target", target] if target else []
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+def _run(*args: str):
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def _import(path: str, tmp_path: Path, *more: str):
+    out = tmp_path / "space.yaml"
+    result = _run("import", str(RECIPES / path), "-o", str(out), *more)
     assert result.exit_code == 0, result.output
     return load_space(out), result.output
 
@@ -51,30 +64,61 @@ def _settings(space, point):
     return program_settings(config, space.maxtext_program(), maxtext_knobs(point))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_trial_0_exports_back_as_the_command_setting_for_setting(name, tmp_path):
-    space, _ = _import(name, tmp_path)
-    _, renamed, dropped = CASES[name]
-    given = read_command((COMMANDS / f"{name}.sh").read_text())
-    expected = {renamed.get(k, k): v for k, v in given.settings.items() if k not in dropped}
+def test_every_published_command_is_kept_and_the_reconstructions_are_gone():
+    kept = sorted(str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*") if p.is_file())
+    assert kept == sorted([*PUBLISHED, "index.yaml"])
+    assert len(PUBLISHED) == 41 and set(REFUSED) <= set(PUBLISHED)
+    assert not (RECIPES.parent / "commands").exists()
+
+
+@pytest.mark.parametrize("path", PUBLISHED)
+def test_every_published_command_imports_to_a_space_that_validates_or_is_refused_by_name(
+    path, tmp_path
+):
+    """As a new user would: `sweeper import FILE -o SPACE`, then `sweeper validate SPACE`. A
+    command it cannot carry is refused (exit 2) with the reason, and nothing is written."""
+    out = tmp_path / "space.yaml"
+    result = _run("import", str(RECIPES / path), "-o", str(out))
+    if path in REFUSED:
+        assert result.exit_code == 2 and not out.exists(), result.output
+        assert REFUSED[path] in " ".join(result.output.split())
+        return
+    assert result.exit_code == 0, result.output
+    assert _run("validate", str(out)).exit_code == 0
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+
+
+@pytest.mark.parametrize("path", IMPORTED)
+def test_trial_0_exports_back_as_the_command_setting_for_setting(path, tmp_path):
+    """Every setting of the command as written, less only those the import names as changed;
+    the compile trial adds its topology and nothing else."""
+    space, _ = _import(path, tmp_path)
+    recipe = space.maxtext_program().recipe
+    assert recipe is not None
+    given = read_command((RECIPES / path).read_text())
+    for key, value in given.settings.items():
+        if recipe.settings.get(key) != value:
+            assert any(change.startswith(f"{key}=") for change in recipe.changes) or any(
+                key in change and "dropped" in change for change in recipe.changes
+            ), key
     (start,) = space.search.warm_start
     config = static_check(space, start)
     text = export(config, "maxtext", ["trial 0"], (space.maxtext_program(), maxtext_knobs(start)))
     back = read_command(text)
     assert back.settings.pop("run_name") == "sweeper-export"
-    assert back.settings == expected  # every setting, as written, and nothing more
+    assert back.settings == recipe.settings  # every setting, as written, and nothing more
     assert back.libtpu_init_args == given.libtpu_init_args
-    # The compile trial is the same command for the space's topology, and only that.
+    topology = Topology.parse(str(space.target))
     compiled = _settings(space, start)
     assert compiled.args == {
-        **expected,
-        "compile_topology": "tpu7x-128",
+        **recipe.settings,
+        "compile_topology": f"{topology.prefix}-{topology.slice_devices}",
         "compile_topology_num_slices": "1",
     }
 
 
 def test_a_knob_changes_only_the_settings_it_maps_to(tmp_path):
-    space, _ = _import("llama31_70b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, _ = _import(LLAMA_70B, tmp_path)
     (start,) = space.search.warm_start
     recipe = space.maxtext_program().recipe
     assert recipe is not None
@@ -113,7 +157,7 @@ def test_a_knob_changes_only_the_settings_it_maps_to(tmp_path):
 def test_a_model_we_have_no_preset_of_is_maxtexts_own(tmp_path):
     """gemma4-26b: its shape is MaxText 0.2.5's config (configs/models/gemma4-26b.yml), and
     what the estimate does not model of it is said."""
-    space, output = _import("gemma4_26b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, output = _import(GEMMA4_26B, tmp_path)
     model = load_space_model(space)
     assert (model.d_model, model.num_layers, model.num_heads, model.num_kv_heads) == (
         2816,
@@ -134,16 +178,16 @@ def load_space_model(space):
 
 
 def test_an_xpk_command_says_its_topology_and_its_own_command_is_read(tmp_path):
-    space, output = _import("gpt_oss_120b_8k_xpk", tmp_path)
-    assert str(space.target) == "tpu7x:4x4x4"  # --tpu-type=tpu7x-128
+    space, output = _import(GPT_OSS, tmp_path)
+    assert str(space.target) == "tpu7x:4x4x4"  # --device-type=tpu7x-4x4x4
     assert "use_random_routing dropped" in output and "shard_exp_on_fsdp" in output
     assert "LIBTPU_INIT_ARGS" not in output.split("changed")[-1]
 
 
 def test_every_knob_holds_the_commands_value_first(tmp_path):
-    space, _ = _import("llama31_70b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, _ = _import(LLAMA_70B, tmp_path)
     (start,) = space.search.warm_start
-    data = yaml.safe_load((tmp_path / "llama31_70b_8k_bf16_tpu7x_4x4x4.yaml").read_text())
+    data = yaml.safe_load((tmp_path / "space.yaml").read_text())
     for key, knob in data["knobs"].items():
         if "when" not in knob:
             assert start[key] == knob["values"][0], key
@@ -168,11 +212,10 @@ def test_a_mesh_maxtext_cannot_shard_the_model_over_is_refused_with_one_it_can(t
     tests/data/maxtext_0.2.5/indivisible.log). The importer refuses that command by name with
     a mesh that divides it; a space's trial with that mesh is invalid before MaxText starts;
     knob values that would make such a mesh are left out."""
-    text = (COMMANDS / "gpt_oss_120b_8k_xpk.sh").read_text()
-    assert "ici_fsdp_parallelism=64 ici_data_parallelism=2" in text
-    unshardable = text.replace(
-        "ici_fsdp_parallelism=64 ici_data_parallelism=2", "ici_fsdp_parallelism=-1"
-    )
+    text = (RECIPES / GPT_OSS).read_text()
+    published = "ici_fsdp_parallelism=64 \\\nici_data_parallelism=2 \\\n"
+    assert published in text
+    unshardable = text.replace(published, "ici_fsdp_parallelism=-1 \\\n")
     out = tmp_path / "x.yaml"
     result = CliRunner().invoke(
         app, ["import", unshardable, "-o", str(out)], env={"COLUMNS": "300"}
@@ -181,11 +224,9 @@ def test_a_mesh_maxtext_cannot_shard_the_model_over_is_refused_with_one_it_can(t
     said = " ".join(result.output.split())
     assert "ici_fsdp_parallelism: the command cannot run on tpu7x:4x4x4 (128 devices)" in said
     assert "(d_model 2880)" in said and "ici_fsdp_parallelism=64 ici_data_parallelism=2" in said
-    space, _ = _import("gpt_oss_120b_8k_xpk", tmp_path)
+    space, _ = _import(GPT_OSS, tmp_path)
     assert "mesh.tensor" not in space.knobs and "mesh.expert" not in space.knobs  # 2 x 64 x 2
-    wide = load_space(
-        tmp_path / "gpt_oss_120b_8k_xpk.yaml", {"trial.mesh.data": 1, "trial.mesh.fsdp": -1}
-    )
+    wide = load_space(tmp_path / "space.yaml", {"trial.mesh.data": 1, "trial.mesh.fsdp": -1})
     with pytest.raises(ConfigError, match=r"mesh\.fsdp: MaxText shards every weight's"):
         static_check(wide, wide.search.warm_start[0])  # (the screen's and each trial's check)
 
