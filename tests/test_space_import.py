@@ -250,3 +250,119 @@ def test_the_recipes_settings_are_read_through_shell_quoting():
     translate(command)
     assert command.libtpu_init_args == ["--xla_a=1", "--xla_b=2", "--xla_c=3"]
     assert command.settings == {"model_name": "llama3-8b"}
+
+
+# -- issue 63: the simplest commands, and whatever a user gives --------------------------------
+
+
+def test_the_simplest_command_imports_within_80_columns_and_with_the_users_umask(tmp_path):
+    """A command with no LIBTPU_INIT_ARGS (was KeyError: 'libtpu_init_args' after writing); its
+    summary fits 80 columns (was 219 on one line); the space is written as open() writes
+    a file under the user's umask (was 0600), as is plan's."""
+    import os
+
+    command = (
+        "python3 -m MaxText.train MaxText/configs/base.yml model_name=llama3.1-8b "
+        "per_device_batch_size=2 max_target_length=8192 remat_policy=full"
+    )
+    out = tmp_path / "z.yaml"
+    before = os.umask(0o022)
+    try:
+        result = _run("import", command, "-o", str(out), "--target", "tpu7x:2x2x2")
+        planned = tmp_path / "p.yaml"
+        _run("plan", "--model", "llama3-8b", "--seq", "4096", "--space", str(planned))
+    finally:
+        os.umask(before)
+    assert result.exit_code == 0, result.output
+    assert "0 libtpu flags" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+    assert _run("validate", str(out)).exit_code == 0
+    assert (out.stat().st_mode & 0o777, planned.stat().st_mode & 0o777) == (0o644, 0o644)
+
+
+def test_no_such_file_an_empty_file_and_a_folder_are_said_as_such(tmp_path):
+    empty = tmp_path / "empty.sh"
+    empty.write_text("\n  \n")
+    for given, said in (
+        (str(tmp_path / "nope.sh"), f"no such file: {tmp_path / 'nope.sh'}"),
+        (str(empty), f"{empty} is empty"),
+        (str(tmp_path), f"{tmp_path} is not a file"),
+        ("  ", "the command is empty"),
+        ("echo hello", "no MaxText training command found"),
+    ):
+        result = _run("import", given, "-o", str(tmp_path / "x.yaml"), "--target", "tpu7x:2x2x2")
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_near_miss_is_named_with_the_key_it_means_at_its_file_and_line(tmp_path):
+    text = (RECIPES / GPT_OSS).read_text().replace("remat_policy=custom", "remat_polcy=custom")
+    line = next(n for n, ln in enumerate(text.splitlines(), 1) if "remat_polcy" in ln)
+    script = tmp_path / "run_recipe.sh"
+    script.write_text(text)
+    result = _run("import", str(script), "-o", str(tmp_path / "x.yaml"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{script}:{line}: remat_polcy: remat_polcy=custom is not a MaxText 0.2.5 setting" in said
+    )
+    assert "did you mean remat_policy?" in said
+    typo = "python3 -m MaxText.train x model_name=llama3.1-8bb"
+    model = _run("import", typo, "-o", "x.yaml", "--target", "tpu7x:2x2x2")
+    assert "did you mean llama3.1-8b" in " ".join(model.output.split()), model.output
+    unclosed = tmp_path / "unclosed.sh"
+    unclosed.write_text('export A=1\npython3 -m MaxText.train base.yml "model_name=x\n')
+    result = _run("import", str(unclosed), "-o", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 2 and f"{unclosed}:2:" in result.output, result.output
+
+
+# Values a user might mistype, for every setting the engine reads of a command.
+GARBAGE = ("x", "-1", "1e999", "$(nope)")
+
+
+def test_no_value_of_any_setting_the_engine_reads_ends_in_a_traceback(tmp_path):
+    """Each setting of the published gpt-oss command that maps to a knob, set to each of
+    GARBAGE: the import writes a space that validates, or refuses it (exit 2), never more."""
+    from trainer.trial.maxtext import GMM_TILE_KEYS, RENAMED, SHAPE
+
+    text = (RECIPES / GPT_OSS).read_text()
+    given = read_command(text).settings
+    read = {*RENAMED.values(), *SHAPE.values(), "attention", "sa_q_layout", "megablox"}
+    read |= {"use_tokamax_gmm", "remat_policy", "decoder_layer_input", "model_name"}
+    read |= {"ici_fsdp_transpose_parallelism", *GMM_TILE_KEYS["wi_fwd"]}
+    out = tmp_path / "x.yaml"
+    for key in sorted(read):
+        for value in GARBAGE:
+            if key in given:
+                changed = text.replace(f"\n{key}={given[key]} ", f"\n{key}={value} ")
+            else:
+                changed = text.replace("\nmodel_name=", f"\n{key}={value} \\\nmodel_name=")
+            assert changed != text, key
+            result = _run("import", changed, "-o", str(out))  # _run: no traceback
+            assert result.exit_code in (0, 2), (key, value, result.output)
+            if result.exit_code == 0:
+                valid = _run("validate", str(out))
+                assert valid.exit_code == 0, (key, value, valid.output)
+            out.unlink(missing_ok=True)
+
+
+def test_a_manifest_says_its_topology_and_its_containers_must_agree(tmp_path):
+    """A JobSet's slices are its replicas, its topology the node selector's or the pod's
+    annotation; two containers running different MaxText commands are refused by name."""
+    train = "python3 -m maxtext.trainers.pre_train.train b.yml model_name=llama3.1-8b"
+
+    def manifest(first: str, second: str) -> str:
+        container = "        - name: c{}\n          command: [bash, -c, '{}']\n"
+        return (
+            "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nspec:\n  replicatedJobs:\n"
+            "  - replicas: 2\n    template:\n      metadata:\n        annotations:\n"
+            "          cloud.google.com/gke-tpu-slice-topology: 2x2x2\n      spec:\n"
+            "        nodeSelector: {cloud.google.com/gke-tpu-accelerator: tpu7x}\n"
+            "        containers:\n" + container.format(1, first) + container.format(2, second)
+        )
+
+    same = read_command(manifest(f"{train} steps=3", f"{train} steps=3"))
+    assert same.target == "tpu7x:2x2x2x2" and same.settings["steps"] == "3"
+    out = tmp_path / "x.yaml"
+    result = _run("import", manifest(f"{train} steps=3", f"{train} steps=4"), "-o", str(out))
+    assert result.exit_code == 2 and "2 different MaxText commands" in result.output

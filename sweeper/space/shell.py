@@ -77,7 +77,9 @@ class _Reader:
                     redirect = True
                     continue
                 if words or prefix:
-                    out.append(self._finish(words, prefix, start))
+                    finished = self._finish(words, prefix, start)
+                    if words:  # `A=1` alone sets a variable: no command
+                        out.append(finished)
                 words, prefix = [], {}
                 if token is None:
                     return out

@@ -9,6 +9,7 @@ Keys and values as MaxText 0.2.5 reads them (its pydantic config refuses unknown
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -492,10 +493,13 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def _read(args: dict[str, str], key: str, parse: Callable[[str], Any] = float) -> Any:
     """A setting's number as the engine reads it; a ConfigError naming it when it is none."""
     try:
-        return parse(args[key])
+        value = parse(args[key])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(value)
     except (ValueError, TypeError, OverflowError):
-        what = "a whole number" if parse is int else "a number"
+        what = "a whole number" if parse is int else "a (finite) number"
         raise ConfigError(key, f"{key}={args[key]} is not {what}; write it as one") from None
+    return value
 
 
 _BOOLEANS = ("mesh.context_load_balance", "model.fused_qkv")
