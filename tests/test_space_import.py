@@ -30,7 +30,8 @@ REFUSED = {
             f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/k8s/k8s_manifest.yaml",
             f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/xpk/run_recipe.sh",
         ),
-        "wi_tile_fwd_buffer_count=2 is not a MaxText 0.2.5 setting",
+        "wi_tile_fwd_buffer_count=2 is not a MaxText 0.2.5 setting (its configs/base.yml keys): "
+        "MaxText dropped it in 64a7746e9 (2026-04-16,",
     ),
     **dict.fromkeys(
         (
@@ -366,3 +367,20 @@ def test_a_manifest_says_its_topology_and_its_containers_must_agree(tmp_path):
     out = tmp_path / "x.yaml"
     result = _run("import", manifest(f"{train} steps=3", f"{train} steps=4"), "-o", str(out))
     assert result.exit_code == 2 and "2 different MaxText commands" in result.output
+
+
+def test_a_model_maxtext_0_2_5_lacks_is_refused_naming_which_maxtext_has_it(tmp_path):
+    """From MaxText's own history (sweeper/space/maxtext_history.yaml): a model only a branch
+    has, one its main dropped; the closest 0.2.5 has besides."""
+    for name, said in (
+        ("gemma4-12b", "only MaxText's unreleased branch agagik-gemma4-12b has "
+         "configs/models/gemma4-12b.yml (commit 85b12b8dc, 2026-08-17): no MaxText release up "
+         "to 0.2.5 has it; did you mean gemma4-e2b"),
+        ("olmo3_32b", "MaxText's main had configs/models/olmo3_32b.yml until 3f928e431 "
+         "(2026-02-11): a MaxText from before then has it; did you mean olmo3-32b"),
+        ("zeta-9t", "MaxText 0.2.5 has no such model (82 models: its configs/models/); name "
+         "the one whose architecture it has"),
+    ):  # fmt: skip
+        command = f"python3 -m MaxText.train base.yml model_name={name} max_target_length=8192"
+        result = _run("import", command, "-o", str(tmp_path / "x.yaml"), "--target", "tpu7x:2x2x2")
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output

@@ -8,7 +8,6 @@ is named."""
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 import shlex
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import yaml
 from sweeper.space import shell
 from sweeper.space.checks import check_maxtext_mesh
 from sweeper.space.errors import SpaceError
+from sweeper.space.maxtext_names import unknown_model, unknown_setting
 from sweeper.space.points import set_path
 from trainer.trial.checks import check_static
 from trainer.trial.config import ConfigError, PrecisionConfig, TrialConfig, load_config
@@ -377,16 +377,6 @@ def translate(command: Command) -> None:
         command.libtpu_init_args = [*command.libtpu_init_args, *command.xla_flags]
 
 
-def unknown_setting(key: str) -> str:
-    """What to say of a key MaxText 0.2.5 does not know, with the fix: the setting it likely
-    means, or when MaxText dropped it."""
-    said = "not a MaxText 0.2.5 setting (its configs/base.yml keys)"
-    near = difflib.get_close_matches(key, sorted(BASE_KEYS), n=1, cutoff=0.8)
-    if near:
-        return f"{said}: did you mean {near[0]}?"
-    return f"{said}; remove it, or correct its name"
-
-
 def _inert(settings: dict[str, str]) -> list[str]:
     """Settings the command gives that MaxText 0.2.5 reads nothing of, given its others: kept
     as written (trial 0 is the command), and said."""
@@ -412,18 +402,6 @@ def _inert(settings: dict[str, str]) -> list[str]:
 
 def _true(text: str) -> bool:
     return text.strip().lower() == "true"
-
-
-def unknown_model(name: str, models: dict[str, Any]) -> str:
-    """What to say of a model MaxText 0.2.5 lacks, with the fix."""
-    near = difflib.get_close_matches(name, sorted(models), n=3, cutoff=0.6)
-    said = f"MaxText 0.2.5 has no such model ({len(models)} models: its configs/models/)"
-    if near:
-        return f"{said}; did you mean {' or '.join(near)}?"
-    return (
-        f"{said}; name the one whose architecture it has, and set its shape with base_emb_dim, "
-        "base_num_decoder_layers, ..."
-    )
 
 
 def maxtext_models() -> dict[str, dict[str, Any]]:
