@@ -637,10 +637,8 @@ def _kernels_back(args: dict[str, str]) -> dict[str, Any]:
     if "megablox" in args or "use_tokamax_gmm" in args:
         # MaxText 0.2.5 (layers/moe.py): use_tokamax_gmm runs tokamax whatever megablox says;
         # else megablox (its base.yml's default: true) runs megablox; else XLA's ragged_dot.
-        if _boolean(args.get("use_tokamax_gmm", "false")):
-            kernels["moe_gmm"] = (
-                "tokamax"  # its wi/wo tiles reach no kernel: TOKAMAX_TILES_UNMAPPED
-            )
+        if _boolean(args.get("use_tokamax_gmm", "false")):  # its tiles reach no kernel
+            kernels["moe_gmm"] = "tokamax"
         elif _boolean(args.get("megablox", "true")):
             kernels["moe_gmm"] = "megablox"
             if all(k in args for k in GMM_TILE_KEYS["wi_fwd"]):  # else base.yml's, as ours
