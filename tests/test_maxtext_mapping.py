@@ -10,7 +10,9 @@ from sweeper.space.load import load_space
 from sweeper.space.points import assemble
 from tests.helpers import trial
 from trainer.trial.config import SPLASH_BLOCKS, TrialConfig, load_config
-from trainer.trial.maxtext import BASE_KEYS, RENAMED, from_maxtext, to_maxtext
+from trainer.trial.maxtext import BASE_KEYS, GMM_TILE_KEYS, RENAMED, from_maxtext, to_maxtext
+
+GMM_WI_FWD = GMM_TILE_KEYS["wi_fwd"]
 
 
 def _round_trip(config: TrialConfig) -> TrialConfig:
@@ -261,3 +263,41 @@ def test_maxtexts_mesh_is_read_from_its_settings_within_and_across_slices():
     assert (two["data"], two["fsdp"]) == (2, 128)  # each slice 128 fsdp, data across
     across = {"dcn_fsdp_parallelism": "2", "dcn_data_parallelism": "1"}
     assert maxtext_degrees(across, 256, slices=2)["fsdp"] == 256
+    # gemma4-31b's published recipe: fsdp 16 x fsdp_transpose 8, both sharding the weights
+    folded = {"ici_fsdp_parallelism": "16", "ici_fsdp_transpose_parallelism": "8"}
+    assert maxtext_degrees(folded, 128)["fsdp"] == 128
+
+
+def test_settings_are_read_as_maxtext_reads_them():
+    """A command's settings read back as MaxText 0.2.5 runs them (layers/moe.py, its config):
+    use_tokamax_gmm runs tokamax whatever megablox says, and its wi/wo tiles reach no kernel;
+    megablox without tiles runs base.yml's (ours); a tensor's placement is read only under
+    remat_policy=custom; fsdp_transpose shards as fsdp does. What the engine cannot read is
+    a ConfigError naming the setting, never a KeyError or ValueError."""
+    from trainer.trial.config import ConfigError
+
+    def kernels(**args):
+        return from_maxtext({k: str(v) for k, v in args.items()}).get("kernels", {})
+
+    both = kernels(megablox=True, use_tokamax_gmm=True, wi_tile_fwd_batch_seq=256)
+    assert both == {"moe_gmm": "tokamax"}  # the tile does nothing in tokamax v1
+    assert kernels(megablox=True) == {"moe_gmm": "megablox"}  # base.yml's tiles, our defaults
+    assert load_config(trial("tiny-moe", kernels={"moe_gmm": "megablox"})).kernels.gmm_tm == 512
+    assert kernels(megablox=False, use_tokamax_gmm=False) == {"moe_gmm": "ragged_dot"}
+    full = from_maxtext({"remat_policy": "full", "decoder_layer_input": "offload"})
+    assert full["remat"] == {"policy": "full"}
+    custom = from_maxtext({"remat_policy": "custom", "decoder_layer_input": "offload"})
+    assert custom["remat"]["custom"] == {"decoder_layer_input": "offload"}
+    folded = {"ici_fsdp_parallelism": "16", "ici_fsdp_transpose_parallelism": "8"}
+    assert from_maxtext(folded)["mesh"] == {"fsdp": 128}
+    assert from_maxtext({"ici_fsdp_transpose_parallelism": "2"})["mesh"].get("fsdp", -1) == -1
+    for bad, field in (
+        ({"per_device_batch_size": "two"}, "per_device_batch_size"),
+        ({"megablox": "true", **dict.fromkeys(GMM_WI_FWD, "x")}, GMM_WI_FWD[0]),
+        ({"attention": "paged"}, "attention"),
+        ({"use_qwix_quantization": "true", "quantization": "int8"}, "quantization"),
+        ({"compile_topology": "tpu7x-6"}, "compile_topology"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            from_maxtext(bad)
+        assert caught.value.field == field, caught.value

@@ -1,5 +1,6 @@
 """`sweeper import`: a MaxText command becomes a space whose trial 0 is that command, setting
-for setting (issue 48). The commands are in tests/data/commands/ (each says where it is from)."""
+for setting (issue 48), on every training command tpu-recipes publishes for Ironwood (issue
+62): tests/data/tpu_recipes/, kept verbatim, its index.yaml naming each one's source."""
 
 from __future__ import annotations
 
@@ -16,32 +17,45 @@ from sweeper.space.command import read_command, translate
 from sweeper.space.load import load_space
 from sweeper.space.points import maxtext_knobs
 from trainer.trial.config import ConfigError
+from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import program_settings
 
-COMMANDS = Path(__file__).parent / "data" / "commands"
-# Each command, the target it is imported for, and what the importer changes of its settings
-# for MaxText 0.2.5 and the engine (nothing else may differ).
-CASES = {
-    "llama31_70b_8k_bf16_tpu7x_4x4x4": ("tpu7x:4x4x4", {}, {"run_name", "base_output_directory"}),
-    "gemma4_26b_8k_bf16_tpu7x_4x4x4": (
-        "tpu7x:4x4x4",
-        {"fsdp_shard_on_exp": "shard_exp_on_fsdp"},
-        set(),
+RECIPES = Path(__file__).parent / "data" / "tpu_recipes"
+PUBLISHED = [c["path"] for c in yaml.safe_load((RECIPES / "index.yaml").read_text())["commands"]]
+IRONWOOD = "training/ironwood/"
+# The published commands the importer refuses, and the reason it names (exit 2, no space).
+REFUSED = {
+    **dict.fromkeys(
+        (
+            f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/k8s/k8s_manifest.yaml",
+            f"{IRONWOOD}deepseek3-671b/4k-fp8-tpu7x-4x8x8/xpk/run_recipe.sh",
+        ),
+        "wi_tile_fwd_buffer_count=2 is not a MaxText 0.2.5 setting (its configs/base.yml keys): "
+        "MaxText dropped it in 64a7746e9 (2026-04-16,",
     ),
-    "gpt_oss_120b_8k_xpk": (
-        None,  # xpk's --tpu-type=tpu7x-128 says it
-        {"fsdp_shard_on_exp": "shard_exp_on_fsdp"},
-        {"run_name", "base_output_directory", "use_random_routing"},
+    **dict.fromkeys(
+        (
+            f"{IRONWOOD}wan2.1-14b/bf16-tpu7x-4x4x4/k8s/k8s_manifest.yaml",
+            f"{IRONWOOD}wan2.1-14b/bf16-tpu7x-4x4x4/xpk/run_recipe.sh",
+        ),
+        "the command runs src.maxdiffusion.train_wan (MaxDiffusion)",
     ),
 }
+IMPORTED = [p for p in PUBLISHED if p not in REFUSED]
+LLAMA_70B = f"{IRONWOOD}llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+GEMMA4_26B = f"{IRONWOOD}gemma4-26b/4k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+GPT_OSS = f"{IRONWOOD}gpt-oss-120b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
 
 
-def _import(name: str, tmp_path: Path, *more: str):
-    target, _, _ = CASES[name]
-    out = tmp_path / f"{name}.yaml"
-    args = ["import", str(COMMANDS / f"{name}.sh"), "-o", str(out), *more]
-    args += ["--target", target] if target else []
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+def _run(*args: str):
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def _import(path: str, tmp_path: Path, *more: str):
+    out = tmp_path / "space.yaml"
+    result = _run("import", str(RECIPES / path), "-o", str(out), *more)
     assert result.exit_code == 0, result.output
     return load_space(out), result.output
 
@@ -51,30 +65,61 @@ def _settings(space, point):
     return program_settings(config, space.maxtext_program(), maxtext_knobs(point))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_trial_0_exports_back_as_the_command_setting_for_setting(name, tmp_path):
-    space, _ = _import(name, tmp_path)
-    _, renamed, dropped = CASES[name]
-    given = read_command((COMMANDS / f"{name}.sh").read_text())
-    expected = {renamed.get(k, k): v for k, v in given.settings.items() if k not in dropped}
+def test_every_published_command_is_kept_and_the_reconstructions_are_gone():
+    kept = sorted(str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*") if p.is_file())
+    assert kept == sorted([*PUBLISHED, "index.yaml"])
+    assert len(PUBLISHED) == 41 and set(REFUSED) <= set(PUBLISHED)
+    assert not (RECIPES.parent / "commands").exists()
+
+
+@pytest.mark.parametrize("path", PUBLISHED)
+def test_every_published_command_imports_to_a_space_that_validates_or_is_refused_by_name(
+    path, tmp_path
+):
+    """As a new user would: `sweeper import FILE -o SPACE`, then `sweeper validate SPACE`. A
+    command it cannot carry is refused (exit 2) with the reason, and nothing is written."""
+    out = tmp_path / "space.yaml"
+    result = _run("import", str(RECIPES / path), "-o", str(out))
+    if path in REFUSED:
+        assert result.exit_code == 2 and not out.exists(), result.output
+        assert REFUSED[path] in " ".join(result.output.split())
+        return
+    assert result.exit_code == 0, result.output
+    assert _run("validate", str(out)).exit_code == 0
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+
+
+@pytest.mark.parametrize("path", IMPORTED)
+def test_trial_0_exports_back_as_the_command_setting_for_setting(path, tmp_path):
+    """Every setting of the command as written, less only those the import names as changed;
+    the compile trial adds its topology and nothing else."""
+    space, _ = _import(path, tmp_path)
+    recipe = space.maxtext_program().recipe
+    assert recipe is not None
+    given = read_command((RECIPES / path).read_text())
+    for key, value in given.settings.items():
+        if recipe.settings.get(key) != value:
+            assert any(change.startswith(f"{key}=") for change in recipe.changes) or any(
+                key in change and "dropped" in change for change in recipe.changes
+            ), key
     (start,) = space.search.warm_start
     config = static_check(space, start)
     text = export(config, "maxtext", ["trial 0"], (space.maxtext_program(), maxtext_knobs(start)))
     back = read_command(text)
     assert back.settings.pop("run_name") == "sweeper-export"
-    assert back.settings == expected  # every setting, as written, and nothing more
+    assert back.settings == recipe.settings  # every setting, as written, and nothing more
     assert back.libtpu_init_args == given.libtpu_init_args
-    # The compile trial is the same command for the space's topology, and only that.
+    topology = Topology.parse(str(space.target))
     compiled = _settings(space, start)
     assert compiled.args == {
-        **expected,
-        "compile_topology": "tpu7x-128",
+        **recipe.settings,
+        "compile_topology": f"{topology.prefix}-{topology.slice_devices}",
         "compile_topology_num_slices": "1",
     }
 
 
 def test_a_knob_changes_only_the_settings_it_maps_to(tmp_path):
-    space, _ = _import("llama31_70b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, _ = _import(LLAMA_70B, tmp_path)
     (start,) = space.search.warm_start
     recipe = space.maxtext_program().recipe
     assert recipe is not None
@@ -113,7 +158,7 @@ def test_a_knob_changes_only_the_settings_it_maps_to(tmp_path):
 def test_a_model_we_have_no_preset_of_is_maxtexts_own(tmp_path):
     """gemma4-26b: its shape is MaxText 0.2.5's config (configs/models/gemma4-26b.yml), and
     what the estimate does not model of it is said."""
-    space, output = _import("gemma4_26b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, output = _import(GEMMA4_26B, tmp_path)
     model = load_space_model(space)
     assert (model.d_model, model.num_layers, model.num_heads, model.num_kv_heads) == (
         2816,
@@ -134,16 +179,16 @@ def load_space_model(space):
 
 
 def test_an_xpk_command_says_its_topology_and_its_own_command_is_read(tmp_path):
-    space, output = _import("gpt_oss_120b_8k_xpk", tmp_path)
-    assert str(space.target) == "tpu7x:4x4x4"  # --tpu-type=tpu7x-128
+    space, output = _import(GPT_OSS, tmp_path)
+    assert str(space.target) == "tpu7x:4x4x4"  # --device-type=tpu7x-4x4x4
     assert "use_random_routing dropped" in output and "shard_exp_on_fsdp" in output
     assert "LIBTPU_INIT_ARGS" not in output.split("changed")[-1]
 
 
 def test_every_knob_holds_the_commands_value_first(tmp_path):
-    space, _ = _import("llama31_70b_8k_bf16_tpu7x_4x4x4", tmp_path)
+    space, _ = _import(LLAMA_70B, tmp_path)
     (start,) = space.search.warm_start
-    data = yaml.safe_load((tmp_path / "llama31_70b_8k_bf16_tpu7x_4x4x4.yaml").read_text())
+    data = yaml.safe_load((tmp_path / "space.yaml").read_text())
     for key, knob in data["knobs"].items():
         if "when" not in knob:
             assert start[key] == knob["values"][0], key
@@ -168,11 +213,10 @@ def test_a_mesh_maxtext_cannot_shard_the_model_over_is_refused_with_one_it_can(t
     tests/data/maxtext_0.2.5/indivisible.log). The importer refuses that command by name with
     a mesh that divides it; a space's trial with that mesh is invalid before MaxText starts;
     knob values that would make such a mesh are left out."""
-    text = (COMMANDS / "gpt_oss_120b_8k_xpk.sh").read_text()
-    assert "ici_fsdp_parallelism=64 ici_data_parallelism=2" in text
-    unshardable = text.replace(
-        "ici_fsdp_parallelism=64 ici_data_parallelism=2", "ici_fsdp_parallelism=-1"
-    )
+    text = (RECIPES / GPT_OSS).read_text()
+    published = "ici_fsdp_parallelism=64 \\\nici_data_parallelism=2 \\\n"
+    assert published in text
+    unshardable = text.replace(published, "ici_fsdp_parallelism=-1 \\\n")
     out = tmp_path / "x.yaml"
     result = CliRunner().invoke(
         app, ["import", unshardable, "-o", str(out)], env={"COLUMNS": "300"}
@@ -181,11 +225,9 @@ def test_a_mesh_maxtext_cannot_shard_the_model_over_is_refused_with_one_it_can(t
     said = " ".join(result.output.split())
     assert "ici_fsdp_parallelism: the command cannot run on tpu7x:4x4x4 (128 devices)" in said
     assert "(d_model 2880)" in said and "ici_fsdp_parallelism=64 ici_data_parallelism=2" in said
-    space, _ = _import("gpt_oss_120b_8k_xpk", tmp_path)
+    space, _ = _import(GPT_OSS, tmp_path)
     assert "mesh.tensor" not in space.knobs and "mesh.expert" not in space.knobs  # 2 x 64 x 2
-    wide = load_space(
-        tmp_path / "gpt_oss_120b_8k_xpk.yaml", {"trial.mesh.data": 1, "trial.mesh.fsdp": -1}
-    )
+    wide = load_space(tmp_path / "space.yaml", {"trial.mesh.data": 1, "trial.mesh.fsdp": -1})
     with pytest.raises(ConfigError, match=r"mesh\.fsdp: MaxText shards every weight's"):
         static_check(wide, wide.search.warm_start[0])  # (the screen's and each trial's check)
 
@@ -209,3 +251,136 @@ def test_the_recipes_settings_are_read_through_shell_quoting():
     translate(command)
     assert command.libtpu_init_args == ["--xla_a=1", "--xla_b=2", "--xla_c=3"]
     assert command.settings == {"model_name": "llama3-8b"}
+
+
+# -- issue 63: the simplest commands, and whatever a user gives --------------------------------
+
+
+def test_the_simplest_command_imports_within_80_columns_and_with_the_users_umask(tmp_path):
+    """A command with no LIBTPU_INIT_ARGS (was KeyError: 'libtpu_init_args' after writing); its
+    summary fits 80 columns (was 219 on one line); the space is written as open() writes
+    a file under the user's umask (was 0600), as is plan's."""
+    import os
+
+    command = (
+        "python3 -m MaxText.train MaxText/configs/base.yml model_name=llama3.1-8b "
+        "per_device_batch_size=2 max_target_length=8192 remat_policy=full"
+    )
+    out = tmp_path / "z.yaml"
+    before = os.umask(0o022)
+    try:
+        result = _run("import", command, "-o", str(out), "--target", "tpu7x:2x2x2")
+        planned = tmp_path / "p.yaml"
+        _run("plan", "--model", "llama3-8b", "--seq", "4096", "--space", str(planned))
+    finally:
+        os.umask(before)
+    assert result.exit_code == 0, result.output
+    assert "0 libtpu flags" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+    assert _run("validate", str(out)).exit_code == 0
+    assert (out.stat().st_mode & 0o777, planned.stat().st_mode & 0o777) == (0o644, 0o644)
+
+
+def test_no_such_file_an_empty_file_and_a_folder_are_said_as_such(tmp_path):
+    empty = tmp_path / "empty.sh"
+    empty.write_text("\n  \n")
+    for given, said in (
+        (str(tmp_path / "nope.sh"), f"no such file: {tmp_path / 'nope.sh'}"),
+        (str(empty), f"{empty} is empty"),
+        (str(tmp_path), f"{tmp_path} is not a file"),
+        ("  ", "the command is empty"),
+        ("echo hello", "no MaxText training command found"),
+    ):
+        result = _run("import", given, "-o", str(tmp_path / "x.yaml"), "--target", "tpu7x:2x2x2")
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_near_miss_is_named_with_the_key_it_means_at_its_file_and_line(tmp_path):
+    text = (RECIPES / GPT_OSS).read_text().replace("remat_policy=custom", "remat_polcy=custom")
+    line = next(n for n, ln in enumerate(text.splitlines(), 1) if "remat_polcy" in ln)
+    script = tmp_path / "run_recipe.sh"
+    script.write_text(text)
+    result = _run("import", str(script), "-o", str(tmp_path / "x.yaml"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{script}:{line}: remat_polcy: remat_polcy=custom is not a MaxText 0.2.5 setting" in said
+    )
+    assert "did you mean remat_policy?" in said
+    typo = "python3 -m MaxText.train x model_name=llama3.1-8bb"
+    model = _run("import", typo, "-o", "x.yaml", "--target", "tpu7x:2x2x2")
+    assert "did you mean llama3.1-8b" in " ".join(model.output.split()), model.output
+    unclosed = tmp_path / "unclosed.sh"
+    unclosed.write_text('export A=1\npython3 -m MaxText.train base.yml "model_name=x\n')
+    result = _run("import", str(unclosed), "-o", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 2 and f"{unclosed}:2:" in result.output, result.output
+
+
+# Values a user might mistype, for every setting the engine reads of a command.
+GARBAGE = ("x", "-1", "1e999", "$(nope)")
+
+
+def test_no_value_of_any_setting_the_engine_reads_ends_in_a_traceback(tmp_path):
+    """Each setting of the published gpt-oss command that maps to a knob, set to each of
+    GARBAGE: the import writes a space that validates, or refuses it (exit 2), never more."""
+    from trainer.trial.maxtext import GMM_TILE_KEYS, RENAMED, SHAPE
+
+    text = (RECIPES / GPT_OSS).read_text()
+    given = read_command(text).settings
+    read = {*RENAMED.values(), *SHAPE.values(), "attention", "sa_q_layout", "megablox"}
+    read |= {"use_tokamax_gmm", "remat_policy", "decoder_layer_input", "model_name"}
+    read |= {"ici_fsdp_transpose_parallelism", *GMM_TILE_KEYS["wi_fwd"]}
+    out = tmp_path / "x.yaml"
+    for key in sorted(read):
+        for value in GARBAGE:
+            if key in given:
+                changed = text.replace(f"\n{key}={given[key]} ", f"\n{key}={value} ")
+            else:
+                changed = text.replace("\nmodel_name=", f"\n{key}={value} \\\nmodel_name=")
+            assert changed != text, key
+            result = _run("import", changed, "-o", str(out))  # _run: no traceback
+            assert result.exit_code in (0, 2), (key, value, result.output)
+            if result.exit_code == 0:
+                valid = _run("validate", str(out))
+                assert valid.exit_code == 0, (key, value, valid.output)
+            out.unlink(missing_ok=True)
+
+
+def test_a_manifest_says_its_topology_and_its_containers_must_agree(tmp_path):
+    """A JobSet's slices are its replicas, its topology the node selector's or the pod's
+    annotation; two containers running different MaxText commands are refused by name."""
+    train = "python3 -m maxtext.trainers.pre_train.train b.yml model_name=llama3.1-8b"
+
+    def manifest(first: str, second: str) -> str:
+        container = "        - name: c{}\n          command: [bash, -c, '{}']\n"
+        return (
+            "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nspec:\n  replicatedJobs:\n"
+            "  - replicas: 2\n    template:\n      metadata:\n        annotations:\n"
+            "          cloud.google.com/gke-tpu-slice-topology: 2x2x2\n      spec:\n"
+            "        nodeSelector: {cloud.google.com/gke-tpu-accelerator: tpu7x}\n"
+            "        containers:\n" + container.format(1, first) + container.format(2, second)
+        )
+
+    same = read_command(manifest(f"{train} steps=3", f"{train} steps=3"))
+    assert same.target == "tpu7x:2x2x2x2" and same.settings["steps"] == "3"
+    out = tmp_path / "x.yaml"
+    result = _run("import", manifest(f"{train} steps=3", f"{train} steps=4"), "-o", str(out))
+    assert result.exit_code == 2 and "2 different MaxText commands" in result.output
+
+
+def test_a_model_maxtext_0_2_5_lacks_is_refused_naming_which_maxtext_has_it(tmp_path):
+    """From MaxText's own history (sweeper/space/maxtext_history.yaml): a model only a branch
+    has, one its main dropped; the closest 0.2.5 has besides."""
+    for name, said in (
+        ("gemma4-12b", "only MaxText's unreleased branch agagik-gemma4-12b has "
+         "configs/models/gemma4-12b.yml (commit 85b12b8dc, 2026-08-17): no MaxText release up "
+         "to 0.2.5 has it; did you mean gemma4-e2b"),
+        ("olmo3_32b", "MaxText's main had configs/models/olmo3_32b.yml until 3f928e431 "
+         "(2026-02-11): a MaxText from before then has it; did you mean olmo3-32b"),
+        ("zeta-9t", "MaxText 0.2.5 has no such model (82 models: its configs/models/); name "
+         "the one whose architecture it has"),
+    ):  # fmt: skip
+        command = f"python3 -m MaxText.train base.yml model_name={name} max_target_length=8192"
+        result = _run("import", command, "-o", str(tmp_path / "x.yaml"), "--target", "tpu7x:2x2x2")
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output

@@ -3,6 +3,7 @@ that command (sweeper/space/command.py)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,16 +54,19 @@ def import_(
     command's values (batch, remat placements, FP8, Splash layouts and blocks, scoped VMEM,
     mesh); every setting is kept in the space's recipe record, and `sweeper export --format
     maxtext` of trial 0 gives the command back."""
-    from sweeper.space.command import load_text, read_command, space_of
+    from sweeper.space.command import load_text, read_command, space_of, where
 
+    source: Path | None = None
+    text = ""
     try:
-        found = read_command(load_text(command))
+        text, source = load_text(command)
+        found = read_command(text)
         model = found.settings.get("model_name", "model")
         seq = found.settings.get("max_target_length", "")
         name = name or f"{model}_{seq}_imported".replace(".", "").replace("-", "_").strip("_")
         data = space_of(found, name, target)
     except SpaceError as exc:
-        fail(str(exc))
+        fail(where(exc, text, source))
     path = output or Path(f"{name}.yaml")
     recipe = data["maxtext"]["recipe"]
     header = [
@@ -79,21 +83,48 @@ def import_(
     _say(path, name, data)
 
 
+WIDTH = 80  # what the import prints fits a terminal of 80 columns
+
+
+def _print(text: str, head: str = "", style: str = "", indent: str = "  ") -> None:
+    """One item of the summary, wrapped to WIDTH (words and paths whole), `head` styled."""
+    from rich.text import Text
+
+    width = min(WIDTH, console.width)
+    lines = textwrap.wrap(
+        f"{indent}{head}{' ' if head else ''}{text}",
+        width=width,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    for i, line in enumerate(lines):
+        out = Text(line)
+        if i == 0 and head and style:
+            out.stylize(style, len(indent), len(indent) + len(head))
+        console.print(out, soft_wrap=True)
+
+
 def _say(path: Path, name: str, data: dict[str, Any]) -> None:
     """What the import wrote: its settings, each knob around the command, what changed."""
     recipe = data["maxtext"]["recipe"]
-    console.print(f"wrote {path}: space {name!r}, trial 0 is the command", soft_wrap=True)
-    console.print(
-        f"  {len(recipe['settings'])} settings kept; {len(recipe['libtpu_init_args'])} libtpu "
-        f"flags; target {data['target']} at compile fidelity"
+    _print(f"wrote {path}: space {name!r}, trial 0 is the command", indent="")
+    flags = len(recipe.get("libtpu_init_args", []))
+    _print(
+        f"{len(recipe['settings'])} settings kept; {flags} libtpu flags; target "
+        f"{data['target']} at compile fidelity"
     )
     (start,) = data["search"]["warm_start"]
     for key, knob in data["knobs"].items():
         values = ", ".join(str(v) for v in knob["values"])
-        said = f"the command: {start[key]}" if key in start else f"when {knob.get('when')}"
-        console.print(f"  knob {key}: {values} ({said})", soft_wrap=True)
+        said = f"the command: {start[key]}" if key in start else f"when {_when(knob)}"
+        _print(f"{key}: {values} ({said})", head="knob")
     for change in recipe.get("changes", []):
-        console.print(f"  [yellow]changed[/yellow] {change}", soft_wrap=True)
+        _print(change, head="changed", style="yellow")
     for feature in recipe.get("unmodeled", []):
-        console.print(f"  [yellow]not modeled[/yellow] by the estimate: {feature}", soft_wrap=True)
-    console.print(f"next: `sweeper validate {path}`, `sweeper run {path}`")
+        _print(f"by the estimate: {feature}", head="not modeled", style="yellow")
+    _print(f"next: `sweeper validate {path}`, `sweeper run {path}`", indent="")
+
+
+def _when(knob: dict[str, Any]) -> str:
+    return " and ".join(f"{k}={v}" for k, v in knob.get("when", {}).items())

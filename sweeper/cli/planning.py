@@ -151,6 +151,7 @@ def write_space(path: Path, text: str, option: str, made_by: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         load_space(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it (mkstemp's is 0600)
         os.replace(tmp, path)
     except SpaceError as exc:
         fail(
@@ -160,6 +161,15 @@ def write_space(path: Path, text: str, option: str, made_by: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then set back)."""
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _print_advice(rec: Recommendation, target: str) -> None:

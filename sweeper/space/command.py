@@ -10,21 +10,26 @@ from __future__ import annotations
 import copy
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sweeper.space import shell
 from sweeper.space.checks import check_maxtext_mesh
 from sweeper.space.errors import SpaceError
+from sweeper.space.maxtext_names import unknown_model, unknown_setting
 from sweeper.space.points import set_path
 from trainer.trial.checks import check_static
-from trainer.trial.config import ConfigError, TrialConfig, load_config
+from trainer.trial.config import ConfigError, PrecisionConfig, TrialConfig, load_config
 from trainer.trial.hardware import Topology
 from trainer.trial.maxtext import (
     BASE_KEYS,
+    CUSTOM_TENSORS,
     MODEL_NAMES,
+    RENAMED,
     MaxTextProgram,
     MaxTextRecipe,
     from_maxtext,
@@ -44,7 +49,11 @@ MESH_SETTINGS = {
 ENGINE_SETS = {
     "run_name": "the engine names each trial's run",
     "base_output_directory": "the engine writes each trial in its own folder of the sweep",
+    "output_dir": "no MaxText setting (0.2.5 refuses it: its config forbids unknown keys); an "
+    "output folder, and the engine writes each trial in its own folder of the sweep",
 }
+# Grouped-matmul tiles MaxText 0.2.5 passes to no kernel when its tokamax path runs (v1).
+TILE_PREFIXES = ("wi_tile_", "wo_tile_")
 # MaxText's model configs (its package's configs/models/NAME.yml) -> our shape.
 SHAPE_OF = {
     "base_emb_dim": "d_model",
@@ -88,7 +97,6 @@ MODEL_KEYS = (
 OUR_ACTIVATIONS = (["silu", "linear"],)
 # An imported space's search: TPE over a few compile trials, one at a time, trial 0 first.
 SEARCH = {"sampler": "tpe", "trials": 8, "concurrency": 1, "seed": 0, "trial_timeout_s": 7200}
-_ENV = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$", re.S)
 _SETTING = re.compile(r"^([a-z_][a-z0-9_]*)=(.*)$", re.S)
 
 
@@ -106,97 +114,234 @@ class Command:
 
 
 def read_command(text: str) -> Command:
-    """The MaxText invocation in a shell command or script (the last one, if several)."""
-    joined = re.sub(r"\\\r?\n", " ", text)
-    lines = [ln for ln in joined.splitlines() if not ln.lstrip().startswith("#")]
-    try:  # `;`, `&&` and `|` end a command even unspaced (`export A=1;python3 ...`)
-        lexer = shlex.shlex("\n".join(lines), posix=True, punctuation_chars=";&|")
-        lexer.whitespace_split = True
-        tokens = list(lexer)
-    except ValueError as exc:
+    """The MaxText invocation in a shell command or script (the last one, if several), or in
+    a Kubernetes manifest's containers (a JobSet, as tpu-recipes' k8s recipes are)."""
+    manifest = _manifest(text)
+    if manifest is not None:
+        script, target = manifest
+        found = _from_script(script, top=False)  # its lines are the manifest's block's
+        found.target = found.target or target
+    else:
+        found = _from_script(text)
+    found.text = text.strip()
+    return found
+
+
+def _from_script(text: str, top: bool = True) -> Command:
+    try:
+        script = shell.commands(text)
+    except shell.ShellError as exc:
         raise SpaceError(
-            f"the command does not parse as a shell line ({exc})", field="COMMAND"
+            f"the command does not read as a shell command: {exc.message}; close it",
+            field="COMMAND",
+            line=exc.line if top else None,  # else a line of a command inside the file's
         ) from None
-    env: dict[str, str] = {}
     found: Command | None = None
-    target = _xpk_target(tokens)
-    for i, token in enumerate(tokens):
-        if token in ("--command", "--command=") and i + 1 < len(tokens):
-            found = read_command(tokens[i + 1])  # xpk: the workload's own command
-            break
-        if token.startswith("--command="):
-            found = read_command(token.removeprefix("--command="))
-            break
-        match = _ENV.match(token)
-        if match:
-            env[match.group(1)] = match.group(2)
+    elsewhere: list[str] = []  # training programs other than MaxText's pre-training
+    for command in script:
+        words = command.words
+        inner = _xpk_command(words)
+        if inner is not None:
+            try:
+                found = _from_script(inner, top=False)  # xpk: the workload's own command
+            except SpaceError as exc:
+                if exc.field != "COMMAND" or "no MaxText" not in exc.message:
+                    raise
+                elsewhere.append(exc.message)
+                continue
+            found.target = found.target or _xpk_target(words)
             continue
-        if _is_maxtext(tokens, i):
-            found = _invocation(tokens, i, env)
-            found.changes += [
-                f"{name}={value} not carried over: the engine sets each trial's environment"
-                for name, value in env.items()
-                if name not in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
-            ]
+        at = _maxtext_at(words)
+        if at is not None:
+            found = _invocation(words, at, command.env)
+            continue
+        other = _other_trainer(words)
+        if other:
+            elsewhere.append(other)
     if found is None:
+        if elsewhere:
+            raise SpaceError(
+                f"{elsewhere[-1]}; sweeper import reads MaxText's pre-training commands "
+                "(`python3 -m maxtext.trainers.pre_train.train CONFIG key=value ...`)",
+                field="COMMAND",
+            )
         raise SpaceError(
             "no MaxText training command found (`python3 -m MaxText.train CONFIG key=value ...`, "
             "`python3 -m maxtext.trainers.pre_train.train ...`, or an xpk workload's --command)",
             field="COMMAND",
         )
-    found.target = found.target or target
-    found.text = text.strip()
     return found
 
 
-def _is_maxtext(tokens: list[str], i: int) -> bool:
-    token = tokens[i]
-    module = tokens[i + 1] if token == "-m" and i + 1 < len(tokens) else ""
-    trains = re.fullmatch(r"(MaxText|maxtext)(\.[\w.]+)?\.train(_compile)?", module)
-    return bool(trains) or bool(re.search(r"(MaxText|maxtext)/train(_compile)?\.py$", token))
+# MaxText's training entry points, as a module (`-m`) or a file, in its packaged layout
+# (maxtext.trainers.pre_train.train), its older one (MaxText.train) or from a checkout (src.).
+_MAXTEXT_MODULE = re.compile(r"(src\.)?(MaxText|maxtext)(\.[\w.]+)?\.train(_compile)?")
+_MAXTEXT_FILE = re.compile(r"(^|/)(MaxText|maxtext)/([\w/]+/)?train(_compile)?\.py$")
+_TRAINER = re.compile(r"([\w.]*?)\.?(train[\w]*)$")
 
 
-def _invocation(tokens: list[str], i: int, env: dict[str, str]) -> Command:
-    module = tokens[i + 1] if tokens[i] == "-m" else tokens[i]
-    rest = tokens[i + 2 if tokens[i] == "-m" else i + 1 :]
+def _maxtext_at(words: list[str]) -> int | None:
+    """Where a MaxText training invocation starts in a command's words (at `-m` or its file)."""
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            return i if _MAXTEXT_MODULE.fullmatch(words[i + 1]) else None
+        if _MAXTEXT_FILE.search(word):
+            return i
+    return None
+
+
+def _other_trainer(words: list[str]) -> str:
+    """A training program that is not MaxText's pre-training (MaxDiffusion, MaxText's RL), named."""
+    for i, word in enumerate(words[:-1]):
+        if word == "-m" and _TRAINER.search(words[i + 1]):
+            module = words[i + 1]
+            program = "MaxDiffusion" if "maxdiffusion" in module.lower() else "another program"
+            if re.match(r"(src\.)?(MaxText|maxtext)\.", module):
+                program = "MaxText, not its pre-training"
+            return f"the command runs {module} ({program})"
+    return ""
+
+
+def _invocation(words: list[str], i: int, env: dict[str, str]) -> Command:
+    module = words[i + 1] if words[i] == "-m" else words[i]
+    rest = words[i + 2 if words[i] == "-m" else i + 1 :]
     if rest and not _SETTING.match(rest[0]) and not rest[0].startswith("--"):
         rest = rest[1:]  # its config file (base.yml, as a path or as a $(...) that prints one)
     settings: dict[str, str] = {}
-    for token in rest:
-        match = _SETTING.match(token)
+    for word in rest:
+        match = _SETTING.match(word)
         if match:
             settings[match.group(1)] = match.group(2)
-        elif token.startswith("--"):
+        elif word.startswith("--"):
             continue  # an absl flag of the process (e.g. --tokamax_cross_compile)
         else:
-            break  # the command's end (`;`, `&&`, another program)
+            raise SpaceError(
+                f"{word!r} after MaxText's config file is not a key=value setting; remove it, "
+                "or write it as key=value",
+                field="COMMAND",
+            )
+    changes = [
+        f"{name}={value} not carried over: the engine sets each trial's environment"
+        for name, value in env.items()
+        if name not in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
+    ]
     return Command(
         settings=settings,
         libtpu_init_args=env.get("LIBTPU_INIT_ARGS", "").split(),
         xla_flags=env.get("XLA_FLAGS", "").split(),
         module=module,
+        changes=changes,
     )
 
 
-def _xpk_target(tokens: list[str]) -> str | None:
+def _xpk_command(words: list[str]) -> str | None:
+    """An xpk workload's own command (`--command "..."` or `--command=...`), if it is one."""
+    for i, word in enumerate(words):
+        if word == "--command" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--command="):
+            return word.removeprefix("--command=")
+    return None
+
+
+def _xpk_target(words: list[str]) -> str | None:
     """An xpk workload's topology (`--tpu-type=tpu7x-4x4x4` or `tpu7x-128`, `--num-slices`)."""
     kind, slices = None, 1
-    for i, token in enumerate(tokens):
-        name, _, value = token.partition("=")
-        if not value and i + 1 < len(tokens):
-            value = tokens[i + 1]
+    for i, word in enumerate(words):
+        name, _, value = word.partition("=")
+        if not value and i + 1 < len(words):
+            value = words[i + 1]
         if name in ("--tpu-type", "--device-type"):
             kind = value
         elif name == "--num-slices" and value.isdigit():
             slices = int(value)
     if kind is None:
         return None
+    return _slice_target(kind, slices)
+
+
+def _slice_target(kind: str, slices: int) -> str | None:
+    """tpu7x-4x4x4 or tpu7x-128 (a device count), over `slices` slices, as our target."""
     prefix, _, shape = kind.rpartition("-")
-    if not re.fullmatch(r"\d+(x\d+)*", shape):
+    if not prefix or not re.fullmatch(r"\d+(x\d+)*", shape):
         return None
-    # a device count (tpu7x-128) or a shape (tpu7x-4x4x4)
-    base = slice_target(prefix, int(shape)) if "x" not in shape else f"{prefix}:{shape}"
+    try:
+        base = slice_target(prefix, int(shape)) if "x" not in shape else f"{prefix}:{shape}"
+    except ValueError:
+        return None  # no TPU of that name, or no slice of that many devices: --target says it
     return base + (f"x{slices}" if slices > 1 else "")
+
+
+def _manifest(text: str) -> tuple[str, str | None] | None:
+    """A Kubernetes manifest's training script (its containers' `bash -c` script, or their
+    command and args) and its TPU topology (the node selector's accelerator and topology, one
+    slice per replica); None when the text is no manifest."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except yaml.YAMLError:
+        return None
+    documents = [d for d in documents if "apiVersion" in d and "kind" in d]
+    if not documents:
+        return None
+    scripts: list[str] = []
+    kind = shape = None
+    slices = 1
+    for node in _walk(documents):
+        if "containers" in node and isinstance(node["containers"], list):
+            for container in node["containers"]:
+                if isinstance(container, dict):
+                    scripts.append(_container_script(container))
+        kind = node.get("cloud.google.com/gke-tpu-accelerator", kind)  # a node selector
+        for key in ("cloud.google.com/gke-tpu-topology", "cloud.google.com/gke-tpu-slice-topology"):
+            shape = node.get(key, shape)  # a node selector, or the pod's annotation
+        if isinstance(node.get("replicas"), int) and "template" in node:
+            slices = max(slices, node["replicas"])
+    if not any(scripts):
+        raise SpaceError(
+            "the manifest's containers run no command (no `command:` or `args:`)", field="COMMAND"
+        )
+    target = f"{kind}:{shape}" + (f"x{slices}" if slices > 1 else "") if kind and shape else None
+    found = [s for s in scripts if _maxtext_in(s)]
+    if len({_settings_of(s) for s in found}) > 1:
+        raise SpaceError(
+            f"the manifest's containers run {len(found)} different MaxText commands; import "
+            "one of them (as a command)",
+            field="COMMAND",
+        )
+    return (found or scripts)[0], target
+
+
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping in a YAML document, outermost first."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def _container_script(container: dict[str, Any]) -> str:
+    words = [str(w) for key in ("command", "args") for w in container.get(key) or []]
+    if len(words) >= 3 and words[0].rsplit("/", 1)[-1] in ("bash", "sh") and words[1] == "-c":
+        return words[2]
+    return shlex.join(words)
+
+
+def _maxtext_in(script: str) -> bool:
+    try:
+        return any(_maxtext_at(c.words) is not None for c in shell.commands(script))
+    except shell.ShellError:
+        return False
+
+
+def _settings_of(script: str) -> str:
+    try:
+        command = _from_script(script)
+    except SpaceError as exc:
+        return str(exc)
+    return repr((command.settings, command.libtpu_init_args))
 
 
 def translate(command: Command) -> None:
@@ -212,11 +357,7 @@ def translate(command: Command) -> None:
             command.changes.append(f"{key}={value} dropped: {ENGINE_SETS[key]}")
             continue
         if key not in BASE_KEYS:
-            raise SpaceError(
-                f"{key}={value} is not a MaxText 0.2.5 setting (its configs/base.yml keys); "
-                "remove it, or correct its name",
-                field=key,
-            )
+            raise SpaceError(f"{key}={value} is {unknown_setting(key)}", field=key)
         settings[key] = value
     expert = settings.get("ici_expert_parallelism", "1")
     if _true(settings.get("use_random_routing", "false")) and expert in ("1", ""):
@@ -227,12 +368,36 @@ def translate(command: Command) -> None:
             "each expert gets, not the program's shapes"
         )
     command.settings = settings
+    command.changes += _inert(settings)
     if command.xla_flags:
         command.changes.append(
             f"XLA_FLAGS ({' '.join(command.xla_flags)}) read as compiler flags, with "
             "LIBTPU_INIT_ARGS (libtpu reads both)"
         )
         command.libtpu_init_args = [*command.libtpu_init_args, *command.xla_flags]
+
+
+def _inert(settings: dict[str, str]) -> list[str]:
+    """Settings the command gives that MaxText 0.2.5 reads nothing of, given its others: kept
+    as written (trial 0 is the command), and said."""
+    said = []
+    policy = settings.get("remat_policy", "full")  # base.yml's default
+    placed = [k for k in CUSTOM_TENSORS if k in settings]
+    if placed and policy != "custom":
+        said.append(
+            f"{', '.join(f'{k}={settings[k]}' for k in placed)} kept as written; "
+            f"{'it does' if len(placed) == 1 else 'they do'} nothing: MaxText reads a tensor's "
+            f"placement only with remat_policy=custom (this command's: {policy})"
+        )
+    tiles = [k for k in settings if k.startswith(TILE_PREFIXES)]
+    tokamax = _true(settings.get("use_tokamax_gmm", "false"))
+    if tiles and tokamax and not _true(settings.get("use_gmm_v2", "false")):
+        said.append(
+            f"{len(tiles)} grouped-matmul tiles ({tiles[0]}, ...) kept as written; they do "
+            "nothing: MaxText 0.2.5's tokamax grouped matmul (use_tokamax_gmm, use_gmm_v2 false) "
+            "takes no tiles"
+        )
+    return said
 
 
 def _true(text: str) -> bool:
@@ -262,21 +427,34 @@ def model_of(settings: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     if preset is not None and not any(k in settings for k in SHAPE_OF):
         return {"preset": preset}, []
     models = maxtext_models()
-    if name not in models:
+    if "model_name" not in settings:
         raise SpaceError(
-            f"model_name={name}: MaxText 0.2.5 has no such model (its models: "
-            f"{', '.join(sorted(models))})",
+            "the command names no model: MaxText's default is its base.yml's own shape, which "
+            "the importer does not read; add model_name=NAME (one of MaxText 0.2.5's "
+            f"{len(models)} models, e.g. llama3.1-8b)",
             field="model_name",
         )
+    if name not in models:
+        raise SpaceError(f"model_name={name}: {unknown_model(name, models)}", field="model_name")
     config = {**models[name], **settings}
+
+    def number(key: str, parse: type[int] | type[float] = int, default: Any = None) -> Any:
+        try:
+            return parse(config[key]) if key in config else default
+        except (TypeError, ValueError):
+            what = "a whole number" if parse is int else "a number"
+            raise SpaceError(
+                f"{key}={config[key]} is not {what}; write it as one", field=key
+            ) from None
+
     shape: dict[str, Any] = {}
     for theirs, ours in SHAPE_OF.items():
         if theirs in config:
-            shape[ours] = int(config[theirs])
-    if int(config.get("num_experts", 1)) > 1:
-        shape["mlp_dim"] = int(config.get("base_moe_mlp_dim", shape.get("mlp_dim", 0)))
+            shape[ours] = number(theirs)
+    if number("num_experts", default=1) > 1:
+        shape["mlp_dim"] = number("base_moe_mlp_dim", default=shape.get("mlp_dim", 0))
         if "load_balance_loss_weight" in config:
-            shape["load_balance_loss_weight"] = float(config["load_balance_loss_weight"])
+            shape["load_balance_loss_weight"] = number("load_balance_loss_weight", float)
     else:
         shape.update(num_experts=0, experts_per_token=0)
     if "head_dim" not in shape and "d_model" in shape and "num_heads" in shape:
@@ -324,7 +502,11 @@ def space_of(
         "fidelity": "compile",
         "program": "maxtext",
         "model": recipe.trial["model"],
-        "trial": {k: v for k, v in recipe.trial.items() if k != "model"},
+        "trial": {
+            k: v
+            for k, v in recipe.trial.items()
+            if k != "model" and not (k == "precision" and "precision.mode" in knobs)
+        },
         "search": {**SEARCH, "warm_start": [start]},
         "knobs": knobs,
         "maxtext": {"recipe": recipe.model_dump(mode="json", exclude_defaults=True)},
@@ -347,15 +529,20 @@ def recipe_of(command: Command) -> MaxTextRecipe:
     """The command's recipe record: its settings and flags as written, and the trial they
     read as (the model of record: a preset, or MaxText's config's shape)."""
     model, unmodeled = model_of(command.settings)
-    trial = from_maxtext(command.settings, command.libtpu_init_args)
+    try:
+        trial = from_maxtext(command.settings, command.libtpu_init_args)
+    except ConfigError as exc:
+        raise SpaceError(exc.message, field=exc.field) from None
     trial.pop("compile_target", None)
     trial.pop("backend", None)
     trial["model"] = {**model, **{k: v for k, v in trial.get("model", {}).items() if k != "preset"}}
     try:
         config = load_config(trial)
     except ConfigError as exc:
+        setting = RENAMED.get(exc.field)  # the command's own name for it, where it has one
         raise SpaceError(
-            f"the command's settings make no valid trial: {exc}", field="COMMAND"
+            f"the command's settings make no valid trial: {exc}",
+            field=setting if setting in command.settings else "COMMAND",
         ) from None
     recorded = config.model_dump(mode="json", exclude_defaults=True)
     if "preset" in model:  # the preset says the shape: kept as the command said it
@@ -381,9 +568,13 @@ def knobs_around(
     knobs: dict[str, dict[str, Any]] = {}
     start: dict[str, Any] = {}
     base = config.model_dump(mode="json")
+    # A point whose precision the mode knob sets carries none of the command's fp8 settings
+    # (bf16 reads none): they are knobs active with fp8 (space_of leaves them out of `trial`).
+    unset = {**base, "precision": {"mode": config.precision.mode}}
 
     def valid(key: str, value: Any, when: dict[str, Any]) -> bool:
-        return _makes_a_trial(base, {**when, key: value}, program, topology)
+        tree = unset if key == "precision.mode" or "precision.mode" in when else base
+        return _makes_a_trial(tree, {**when, key: value}, program, topology)
 
     def vary(
         key: str, at: Any, values: list[Any], when: dict[str, Any] | None = None, one: bool = False
@@ -406,10 +597,15 @@ def knobs_around(
         vary("remat.policy", config.remat.policy, ["full", "save_dot_except_mlp", "minimal"])
     precision = config.precision
     vary("precision.mode", precision.mode, ["bf16", "fp8"])
-    fp8 = {"precision.mode": "fp8"}
-    # MaxText's qwix fp8 scales per axis, its only granularity: an fp8 trial is set so
-    vary("precision.granularity", "per_axis", [], fp8, one=True)
-    vary("precision.scaling", precision.scaling, ["dynamic", "fixed"], fp8)
+    fp8 = {"precision.mode": "fp8"} if "precision.mode" in knobs else {}
+    if fp8 or precision.mode == "fp8":
+        # MaxText's qwix fp8 scales per axis, its only granularity: an fp8 trial is set so
+        vary("precision.granularity", "per_axis", [], fp8, one=bool(fp8))
+        vary("precision.scaling", precision.scaling, ["dynamic", "fixed"], fp8, one=bool(fp8))
+        defaults = PrecisionConfig(mode="fp8").model_dump(mode="json")
+        for name, value in precision.model_dump(mode="json").items():
+            if fp8 and name not in ("mode", "granularity", "scaling") and value != defaults[name]:
+                vary(f"precision.{name}", value, [], fp8, one=True)  # the command's, kept
     kernels = config.kernels
     if kernels.attention == "splash":
         for layout in ("q_layout", "k_layout"):
@@ -457,9 +653,48 @@ def _get(tree: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def load_text(spec: str) -> str:
-    """A command given as a file (a script) or as text."""
+def load_text(spec: str) -> tuple[str, Path | None]:
+    """A command given as a file (a script, a manifest) or as text: its text, and the file.
+    A word that can only be a file's name and names none is refused, as is an empty one."""
+    if not spec.strip():
+        raise SpaceError(
+            "the command is empty: give a MaxText command, or a file holding one", field="COMMAND"
+        )
+    one_word = len(spec) < 4096 and not any(c.isspace() for c in spec)
     path = Path(spec)
-    if len(spec) < 4096 and "\n" not in spec and path.is_file():
-        return path.read_text()
-    return spec
+    if one_word and path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpaceError(f"{spec}: cannot read it as text ({exc})", field="COMMAND") from None
+        if not text.strip():
+            raise SpaceError(
+                f"{spec} is empty: it should hold a MaxText command (a run_recipe.sh, an xpk "
+                "workload command, a Kubernetes manifest)",
+                field="COMMAND",
+            )
+        return text, path
+    if one_word and path.exists():
+        raise SpaceError(
+            f"{spec} is not a file: give the file holding the command", field="COMMAND"
+        )
+    if one_word and "=" not in spec:
+        raise SpaceError(
+            f"no such file: {spec} (give a MaxText command, quoted, or a file holding one)",
+            field="COMMAND",
+        )
+    return spec, None
+
+
+def where(exc: SpaceError, text: str, source: Path | None) -> str:
+    """An import error as a person reads it: the file and line (the first line that sets the
+    setting it names, or where the shell could not read on), the setting, what and the fix."""
+    field = exc.field if exc.field not in (None, "COMMAND") else None
+    line = exc.line
+    if field and not field.startswith("--"):
+        pattern = re.compile(rf"(?<![\w.-]){re.escape(field)}=")
+        line = next((n for n, ln in enumerate(text.splitlines(), 1) if pattern.search(ln)), line)
+    said = f"{field}: {exc.message}" if field else exc.message
+    if source is None or (field or "").startswith("--"):
+        return said
+    return f"{source}{f':{line}' if line else ''}: {said}"

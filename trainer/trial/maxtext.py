@@ -9,6 +9,7 @@ Keys and values as MaxText 0.2.5 reads them (its pydantic config refuses unknown
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +18,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from trainer.trial.config import SPLASH_BLOCKS, PrecisionConfig, TrialConfig
+from trainer.trial.config import SPLASH_BLOCKS, ConfigError, PrecisionConfig, TrialConfig
 from trainer.trial.flags import ASYNC_FUSION, RAGGED_DOT_KERNEL, SPARSECORE_OFFLOAD
 from trainer.trial.hardware import Backend, Topology, standard_slice
+from trainer.trial.maxtext_sharding import FOLDED, MAXTEXT_AXES, MESH_AXES
 from trainer.trial.presets import MODEL_PRESETS
 from trainer.trial.remat import EXPERT_TENSORS, Tensor
 from trainer.trial.schema import Frozen
@@ -57,7 +59,8 @@ class MaxTextRecipe(Frozen):
     settings are the recipe's, changed where its configuration maps differently."""
     changes: list[str] = Field(default_factory=list)
     """what the importer changed for MaxText 0.2.5 or the engine (a renamed key, a setting
-    refused, the run's name and output folder), each with why."""
+    dropped, the run's name and output folder), or kept though MaxText reads nothing of it,
+    each with why."""
     unmodeled: list[str] = Field(default_factory=list)
     """the model's features the engine's estimates do not model (its checks and MFU use the
     shape alone)."""
@@ -487,13 +490,29 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[parts[-1]] = value
 
 
+def _read(args: dict[str, str], key: str, parse: Callable[[str], Any] = float) -> Any:
+    """A setting's number as the engine reads it; a ConfigError naming it when it is none."""
+    try:
+        value = parse(args[key])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(value)
+    except (ValueError, TypeError, OverflowError):
+        what = "a whole number" if parse is int else "a (finite) number"
+        raise ConfigError(key, f"{key}={args[key]} is not {what}; write it as one") from None
+    return value
+
+
 _BOOLEANS = ("mesh.context_load_balance", "model.fused_qkv")
 _TEXTS = ("mu_dtype", "remat.policy")
+# MaxText's mesh axes the engine's mesh has none of, each read as one of the engine's: as the
+# one that shards the weights as it does (FOLDED), else as fsdp (the devices it takes).
+OTHER_AXES = tuple(a for a in MAXTEXT_AXES if a not in MESH_AXES)
 
 
 def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None) -> dict[str, Any]:
     """The trial configuration (as a dict for `load_config`) that MaxText settings describe:
-    the inverse of `to_maxtext` on what it maps."""
+    the inverse of `to_maxtext` on what it maps. A value the engine cannot read raises
+    ConfigError naming the setting."""
     trial: dict[str, Any] = {}
     name = args.get("model_name")
     preset = next((ours for ours, theirs in MODEL_NAMES.items() if theirs == name), None)
@@ -502,7 +521,7 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
     for ours, theirs in SHAPE.items():
         if theirs in args:
             parse: Callable[[str], Any] = _boolean if ours in _BOOLEANS else _number
-            _set(trial, ours, parse(args[theirs]))
+            _set(trial, ours, _read(args, theirs, parse))
     if args.get("num_experts") == "1" and "model_name" not in args:  # dense, to MaxText
         trial["model"].update(num_experts=0, experts_per_token=0)
     for ours, theirs in RENAMED.items():
@@ -513,14 +532,16 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
         elif ours in _TEXTS:
             value = args[theirs]
         else:
-            value = _number(args[theirs])
+            value = _read(args, theirs, _number)
         _set(trial, ours, value)
+    _fold_mesh(args, trial)
     if "warmup_steps_fraction" in args and "steps" in args:
-        trial["warmup_steps"] = round(float(args["warmup_steps_fraction"]) * int(args["steps"]))
+        fraction = _read(args, "warmup_steps_fraction", float)
+        trial["warmup_steps"] = round(fraction * _read(args, "steps", int))
     if "init_weights_seed" in args and args["init_weights_seed"] != args.get("data_shuffle_seed"):
-        trial["init_seed"] = int(args["init_weights_seed"])
+        trial["init_seed"] = _read(args, "init_weights_seed", int)
     custom = {t: args[t] for t in CUSTOM_TENSORS if t in args}
-    if custom:
+    if custom and args.get("remat_policy") == "custom":  # else MaxText reads none of them
         _set(trial, "remat.custom", custom)
     if _boolean(args.get("use_qwix_quantization", "false")):
         trial["precision"] = _precision_back(args)
@@ -529,51 +550,100 @@ def from_maxtext(args: dict[str, str], libtpu_init_args: list[str] | None = None
         trial["backend"] = args["hardware"]
     if args.get("compile_topology"):
         prefix, _, devices = args["compile_topology"].rpartition("-")
-        slices = int(args.get("compile_topology_num_slices", "1"))
-        trial["compile_target"] = slice_target(prefix, int(devices)) + (
-            f"x{slices}" if slices > 1 else ""
+        slices = (
+            _read(args, "compile_topology_num_slices", int)
+            if "compile_topology_num_slices" in args
+            else 1
         )
+        try:
+            trial["compile_target"] = slice_target(prefix, int(devices)) + (
+                f"x{slices}" if slices > 1 else ""
+            )
+        except ValueError as exc:
+            raise ConfigError(
+                "compile_topology", f"compile_topology={args['compile_topology']}: {exc}"
+            ) from None
     xla = _flags_back(libtpu_init_args or [])
     if xla:
         trial["xla"] = xla
     return trial
 
 
+def _fold_mesh(args: dict[str, str], trial: dict[str, Any]) -> None:
+    """MaxText's OTHER_AXES into the engine's mesh: fsdp 16 with fsdp_transpose 8 is the
+    engine's fsdp 128; a -1 (fill what the others leave) stays -1 and fills both."""
+    for theirs in OTHER_AXES:
+        ours = FOLDED.get(theirs, "fsdp")
+        key = f"ici_{theirs}_parallelism"
+        if key not in args:
+            continue
+        degree = _read(args, key, _number)
+        mesh = trial.setdefault("mesh", {})
+        into = mesh.get(ours, -1 if ours == "fsdp" else 1)  # MaxText's defaults, as ours
+        if degree == -1:
+            mesh[ours] = -1
+        elif degree != 1 and into != -1:
+            mesh[ours] = into * degree
+
+
 def _precision_back(args: dict[str, str]) -> dict[str, Any]:
     precision: dict[str, Any] = {"mode": "fp8", "granularity": "per_axis"}
-    if args.get("quantization") == "fp8":
+    quantization = args.get("quantization", "")
+    if quantization not in ("fp8", "fp8_full"):
+        raise ConfigError(
+            "quantization",
+            f"quantization={quantization}: the engine reads MaxText's qwix fp8 modes (fp8, "
+            "fp8_full) as its precision; take one of them, or import the command without "
+            "use_qwix_quantization",
+        )
+    if quantization == "fp8":
         precision["backward_format"] = "e4m3"
     method = args.get("weight_quantization_calibration_method", "absmax")
     if method.startswith("fixed"):
         precision["scaling"] = "fixed"
-        precision["fixed_bound"] = float(method.split(",")[-1])
+        bound = method.split(",")[-1]
+        try:
+            precision["fixed_bound"] = float(bound)
+        except ValueError:
+            raise ConfigError(
+                "weight_quantization_calibration_method",
+                f"weight_quantization_calibration_method={method}: a fixed range is written "
+                "fixed,-BOUND,BOUND (e.g. fixed,-224,224)",
+            ) from None
     return precision
 
 
 def _kernels_back(args: dict[str, str]) -> dict[str, Any]:
     kernels: dict[str, Any] = {}
     if "attention" in args:
-        kernels["attention"] = {v: k for k, v in ATTENTION.items()}[args["attention"]]
+        back = {v: k for k, v in ATTENTION.items()}
+        if args["attention"] not in back:
+            raise ConfigError(
+                "attention",
+                f"attention={args['attention']}: the engine's attention kernels are MaxText's "
+                f"{', '.join(back)}; take one of them",
+            )
+        kernels["attention"] = back[args["attention"]]
     for ours, theirs in LAYOUTS.items():
         if theirs in args:
             kernels[ours] = args[theirs].lower()
-    estimate = int(float(args.get("use_max_logit_estimate", "-1")))
+    estimate = (
+        int(_read(args, "use_max_logit_estimate", float))
+        if "use_max_logit_estimate" in args
+        else -1
+    )
     if estimate != -1:
         kernels["max_logit_const"] = float(estimate)
-    if "megablox" in args:
-        if _boolean(args["megablox"]):
-            kernels["moe_gmm"] = "megablox"
-            tm, tk, tn = (int(args[k]) for k in GMM_TILE_KEYS["wi_fwd"])
-            kernels.update(gmm_tm=tm, gmm_tk=tk, gmm_tn=tn)
-        elif _boolean(args.get("use_tokamax_gmm", "false")):
+    if "megablox" in args or "use_tokamax_gmm" in args:
+        # MaxText 0.2.5 (layers/moe.py): use_tokamax_gmm runs tokamax whatever megablox says;
+        # else megablox (its base.yml's default: true) runs megablox; else XLA's ragged_dot.
+        if _boolean(args.get("use_tokamax_gmm", "false")):  # its tiles reach no kernel
             kernels["moe_gmm"] = "tokamax"
-            tiles = {
-                name: "x".join(args[k] for k in keys)
-                for name, keys in GMM_TILE_KEYS.items()
-                if all(k in args for k in keys)
-            }
-            if tiles:
-                kernels["tokamax_tiles"] = tiles
+        elif _boolean(args.get("megablox", "true")):
+            kernels["moe_gmm"] = "megablox"
+            if all(k in args for k in GMM_TILE_KEYS["wi_fwd"]):  # else base.yml's, as ours
+                tm, tk, tn = (_read(args, k, int) for k in GMM_TILE_KEYS["wi_fwd"])
+                kernels.update(gmm_tm=tm, gmm_tk=tk, gmm_tn=tn)
         else:
             kernels["moe_gmm"] = "ragged_dot"
     return kernels

@@ -10,28 +10,38 @@ import math
 from trainer.trial.config import ConfigError, TrialConfig
 
 # MaxText 0.2.5's base.yml, logical_axis_rules: every weight's embedding axis ('embed') is
-# sharded over fsdp, fsdp_transpose, context, context_usp_ulysses and expert (the engine's
-# meshes leave fsdp_transpose and context_usp_ulysses at 1).
+# sharded over fsdp, fsdp_transpose, context, context_usp_ulysses and expert.
 EMBED_AXES = ("fsdp", "context", "expert")
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+# Its mesh axes as its settings name them (`ici_<axis>_parallelism`, `dcn_...`: pipeline is
+# its mesh's stage), each taking its share of the devices.
+MAXTEXT_AXES = ("diloco", "data", "pipeline", "fsdp", "fsdp_transpose", "sequence", "context",
+                "context_usp_ulysses", "context_autoregressive", "tensor", "tensor_sequence",
+                "expert", "autoregressive")  # fmt: skip
+# Those of its axes that shard the embedding axis as one of ours does, read as that one.
+FOLDED = {"fsdp_transpose": "fsdp", "context_usp_ulysses": "context"}
 # base.yml's defaults: within a slice fsdp fills what the others leave; across slices, data.
 ICI_DEFAULTS = {"fsdp": -1}
 DCN_DEFAULTS = {"data": -1}
 
 
 def maxtext_degrees(args: dict[str, str], devices: int, slices: int = 1) -> dict[str, int]:
-    """MaxText's mesh degree of each axis (within a slice times across slices) for its
-    settings `args` on `devices` devices in `slices` slices (-1: what the others leave)."""
+    """MaxText's mesh degree of each of the engine's axes (within a slice times across slices)
+    for its settings `args` on `devices` devices in `slices` slices (-1: what the others
+    leave), MaxText's other axes that shard the weights as one of ours (FOLDED) in it."""
     ici = _filled(args, "ici", ICI_DEFAULTS, devices // slices)
     dcn = _filled(args, "dcn", DCN_DEFAULTS, slices)
-    return {axis: ici[axis] * dcn[axis] for axis in MESH_AXES}
+    degrees = {axis: ici[axis] * dcn[axis] for axis in MAXTEXT_AXES}
+    for theirs, ours in FOLDED.items():
+        degrees[ours] *= degrees[theirs]
+    return {axis: degrees[axis] for axis in MESH_AXES}
 
 
 def _filled(
     args: dict[str, str], scope: str, defaults: dict[str, int], size: int
 ) -> dict[str, int]:
     given = {a: int(float(args.get(f"{scope}_{a}_parallelism", defaults.get(a, 1))))
-             for a in MESH_AXES}  # fmt: skip
+             for a in MAXTEXT_AXES}  # fmt: skip
     fixed = math.prod(d for d in given.values() if d > 0)
     return {a: max(size // fixed, 1) if d < 0 else d for a, d in given.items()}
 
