@@ -129,7 +129,8 @@ def test_auto_runs_without_ray_only_where_ray_cannot_start():
     if tcp_refused() is None:  # this host can start Ray: auto keeps it
         assert choose_executor("auto", space)[0] == "ray"
     assert choose_executor("host", space) == (
-        "host", ["executor host: trials run one at a time on this host, without Ray"]
+        "host",
+        ["executor host: trials run one at a time on this host, without Ray"],
     )
     with pytest.raises(SpaceError, match="executor"):
         choose_executor("threads", space)

@@ -35,7 +35,6 @@ from trainer.trial.files import cache_dir
 from trainer.trial.hardware import GIB, Topology
 from trainer.trial.remat import on_device, uses_offload
 
-
 # libtpu's default host of a topology it is asked for: 2x2x1 chips. A slice smaller than that
 # (v5e:1x1, one chip) is refused by libtpu 0.0.42.1 unless the host is given as the slice
 # ("Topology layout "v5e:1x1" is not divisible by the given (or default)

@@ -11,7 +11,7 @@ _REFUSED = (socket.AF_INET, socket.AF_INET6)
 
 
 class _NoInternetSocket(_Socket):
-    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):  # noqa: A002
+    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
         if fileno is None and (family == -1 or family in _REFUSED):
             raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
         super().__init__(family, type, proto, fileno)
