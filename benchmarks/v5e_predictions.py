@@ -32,7 +32,7 @@ from rich.table import Table
 
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = "v5e:1x1"
-INTERNAL = ("_",)  # the searcher's own keys in a trial's config (optuna number, repeats)
+INTERNAL = ("sweeper.",)  # the searcher's own keys in a trial's config (optuna number, repeats)
 
 
 def key_of(point: dict[str, Any]) -> str:
