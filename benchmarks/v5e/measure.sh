@@ -4,18 +4,23 @@
 # warm, carried back otherwise). Results come back under $OUT as archives.
 #   bash benchmarks/v5e/measure.sh grid  SECONDS  # v5e_dense's every point (space_grid)
 #   bash benchmarks/v5e/measure.sh sweep SECONDS  # `sweeper run v5e_dense` as a user types it
+#   bash benchmarks/v5e/measure.sh extras SECONDS # MaxText beside our trainer, kernels.tune,
+#                                                 # accelerator_mfu (wheels: .whl-mt too)
 set -u
 STAGE=$1
 SECONDS_LEFT=$2
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" results
 t0=$(date +%s)
+MACHINE_PYTHONPATH=${PYTHONPATH:-}
+ls /opt/pypi/simple > "$OUT/index.txt" 2>/dev/null
 bash benchmarks/v5e/setup.sh
 source benchmarks/v5e/env.sh
 # Compiled programs kept across trials (JAX's key holds LIBTPU_INIT_ARGS, so a program
 # compiled under other flags is never reused: jax/_src/cache_key.py, _hash_xla_flags).
 export SWEEPER_JAX_CACHE_DIR=$PWD/results/jax_cache
 left() { echo $(( SECONDS_LEFT - ($(date +%s) - t0) )); }
+python3 -c "import mlflow, optuna, ray.tune; from sweeper.sweep.lifecycle import Sweep; print('engine imports')" 2>&1 | tail -3
 case "$STAGE" in
   grid)
     python3 -m benchmarks.space_grid v5e_dense --out results/v5e_grid --cache results/cache \
@@ -37,6 +42,35 @@ case "$STAGE" in
     tar -czf "$OUT/v5e_sweep.tgz" --exclude=results/jax_cache --exclude=results/v5e_grid \
       --exclude='*.npy' results
     ls -la "$OUT"
+    ;;
+  extras)
+    MTSITE=/tmp/mtsite
+    if [ ! -f "$MTSITE/.installed" ]; then  # MaxText 0.2.5's needs: the index's, then carried
+      mt_pip() {
+        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir \
+          --no-compile --disable-pip-version-check --target "$MTSITE" --only-binary=:all: \
+          --index-url file:///opt/pypi/simple "$@" > /dev/null 2>&1
+      }
+      wanted="transformers sympy pillow tensorstore orbax-checkpoint ml-collections jinja2 regex
+        huggingface-hub tokenizers safetensors sentencepiece"
+      mt_pip $wanted || for name in $wanted; do mt_pip "$name" || echo "not installed: $name"; done
+      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir --no-compile \
+        --disable-pip-version-check --upgrade --target "$MTSITE" --no-index --no-deps .whl-mt/*.whl \
+        > /tmp/pip_mt.log 2>&1 || tail -5 /tmp/pip_mt.log
+      touch "$MTSITE/.installed"
+    fi
+    cat > /tmp/maxtext_python <<PY
+#!/bin/sh
+export PYTHONPATH=$PWD/benchmarks/v5e/maxtext_shim:$MACHINE_PYTHONPATH:$MTSITE:$SITE
+exec python3 "\$@"
+PY
+    chmod +x /tmp/maxtext_python
+    export MAXTEXT_PYTHON=/tmp/maxtext_python
+    echo "== MaxText beside our trainer ($(( $(date +%s) - t0 )) s in)"
+    timeout $(( $(left) - 200 )) python3 -m benchmarks.v5e.maxtext_side_by_side results/v5e_maxtext
+    echo "== kernels.tune ($(( $(date +%s) - t0 )) s in)"
+    timeout $(( $(left) - 60 )) python3 -m benchmarks.v5e.tune_trials run results/v5e_tune
+    tar -czf "$OUT/v5e_extras.tgz" results/v5e_maxtext results/v5e_tune 2>/dev/null
     ;;
 esac
 echo "stage $STAGE: $(( $(date +%s) - t0 )) s"
