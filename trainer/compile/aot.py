@@ -157,7 +157,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
     record, shared = compile_record(program, flags, topology.target, cache)
     memory = record["memory_per_device"]
-    fits = memory["total_bytes"] <= accel.usable_hbm_per_device
+    fits = True  # libtpu refuses a program over the device's HBM (compile_summary)
     emitter.emit(
         Compiled(
             compile_s=record["compile_s"],
@@ -210,11 +210,12 @@ def compile_summary(
 ) -> dict[str, Any]:
     """A trial's summary at compile fidelity from its compile record (ours, or MaxText's
     program): the compiler's figures, and the step time read from the program (estimates);
-    `oom_hbm` when the program does not fit the target's devices."""
-    accel = topology.accelerator
+    `oom_hbm` over the space's memory budget. Whether it fits the device is libtpu's verdict:
+    a program over the device's HBM does not compile (`oom_hbm` from its refusal). XLA's memory
+    analysis is an upper bound of what the program holds at once: on the lent v5e, programs
+    it put at 17.57 GiB, which libtpu compiled, ran on 15.75 GiB (docs/calibration.md, TPU
+    v5e), where the engine's own test of that figure against the device had refused them."""
     memory = record["memory_per_device"]
-    if memory["total_bytes"] > accel.usable_hbm_per_device:
-        raise hbm_overflow(memory["total_bytes"], accel.usable_hbm_per_device, accel.name)
     budget = config.limits.device_memory_gib  # the space's constraints.max_memory_per_device_gib
     if budget is not None and memory["total_bytes"] > budget * GIB:
         raise hbm_overflow(memory["total_bytes"], budget * GIB, "limits.device_memory_gib")
