@@ -301,6 +301,74 @@ def search(space_name: str, sweep_dir: Path, grid: Path, console: Console) -> di
     return out
 
 
+FITTED = ("score_passes", "mxu_efficiency", "int8_mxu_efficiency", "fp8_mxu_efficiency",
+          "layer_passes", "saved_passes")  # fmt: skip
+
+
+def _set_constants(values: dict[str, float]) -> None:
+    """The analytic estimate's fitted constants (trainer/estimate/analytic.py), in place."""
+    from trainer.estimate import analytic
+
+    analytic.STEP_CONSTANTS["score_passes"] = values["score_passes"]
+    analytic.ACCELERATOR_CONSTANTS["v5e"].update(
+        {k: values[k] for k in FITTED if k != "score_passes"}
+    )
+
+
+def _estimates_of(space_name: str, keys: list[str]) -> list[float]:
+    from sweeper.space.checks import static_check
+    from sweeper.space.load import load_space
+    from trainer.estimate.analytic import estimate
+    from trainer.trial.hardware import ACCELERATORS
+
+    space = load_space(space_name)
+    accel = ACCELERATORS["v5e"]
+    return [estimate(static_check(space, json.loads(k), 1), accel, 1)["est_tokens_per_sec_per_chip"]
+            for k in keys]  # fmt: skip
+
+
+def fit(space_name: str, grid: Path, console: Console) -> dict[str, float]:
+    """The estimate's v5e constants (FITTED) by least squares of log tokens/s on the fit
+    split's measured points; the held-out split is not read."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    measured = measured_of(space_name, grid)
+    batch = SPLITS["fit (batch 8)"]
+    keys = [k for k, r in measured.items() if r["status"] == "ok" and _batch(k) == batch]
+    truth = np.log([float(measured[k]["tokens_per_sec_per_chip"]) for k in keys])
+
+    def residuals(theta: Any) -> Any:
+        _set_constants(dict(zip(FITTED, theta, strict=True)))
+        return np.log(_estimates_of(space_name, keys)) - truth
+
+    start = [2.0, 0.77, 0.77, 0.72, 4.039, 8.153]
+    found = least_squares(
+        residuals, start, bounds=([0, 0.3, 0.3, 0.3, 0, 0], [20, 1, 1, 1, 20, 40])
+    )
+    values = dict(zip(FITTED, (float(v) for v in found.x), strict=True))
+    console.print(f"fitted on {len(keys)} points at batch {batch}: "
+                  f"{json.dumps({k: round(v, 4) for k, v in values.items()})}; "
+                  f"rms log error {float(np.sqrt(np.mean(found.fun**2))):.4f}")  # fmt: skip
+    return values
+
+
+def predict(space_name: str, path: Path) -> Path:
+    """Today's estimate of every point, beside the frozen compile-fidelity column (the
+    estimate is recomputed; compile fidelity needs its sweep run again)."""
+    rows = _read(DATA / f"{space_name}_predictions.csv")
+    fresh = estimates(space_name)
+    with path.open("w", newline="") as f:
+        f.write(f"# {space_name}: the estimate recomputed at commit {_commit()} (after the chip's "
+                "measurements entered: the fit split shaped it, the held-out split did not); "
+                "compile columns as frozen.\n")  # fmt: skip
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, **fresh[row["key"]]})
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -312,6 +380,11 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("space")
     c.add_argument("--grid", type=Path, default=None)
+    c.add_argument("--predictions", type=Path, default=None)
+    sub.add_parser("fit").add_argument("space")
+    pr = sub.add_parser("predict")
+    pr.add_argument("space")
+    pr.add_argument("out", type=Path)
     e = sub.add_parser("search")
     e.add_argument("space")
     e.add_argument("sweep_dir", type=Path)
@@ -320,8 +393,13 @@ def main() -> None:
     console = Console(width=100)
     if args.command == "freeze":
         console.print(str(freeze(args.space, args.sweep_dir)))
+    elif args.command == "fit":
+        fit(args.space, DATA / f"{args.space}_grid.csv", console)
+    elif args.command == "predict":
+        console.print(str(predict(args.space, args.out)))
     elif args.command == "compare":
-        compare(args.space, args.grid or DATA / f"{args.space}_grid.csv", console)
+        compare(args.space, args.grid or DATA / f"{args.space}_grid.csv", console,
+                args.predictions)  # fmt: skip
     else:
         search(args.space, args.sweep_dir, args.grid or DATA / f"{args.space}_grid.csv", console)
 

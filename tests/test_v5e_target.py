@@ -75,3 +75,56 @@ def test_int8_experts_outside_ragged_dot_are_refused_by_name():
                                kernels={"moe_gmm": "megablox"}))  # fmt: skip
     with pytest.raises(ConfigError, match="int8 experts are quantized through ragged_dot only"):
         check_static(config, 1, "tpu")
+
+
+def test_the_v5e_fit_moves_v5e_alone_and_prices_what_the_chip_showed():
+    """The estimate's constants refitted on the lent v5e (trainer/estimate/analytic.py's
+    ACCELERATOR_CONSTANTS) change no other accelerator's; on v5e the estimate orders what the
+    chip measured: Splash ahead of XLA's attention, int8 ahead of bf16 ahead of fp8."""
+    from sweeper.space.checks import static_check
+    from sweeper.space.load import load_space
+    from trainer.estimate.analytic import STEP_CONSTANTS, constants_of, estimate
+
+    assert constants_of(ACCELERATORS["tpu7x"]) == STEP_CONSTANTS
+    assert constants_of(ACCELERATORS["v5e"]) != STEP_CONSTANTS
+    space = load_space("v5e_dense")
+
+    def tokens(**point):
+        base = {"precision.mode": "bf16", "remat.policy": "full", "per_device_batch": 8,
+                "kernels.attention": "splash", "kernels.q_layout": "head_dim_minor"}  # fmt: skip
+        point = {**base, **point}
+        if point["kernels.attention"] == "xla":
+            point.pop("kernels.q_layout")
+        if point["precision.mode"] != "bf16":
+            point["precision.granularity"] = "per_axis"
+        config = static_check(space, point, 1)
+        return estimate(config, ACCELERATORS["v5e"], 1)["est_tokens_per_sec_per_chip"]
+
+    assert tokens() > 1.1 * tokens(**{"kernels.attention": "xla"})
+    assert tokens(**{"precision.mode": "int8"}) > tokens() > tokens(**{"precision.mode": "fp8"})
+
+
+def test_a_program_libtpu_compiles_fits_whatever_its_memory_analysis_says():
+    """On the lent v5e, programs XLA's memory analysis put at 17.57 GiB (over the chip's 15.75)
+    compiled and ran: whether a program fits is libtpu's verdict (it refuses one that does not
+    with RESOURCE_EXHAUSTED, oom_hbm), the analysis an upper bound; the space's own memory
+    budget still holds against it."""
+    from trainer.compile.aot import compile_summary
+    from trainer.trial.events import TrialFailure
+
+    config = load_config(trial(model="v5e-dense-270m", seq_len=2048, per_device_batch=16))
+    memory = {"argument_size_in_bytes": 3 * GIB, "output_size_in_bytes": 3 * GIB,
+              "alias_size_in_bytes": 3 * GIB, "temp_size_in_bytes": int(14.57 * GIB),
+              "total_bytes": int(17.57 * GIB)}  # fmt: skip
+    step = {"op": "tc", "bf16": 1e12, "hbm": 1e9, "matmul": True}  # one op: the whole step
+    cost = {"flops": {"bf16": 1e12}, "hbm_bytes": 1e9, "kernel_calls": [], "collective_ops": [],
+            "host_transfer_bytes": 0.0, "schedule": {"entry": "main", "computations": {"main": [step]}}}  # fmt: skip
+    record = {"compile_s": 1.0, "fingerprint": "x", "memory_per_device": memory,
+              "collectives": {}, "cost": cost}  # fmt: skip
+    degrees = {"data": 1, "fsdp": 1, "context": 1, "expert": 1, "tensor": 1}
+    summary = compile_summary(config, 16, degrees, Topology.parse("v5e:1x1"), record)
+    assert summary["fits"] and summary["hbm_per_device_gib"] == pytest.approx(17.57, abs=0.01)
+    budget = load_config(trial(model="v5e-dense-270m", seq_len=2048, per_device_batch=16,
+                               limits={"device_memory_gib": 16.0}))  # fmt: skip
+    with pytest.raises(TrialFailure, match=r"limits\.device_memory_gib"):
+        compile_summary(budget, 16, degrees, Topology.parse("v5e:1x1"), record)

@@ -52,6 +52,7 @@ from trainer.trial.mxu import (
     F32_MATMUL_SHARE,
     FP8_MXU_EFFICIENCY,
     GRID_STEP_S,
+    INT8_MXU_EFFICIENCY,
     MXU_EFFICIENCY,
     flops_per_score,
     kernel_efficiency,
@@ -208,6 +209,7 @@ class _Rates:
     def __init__(self, accel: Accelerator, mxu: float, fp8_mxu: float) -> None:
         self.peak = {p: accel.peak_flops_per_device(p) for p in accel.peak_tflops}
         self.mxu, self.fp8_mxu = mxu, fp8_mxu
+        self.int8_mxu = INT8_MXU_EFFICIENCY.get(accel.topology_prefix, mxu)
         self.hbm = accel.hbm_bytes_per_s_per_device
         self.ici_axis = accel.ici_axis_bytes_per_s_per_device
         self.host = accel.host_link_bytes_per_s_per_device
@@ -215,14 +217,14 @@ class _Rates:
         self.sparsecore = accel.sparsecore_bytes_per_s_per_device
 
     def compute(self, fp8: float, bf16: float, f32: float, int8: float = 0.0) -> float:
-        """Matrix FLOPs at each precision's peak and efficiency (int8 at bf16's efficiency of
-        its own peak: no int8 step has been fitted)."""
+        """Matrix FLOPs at each precision's peak and efficiency (int8 at its own where it was
+        fitted, trainer.trial.mxu's INT8_MXU_EFFICIENCY; else bf16's)."""
         peak = self.peak["bf16"]
         return (
             fp8 / (self.peak.get("fp8", peak) * self.fp8_mxu)
-            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)
-               + int8 / self.peak.get("int8", peak)) / self.mxu
-        )  # fmt: skip
+            + int8 / (self.peak.get("int8", peak) * self.int8_mxu)
+            + (bf16 / peak + f32 / (peak * F32_MATMUL_SHARE)) / self.mxu
+        )
 
     def at(self, flops: float, fp8: bool, efficiency: float | None) -> float:
         """A kernel's FLOPs (fp8 or bf16 operands) at `efficiency` of its precision's peak

@@ -345,6 +345,10 @@ def expert_waits(config: TrialConfig, degrees: dict[str, int], again: dict[str, 
 # fitted by `python -m benchmarks.step_estimate --fit` (non-negative least squares) on the
 # step model's figures for every point of the three compiled search tables (fidelity compile,
 # libtpu 0.0.52; benchmarks/data/search_table*.csv), 2026-12-04:
+# Fitted on the lent v5e (ACCELERATOR_CONSTANTS, below), 2026-12-06.
+SCORE_PASSES = 5.69
+V5E_MXU, V5E_INT8_MXU, V5E_FP8_MXU = 0.837, 0.935, 0.971
+V5E_LAYER_PASSES, V5E_SAVED_PASSES = 0.817, 5.012
 STEP_CONSTANTS: dict[str, float] = {
     # Splash grid steps at GRID_STEP_S (trainer.trial.mxu, the step model's too): the
     # share not hidden under the kernels' own work.
@@ -364,7 +368,37 @@ STEP_CONSTANTS: dict[str, float] = {
     # FP8 with the model sharded over `tensor`: the share of the row-parallel outputs'
     # all-reduces that stalls the TensorCore (their partial sums are f32).
     "fp8_tensor_all_reduce": 0.2,
+    # The XLA reference attention's float32 scores (batch x heads x seq^2 per layer), as
+    # passes over them through HBM in a step (written, softmaxed, read back, and again in the
+    # backward): none of the tables above has XLA attention, so this one is fitted with
+    # ACCELERATOR_CONSTANTS["v5e"] on the lent v5e's measurements (see there). A property of
+    # XLA's program, not of the chip: every accelerator's estimate takes it.
+    "score_passes": SCORE_PASSES,
 }
+
+# Constants of one accelerator, where its own measurements refit them: the whole step's MXU
+# efficiency of bf16 matmuls (`mxu_efficiency`, in place of MXU_EFFICIENCY), int8's share of
+# its own peak (`int8_mxu_efficiency`; without it, the bf16 efficiency), and STEP_CONSTANTS
+# terms. v5e: fitted by `python -m benchmarks.v5e_predictions fit v5e_dense` (least squares
+# of log tokens/s) on the lent chip's 18 points of v5e_dense at batch 8 (fidelity run,
+# benchmarks/data/v5e_dense_grid.csv), its 18 at batch 16 held out (docs/calibration.md,
+# "TPU v5e"); the frozen estimate had read every Splash point 21-37% slow there, its XLA
+# attention within 8%, and int8 as bf16. TPU7x's constants are as they were.
+ACCELERATOR_CONSTANTS: dict[str, dict[str, float]] = {
+    "v5e": {
+        "mxu_efficiency": V5E_MXU,
+        "int8_mxu_efficiency": V5E_INT8_MXU,
+        "fp8_mxu_efficiency": V5E_FP8_MXU,
+        "layer_passes": V5E_LAYER_PASSES,
+        "saved_passes": V5E_SAVED_PASSES,
+    }
+}
+
+
+def constants_of(accel: Accelerator) -> dict[str, float]:
+    """STEP_CONSTANTS with `accel`'s own where it has them."""
+    own = ACCELERATOR_CONSTANTS.get(accel.topology_prefix, {})
+    return {**STEP_CONSTANTS, **{k: v for k, v in own.items() if k in STEP_CONSTANTS}}
 
 
 def step_terms(
@@ -389,6 +423,8 @@ def _terms(
 ) -> dict[str, float]:
     m = config.model
     peak, fp8_peak = accel.peak_flops_per_device("bf16"), accel.peak_flops_per_device("fp8")
+    own = ACCELERATOR_CONSTANTS.get(accel.topology_prefix, {})
+    mxu = own.get("mxu_efficiency", MXU_EFFICIENCY)
     hbm, ici = accel.hbm_bytes_per_s_per_device, accel.ici_axis_bytes_per_s_per_device
     tokens = global_batch * config.seq_len
     again = recomputed(config)
@@ -398,7 +434,8 @@ def _terms(
     # the expert matmuls in whole tiles (a dense MLP: 1)
     rows = routed_rows(config, degrees, tokens_local) if m.is_moe else 0.0
     fp8 = config.precision.mode == "fp8"
-    slowdown, splash_fwd, splash_bwd = _kernel_slowdowns(config, accel, degrees["context"])
+    int8 = config.precision.mode == "int8"
+    slowdown, splash_fwd, splash_bwd = _kernel_slowdowns(config, accel, degrees["context"], mxu)
     waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown)
     matmuls = {k: f * (3 + again[k]) for k, f in per_token.items() if k != "attention"}
     experts = (matmuls["wi"] + matmuls["wo"]) * waste if m.is_moe else 0.0
@@ -409,12 +446,16 @@ def _terms(
     context = degrees["context"]
     forward, backward, grid, rescales = _attention_work(config, accel, num_devices, global_batch,
                                                         context, again)  # fmt: skip
-    layer_rate = fp8_peak * FP8_MXU_EFFICIENCY if fp8 else peak * MXU_EFFICIENCY
+    layer_rate = peak * mxu
+    if fp8:
+        layer_rate = fp8_peak * own.get("fp8_mxu_efficiency", FP8_MXU_EFFICIENCY)
+    elif int8:  # the decoder's dots at the integer peak (the logits stay bf16, as qwix leaves them)
+        layer_rate = accel.peak_flops_per_device("int8") * own.get("int8_mxu_efficiency", mxu)
     # the grouped-matmul kernels take at least their grid steps (the step model's floor)
     expert_s = max(expert / layer_rate, m.num_layers * expert_steps * GRID_STEP_S)
     expert_s += m.num_layers * expert_waits(config, degrees, again) / hbm
     attention_s = forward / (peak * splash_fwd) + backward / (peak * splash_bwd) + rescales
-    compute = layer / layer_rate + expert_s + logits / (peak * MXU_EFFICIENCY) + attention_s
+    compute = layer / layer_rate + expert_s + logits / (peak * mxu) + attention_s
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
     update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
@@ -432,10 +473,22 @@ def _terms(
         "loss_passes": tokens_local * m.vocab_size / degrees["tensor"] * F32 / hbm,
         # offloaded ones pass through HBM on their way to the host and back
         "saved_passes": (mem["activations"] + mem["host_activations"]) / hbm,
-        "fp8_passes": passes * layer_bytes / hbm * fp8,
+        # the layers' matmul inputs quantized (scales, casts): fp8's and int8's alike
+        "fp8_passes": passes * layer_bytes / hbm * (fp8 or int8),
+        "score_passes": _score_bytes(config, global_batch, num_devices, context) / hbm,
         "edge_gathers": edge,  # 0 unsharded: (shard - 1) / shard
         "fp8_tensor_all_reduce": comm["tensor_all_reduce"] / ici * fp8,
     }
+
+
+def _score_bytes(config: TrialConfig, global_batch: int, num_devices: int, context: int) -> float:
+    """The XLA reference attention's float32 scores of every layer, per device (0 with
+    Splash, which keeps its blocks of them in VMEM)."""
+    if config.resolved_kernels(Backend.TPU, context).attention == "splash":
+        return 0.0
+    m = config.model
+    per_layer = global_batch * m.num_heads * config.seq_len * (config.seq_len / context) * F32
+    return m.num_layers * per_layer / num_devices
 
 
 def _attention_work(
@@ -472,7 +525,7 @@ def _attention_work(
 
 
 def _kernel_slowdowns(
-    config: TrialConfig, accel: Accelerator, context: int
+    config: TrialConfig, accel: Accelerator, context: int, mxu: float = MXU_EFFICIENCY
 ) -> tuple[dict[str, float], float, float]:
     """The kernels' own MXU efficiencies where measured on `accel` (trainer.trial.mxu's
     `kernel_efficiency`, as the step model prices a compiled program's calls): per
@@ -481,7 +534,7 @@ def _kernel_slowdowns(
     whole step's where not measured or not Splash)."""
     kernels = config.resolved_kernels(Backend.TPU, context)
     fp8 = config.precision.mode == "fp8"
-    prefix, layers = accel.topology_prefix, FP8_MXU_EFFICIENCY if fp8 else MXU_EFFICIENCY
+    prefix, layers = accel.topology_prefix, FP8_MXU_EFFICIENCY if fp8 else mxu
     slowdown = {}
     if kernels.moe_gmm == "tokamax":
         names = {"fwd": "gmm", "dlhs": "gmm_transpose_rhs", "drhs": "tgmm"}
@@ -493,7 +546,7 @@ def _kernel_slowdowns(
     backward = (
         kernel_efficiency(prefix, {"name": "splash_mha_dkv_no_residuals"}) if splash else None
     )
-    return slowdown, forward or MXU_EFFICIENCY, backward or MXU_EFFICIENCY
+    return slowdown, forward or mxu, backward or mxu
 
 
 def routing_bytes(config: TrialConfig, again: dict[str, bool], rows: float) -> float:
@@ -524,7 +577,8 @@ class _Step:
 def _step(
     terms: dict[str, float], accel: Accelerator, mem: dict[str, float], comm: dict[str, float]
 ) -> _Step:
-    weighed = {k: v * STEP_CONSTANTS.get(k, 1.0) for k, v in terms.items()}
+    constants = constants_of(accel)
+    weighed = {k: v * constants.get(k, 1.0) for k, v in terms.items()}
     exposed_terms = ("edge_gathers", "fp8_tensor_all_reduce")
     busy = sum(v for k, v in weighed.items() if k not in (*exposed_terms, "routing"))
     exposed = sum(weighed[k] for k in exposed_terms)

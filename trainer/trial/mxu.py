@@ -32,6 +32,12 @@ from trainer.trial.hardware import Backend
 MXU_EFFICIENCY = 0.77
 FP8_MXU_EFFICIENCY = 0.72
 F32_MATMUL_SHARE = 0.25  # an f32 matmul runs as several bf16 passes on the MXU
+# int8 products' share of the int8 peak, where measured: fitted on the lent v5e's six int8
+# points of v5e_dense at batch 8 (fidelity run; their compile-fidelity predictions, frozen
+# before, read them 9-15% fast at MXU_EFFICIENCY; docs/calibration.md, "TPU v5e"): the median
+# of the efficiency each one's measured step asks of its counted int8 FLOPs, the rest of its
+# step as the model prices it. Elsewhere int8 runs at MXU_EFFICIENCY (no int8 step measured).
+INT8_MXU_EFFICIENCY: dict[str, float] = {"v5e": 0.59}
 # Each Mosaic kernel family's own share of its precision's peak, on the chip (topology
 # prefix) it was timed on, and for Splash the cost of each accumulator element it rescales:
 # fitted by `python -m benchmarks.kernel_reference --fit` on tokamax 0.0.17's timings of its
