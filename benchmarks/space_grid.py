@@ -39,6 +39,7 @@ FIGURES = (
     "tokens_per_sec_per_chip_high",
     "mfu",
     "hbm_per_device_gib",
+    "peak_hbm_per_device_gib",
     "compile_s",
     "step_time_median_s",
 )

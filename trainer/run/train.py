@@ -307,7 +307,24 @@ def _measured(
         "train_s": timed.train_s,
         "profile_dir": timed.profile_dir,
         "final_loss": timed.losses[-1],
+        "peak_hbm_per_device_gib": _peak_memory_gib(devices),
     }
+
+
+def _peak_memory_gib(devices: list) -> float | None:
+    """The most memory any of this process's devices held, by its runtime (None where it
+    keeps no such count: XLA's CPU devices)."""
+    peaks = []
+    for device in devices:
+        if device.process_index != jax.process_index():
+            continue
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # a backend without memory statistics
+            return None
+        if "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    return max(peaks) / GIB if peaks else None
 
 
 def canonical_mesh(config: TrialConfig, num_devices: int) -> MeshConfig:

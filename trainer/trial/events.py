@@ -242,6 +242,11 @@ class Summary(_Event):
     compile_s: float | None = None
     memory_per_device: dict[str, int] | None = None
     hbm_per_device_gib: float | None = None
+    # What the run's devices held at most, as their runtime counts it (TPU, GPU; none on CPU):
+    # the chip's own figure beside the compiler's memory analysis, an upper bound of it.
+    peak_hbm_per_device_gib: float | None = _measured(
+        "the most device memory the run held (its runtime's peak_bytes_in_use)"
+    )
     fits: bool | None = None
     collectives: dict[str, int] | None = None
     matmuls: dict[str, int] | None = None  # total, and those reading fp8 operands
