@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from sweeper.execute import tune_state
+from sweeper.execute.host import tcp_refused
 from sweeper.execute.placement import (
     Host,
     Placement,
@@ -25,6 +26,7 @@ from sweeper.execute.placement import (
     resolve,
 )
 from sweeper.execute.processes import lease_folder
+from sweeper.space.errors import SpaceError
 from sweeper.space.fidelity import with_fidelity
 from sweeper.space.schema import Space
 from trainer.trial.events import Fidelity
@@ -85,14 +87,25 @@ def start_ray(address: str | None = None) -> None:
     _RAY_STARTED_HERE = True
     if address is None:
         _loopback_only()
-    ray.init(
-        address=address or "local",
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        # Remote nodes import the engine and trainer from the driver's copy of the code.
-        runtime_env=shipped_code() if address else None,
-    )
+    try:
+        ray.init(
+            address=address or "local",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            # Remote nodes import the engine and trainer from the driver's copy of the code.
+            runtime_env=shipped_code() if address else None,
+        )
+    except Exception as exc:  # Ray raises bare Exception when its node does not come up
+        _RAY_STARTED_HERE = False
+        refused = tcp_refused()
+        why = f" ({refused})" if refused else ""
+        raise SpaceError(
+            f"Ray could not {'reach ' + address if address else 'start here'}{why}: "
+            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[-1][:300].rstrip('.')}. "
+            "Without Ray, `--executor host` runs the trials one at a time on this host",
+            field="--executor" if address is None else "--address",
+        ) from None
 
 
 def _loopback_only() -> None:
