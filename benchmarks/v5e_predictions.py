@@ -301,6 +301,68 @@ def search(space_name: str, sweep_dir: Path, grid: Path, console: Console) -> di
     return out
 
 
+def replay(space_name: str, grid: Path, seeds: int, console: Console) -> dict[str, Any]:
+    """The engine's own search (SweepSearch: the space's sampler, its warm start as trial 0,
+    distinct points) told the chip's measurement of each point it asks for, from the
+    measured grid: how many trials it spends to come within 2% of the grid's best, over
+    `seeds` seeds, against the same with the random sampler. A replay on the chip's
+    figures (fidelity run, TPU v5e), not trials run on it: each point's figure is the grid's
+    (a point's figure there is its own: the sweep's trials on the chip matched the grid's
+    within 0.05%)."""
+    import optuna
+
+    from sweeper.search.distributions import make_sampler
+    from sweeper.search.searcher import SweepSearch
+    from sweeper.space.load import load_space
+    from sweeper.space.points import knob_point
+    from trainer.trial.events import FailureClass, Fidelity, TrialStatus
+    from trainer.trial.result import TrialResult
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    measured = measured_of(space_name, grid)
+    best = max(float(r["tokens_per_sec_per_chip"]) for r in measured.values()
+               if r["status"] == "ok")  # fmt: skip
+    out: dict[str, Any] = {"grid_points": len(measured), "grid_best": best}
+    for sampler in ("tpe", "random"):
+        spent = []
+        for seed in range(seeds):
+            space = load_space(space_name, {"search.seed": seed, "search.sampler": sampler,
+                                            "search.remeasure": 0})  # fmt: skip
+            search = SweepSearch(
+                space, sweep_id=f"replay-{seed}", metric="tokens_per_sec_per_chip", mode="max",
+                sampler=make_sampler(space), study_name=f"replay-{sampler}-{seed}",
+                storage=optuna.storages.InMemoryStorage(),
+                points_to_evaluate=space.search.warm_start or None,
+            )  # fmt: skip
+            reached = None
+            for i in range(len(measured)):
+                config = search.suggest(f"t{i}")
+                if not isinstance(config, dict):
+                    break
+                row = measured[key_of(knob_point(config))]
+                if row["status"] == "ok":
+                    figure = float(row["tokens_per_sec_per_chip"])
+                    result = TrialResult(status=TrialStatus.OK, fidelity=Fidelity.RUN,
+                                         figures={"tokens_per_sec_per_chip": figure})  # fmt: skip
+                    if reached is None and figure >= 0.98 * best:
+                        reached = i + 1
+                else:
+                    result = TrialResult.failed(FailureClass.OOM_HBM, row.get("failure") or "")
+                search.on_trial_complete(
+                    f"t{i}", result=result.to_report(["tokens_per_sec_per_chip"])
+                )
+                if reached is not None:
+                    break
+            spent.append(reached or len(measured) + 1)
+        out[sampler] = spent
+        console.print(f"{sampler}: trials to within 2% of the grid's best ({best:,.0f}) over "
+                      f"{seeds} seeds: median {statistics.median(spent)}, mean "
+                      f"{statistics.mean(spent):.1f}, at most {max(spent)}; "
+                      f"{sum(s <= len(measured) // 2 for s in spent)} of {seeds} within half the "
+                      f"grid ({len(measured) // 2})")  # fmt: skip
+    return out
+
+
 FITTED = ("score_passes", "mxu_efficiency", "int8_mxu_efficiency", "fp8_mxu_efficiency",
           "layer_passes", "saved_passes")  # fmt: skip
 
@@ -385,6 +447,9 @@ def main() -> None:
     pr = sub.add_parser("predict")
     pr.add_argument("space")
     pr.add_argument("out", type=Path)
+    rp = sub.add_parser("replay")
+    rp.add_argument("space")
+    rp.add_argument("--seeds", type=int, default=20)
     e = sub.add_parser("search")
     e.add_argument("space")
     e.add_argument("sweep_dir", type=Path)
@@ -393,6 +458,8 @@ def main() -> None:
     console = Console(width=100)
     if args.command == "freeze":
         console.print(str(freeze(args.space, args.sweep_dir)))
+    elif args.command == "replay":
+        replay(args.space, DATA / f"{args.space}_grid.csv", args.seeds, console)
     elif args.command == "fit":
         fit(args.space, DATA / f"{args.space}_grid.csv", console)
     elif args.command == "predict":
