@@ -141,3 +141,19 @@ def test_a_tpu_slice_at_run_fidelity_is_refused_without_ray():
     with pytest.raises(SpaceError, match="whole slices of a Ray cluster") as raised:
         choose_executor("host", space)
     assert raised.value.field == "target"
+
+
+def test_a_trial_cut_off_reads_killed_not_a_missing_failure_class():
+    """A trial cut off by an interrupted sweep has no failure class (the chip's sweep showed
+    'killed: nan' in `sweeper show`); its status cell says killed, a failed one its class."""
+    import pandas as pd
+
+    from sweeper.answer.console import _cells
+    from sweeper.record.row import Column
+
+    killed = pd.Series({Column.TRIAL_ID: "a", Column.STATUS: "killed",
+                        Column.FAILURE_CLASS: float("nan")})  # fmt: skip
+    failed = pd.Series({Column.TRIAL_ID: "b", Column.STATUS: "failed",
+                        Column.FAILURE_CLASS: "oom_hbm"})  # fmt: skip
+    assert _cells(killed, "tokens_per_sec_per_chip", False, "mfu")[1] == "killed"
+    assert _cells(failed, "tokens_per_sec_per_chip", False, "mfu")[1] == "failed: oom_hbm"

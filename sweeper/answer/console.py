@@ -128,10 +128,11 @@ def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]
     """A trial's cells before its knobs: id, status, objective, its re-measure, MFU, verdict."""
     value = row.get(metric)
     again = f"{REMEASURED}{metric}"
+    failure = row.get(Column.FAILURE_CLASS)
     status = (
-        row[Column.STATUS]
-        if row[Column.STATUS] == TrialStatus.OK
-        else f"{row[Column.STATUS]}: {row[Column.FAILURE_CLASS]}"
+        f"{row[Column.STATUS]}: {failure}"
+        if row[Column.STATUS] != TrialStatus.OK and not missing(failure) and failure
+        else str(row[Column.STATUS])  # ok, or a trial killed or stopped with no failure class
     )
     if not missing(row.get(Column.REUSED_FROM)):
         status += f" (reused #{int(row[Column.REUSED_FROM])})"
