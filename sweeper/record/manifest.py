@@ -70,22 +70,21 @@ class SweepManifest(Frozen):
         write_json(path, self.model_dump(mode="json"), indent=1, durable=True)
 
     def moved_to(self, results_dir: Path) -> SweepManifest:
-        """This sweep read from `results_dir` after its folder was moved (brought back from
-        the host that ran it): a SQLite store named by a path that is not here is the file
-        of the same name in `results_dir`, where that one is."""
+        """This sweep read from `results_dir` after its results folder was moved (brought back
+        from the host that ran it): the paths it recorded under the folder it was written in
+        (its Optuna study is always there) are read under `results_dir`; a store elsewhere (a
+        tracking server, a file the user named) is kept."""
+        written = Path(self.optuna_storage.removeprefix("sqlite:///")).parent
+        if written == results_dir:
+            return self
         update = {}
         for field in ("tracking_uri", "optuna_storage", "storage"):
             value = getattr(self, field)
             prefix = "sqlite:///" if value.startswith("sqlite:///") else ""
-            if prefix != "sqlite:///" and field != "storage":
-                continue
             path = Path(value.removeprefix(prefix))
-            if "://" in value.removeprefix(prefix) or path.exists():
-                continue
-            here = results_dir / path.name if prefix else results_dir
-            if here.exists():
-                update[field] = f"{prefix}{here}"
-        return self.model_copy(update=update) if update else self
+            if path == written or written in path.parents:
+                update[field] = f"{prefix}{results_dir / path.relative_to(written)}"
+        return self.model_copy(update=update)
 
     @classmethod
     def read(cls, path: Path) -> SweepManifest:
