@@ -415,15 +415,59 @@ def fit(space_name: str, grid: Path, console: Console) -> dict[str, float]:
     return values
 
 
-def predict(space_name: str, path: Path) -> Path:
-    """Today's estimate of every point, beside the frozen compile-fidelity column (the
-    estimate is recomputed; compile fidelity needs its sweep run again)."""
+def reread(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each point's compile-fidelity figures read again, by today's step model, from the
+    programs its compile sweep compiled (each trial's `compiled` event keeps the program's
+    memory and counted cost): no compile is run again. A point libtpu refused has none."""
+    from trainer.compile.aot import compile_summary
+    from trainer.trial.checks import global_batch_size
+    from trainer.trial.config import TrialConfig
+    from trainer.trial.hardware import Topology
+
+    experiment = next((sweep_dir.parents[1] / "ray").glob(f"*-{sweep_dir.name}"))
+    out = {}
+    for trial in json.loads((sweep_dir / "host_trials.json").read_text()):
+        folder = experiment / f"trial_{trial['trial_id']}"
+        config = TrialConfig.from_json((folder / "trial.json").read_text())
+        events = [json.loads(line) for line in (folder / "trainer.log").read_text().splitlines()
+                  if line.startswith("{")]  # fmt: skip
+        compiled = next((e for e in events if e["event"] == "compiled"), None)
+        key = key_of(trial["config"])
+        if compiled is None:
+            failure = next((e for e in events if e["event"] == "failure"), {})
+            out[key] = {"compile_status": failure.get("failure_class", "missing"),
+                        "compile_est_tokens_per_sec_per_chip": None, "compile_hbm_gib": None}  # fmt: skip
+            continue
+        topology = Topology.parse(TARGET)
+        batch = global_batch_size(config, topology.devices)
+        record = {"compile_s": compiled["compile_s"], "fingerprint": "",
+                  "memory_per_device": compiled["memory_per_device"],
+                  "collectives": compiled.get("collectives", {}),
+                  "cost": compiled["program_cost"]}  # fmt: skip
+        degrees = config.mesh.resolve(topology.devices)
+        summary = compile_summary(config, batch, degrees, topology, record)
+        out[key] = {"compile_status": "ok",
+                    "compile_est_tokens_per_sec_per_chip": summary["est_tokens_per_sec_per_chip"],
+                    "compile_hbm_gib": summary["hbm_per_device_gib"]}  # fmt: skip
+    return out
+
+
+def predict(space_name: str, path: Path, compile_sweep: Path | None = None) -> Path:
+    """Today's estimate of every point and, given its compile sweep, its compile-fidelity
+    figures re-read by today's step model from the same programs (else the frozen ones)."""
     rows = _read(DATA / f"{space_name}_predictions.csv")
     fresh = estimates(space_name)
+    if compile_sweep is not None:
+        again = reread(compile_sweep)
+        fresh = {k: {**v, **again.get(k, {})} for k, v in fresh.items()}
     with path.open("w", newline="") as f:
-        f.write(f"# {space_name}: the estimate recomputed at commit {_commit()} (after the chip's "
-                "measurements entered: the fit split shaped it, the held-out split did not); "
-                "compile columns as frozen.\n")  # fmt: skip
+        f.write(
+            f"# {space_name}: predictions remade at commit {_commit()} after the chip's "
+            "measurements entered (the fit split shaped them, the held-out split did not): "
+            "the estimate recomputed; compile fidelity "
+            + ("re-read from the same programs" if compile_sweep else "as frozen")
+            + ".\n"
+        )
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
@@ -447,6 +491,7 @@ def main() -> None:
     pr = sub.add_parser("predict")
     pr.add_argument("space")
     pr.add_argument("out", type=Path)
+    pr.add_argument("--compile-sweep", type=Path, default=None)
     rp = sub.add_parser("replay")
     rp.add_argument("space")
     rp.add_argument("--seeds", type=int, default=20)
@@ -463,7 +508,7 @@ def main() -> None:
     elif args.command == "fit":
         fit(args.space, DATA / f"{args.space}_grid.csv", console)
     elif args.command == "predict":
-        console.print(str(predict(args.space, args.out)))
+        console.print(str(predict(args.space, args.out, args.compile_sweep)))
     elif args.command == "compare":
         compare(args.space, args.grid or DATA / f"{args.space}_grid.csv", console,
                 args.predictions)  # fmt: skip
