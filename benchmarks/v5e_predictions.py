@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import math
 import statistics
@@ -429,8 +430,10 @@ def reread(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     for trial in json.loads((sweep_dir / "host_trials.json").read_text()):
         folder = experiment / f"trial_{trial['trial_id']}"
         config = TrialConfig.from_json((folder / "trial.json").read_text())
-        events = [json.loads(line) for line in (folder / "trainer.log").read_text().splitlines()
-                  if line.startswith("{")]  # fmt: skip
+        log = folder / "trainer.log"
+        text = log.read_text() if log.exists() else gzip.decompress(
+            (folder / "trainer.log.gz").read_bytes()).decode()  # fmt: skip
+        events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         compiled = next((e for e in events if e["event"] == "compiled"), None)
         key = key_of(trial["config"])
         if compiled is None:
