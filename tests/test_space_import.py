@@ -53,6 +53,13 @@ def _run(*args: str):
     return result
 
 
+def _fits_80(output: str) -> bool:
+    """Every line within 80 columns, but for a path longer than that, which is printed whole
+    on a line of its own (to be copied; pytest's own temporary folders run over 80 under
+    xdist)."""
+    return all(len(line) <= 80 or len(line.split()) == 1 for line in output.splitlines())
+
+
 def _import(path: str, tmp_path: Path, *more: str):
     out = tmp_path / "space.yaml"
     result = _run("import", str(RECIPES / path), "-o", str(out), *more)
@@ -86,7 +93,7 @@ def test_every_published_command_imports_to_a_space_that_validates_or_is_refused
         return
     assert result.exit_code == 0, result.output
     assert _run("validate", str(out)).exit_code == 0
-    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    assert _fits_80(result.output), result.output
 
 
 @pytest.mark.parametrize("path", IMPORTED)
@@ -276,7 +283,7 @@ def test_the_simplest_command_imports_within_80_columns_and_with_the_users_umask
         os.umask(before)
     assert result.exit_code == 0, result.output
     assert "0 libtpu flags" in result.output
-    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+    assert _fits_80(result.output), result.output
     assert _run("validate", str(out)).exit_code == 0
     assert (out.stat().st_mode & 0o777, planned.stat().st_mode & 0o777) == (0o644, 0o644)
 

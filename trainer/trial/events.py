@@ -244,8 +244,10 @@ class Summary(_Event):
     hbm_per_device_gib: float | None = None
     # What the run's devices held at most, as their runtime counts it (TPU, GPU; none on CPU):
     # the chip's own figure beside the compiler's memory analysis, an upper bound of it.
-    peak_hbm_per_device_gib: float | None = _measured(
-        "the most device memory the run held (its runtime's peak_bytes_in_use)"
+    peak_hbm_per_device_gib: float | None = Field(
+        default=None,
+        description="the most device memory the run held (its runtime's peak_bytes_in_use; "
+        "none where the runtime keeps no such count, as XLA's CPU devices)",
     )
     fits: bool | None = None
     collectives: dict[str, int] | None = None
