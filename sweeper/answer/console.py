@@ -16,7 +16,8 @@ from rich.text import Text
 from sweeper.answer.notes import UNPINNED
 from sweeper.answer.streams import terminal
 from sweeper.answer.table import constant_knobs, in_rank_order, searched
-from sweeper.record.manifest import Found, SweepManifest
+from sweeper.record.journal import TrackingJournal
+from sweeper.record.manifest import JOURNAL, Found, SweepManifest, results_dir_of, sweeper_command
 from sweeper.record.mlflow_view import runs_url
 from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of, short_names
 from sweeper.record.stores import MEMORY_SCHEME
@@ -163,23 +164,46 @@ def dashboard_command(storage: str) -> list[str] | None:
 
 
 def where(manifest: SweepManifest, sweep_dir: Path) -> list[str]:
-    """Lines saying where the sweep's records are and how to open them."""
+    """Lines saying where the sweep's records are and how to open them: the commands as they
+    run from the working directory (its sweeps' folder named where it is not `./results`),
+    and how to resume it where it did not end well or has records waiting to be written."""
     command = dashboard_command(manifest.optuna_storage)
     dashboard = f" (`{' '.join(command)}`)" if command else ""
+    folder = results_dir_of(sweep_dir)
+    sweep_id = manifest.sweep_id
     lines = [f"results: {sweep_dir} (summary.csv, best.yaml, report.html)"]
     uri = manifest.tracking_uri
     if uri.startswith(MEMORY_SCHEME):
         lines.append(f"tracking records in this process's memory ({uri}): gone at exit")
     elif served(uri):
-        lines.append(f"MLflow: {runs_url(uri, manifest.experiment_id, manifest.sweep_id)}")
+        lines.append(f"MLflow: {runs_url(uri, manifest.experiment_id, sweep_id)}")
     else:
         lines.append(
-            f"MLflow: `sweeper ui {manifest.sweep_id}` serves {uri} on 127.0.0.1 and prints "
-            "the sweep's runs page"
+            f"MLflow: `{sweeper_command('ui', sweep_id, results_dir=folder)}` serves {uri} on "
+            "127.0.0.1 and prints the sweep's runs page"
         )
     lines.append(f"Optuna study {manifest.study_name!r} in {manifest.optuna_storage}{dashboard}")
-    lines.append(f"export: `sweeper export {manifest.sweep_id} --format maxtext` (or env, trial)")
+    export = sweeper_command("export", sweep_id, "--format", "maxtext", results_dir=folder)
+    lines.append(f"export: `{export}` (or env, trial)")
+    state = manifest.ending.state
+    does = {
+        "interrupted": "continues it",
+        "running": "continues it if its driver has stopped",
+        "finished": "writes the tracking records still waiting",
+    }[state]
+    if state != "finished" or _records_waiting(sweep_dir):
+        lines.append(f"resume: `{sweeper_command('resume', sweep_id, results_dir=folder)}` {does}")
     return lines
+
+
+def _records_waiting(sweep_dir: Path) -> bool:
+    """Whether tracking writes wait in the sweep's journal (a resume replays them)."""
+    if not (sweep_dir / JOURNAL).exists():
+        return False
+    try:
+        return len(TrackingJournal(sweep_dir / JOURNAL)) > 0
+    except ValueError:  # damaged: resume says what to do with it
+        return True
 
 
 def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -> None:

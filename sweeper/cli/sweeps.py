@@ -22,7 +22,7 @@ from sweeper.cli.app import (
     fail,
     overrides,
 )
-from sweeper.record.manifest import MANIFEST
+from sweeper.record.manifest import MANIFEST, default_results_dir, sweeper_command
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
 from sweeper.space.points import count_points
@@ -172,7 +172,7 @@ def resume(
     _drive(dict(resume=sweep_id, results_dir=results_dir, tracking_uri=tracking_uri), address)
 
 
-def _unwritable(full: str, folder: Any) -> NoReturn:
+def _unwritable(full: str, folder: Path | None) -> NoReturn:
     """Exit 2: the results folder took no more writes; what to do about it."""
     if full == "read-only database":  # SQLite says so of a file deleted under it too
         fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
@@ -181,9 +181,21 @@ def _unwritable(full: str, folder: Any) -> NoReturn:
     else:
         fix = "Free space"
     fail(
-        f"the results folder ({folder}) took no more writes ({full}). What was written "
-        f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
-        "resume ID` continues it"
+        f"the results folder ({folder or default_results_dir()}) took no more writes ({full}). "
+        f"What was written before is kept. {fix}; a sweep it had begun is in "
+        f"`{sweeper_command('list', results_dir=folder)}`, and `sweeper resume` of its id "
+        "(with the options given here) continues it"
+    )
+
+
+def _resume_command(sweep_id: str, kwargs: dict[str, Any], address: str | None) -> str:
+    """`sweeper resume` of this sweep with the options given that it needs again."""
+    return sweeper_command(
+        "resume",
+        sweep_id,
+        results_dir=kwargs.get("results_dir"),
+        tracking_uri=kwargs.get("tracking_uri") if kwargs.get("resume") else None,
+        address=address,
     )
 
 
@@ -228,7 +240,7 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         err.print(
             f"[red]interrupted[/red]: sweep {exc.sweep_id} stopped at once (trials running: "
             f"{running}; each is recorded as killed and runs again on resume). Finished trials "
-            f"are kept. Continue with `sweeper resume {exc.sweep_id}`",
+            f"are kept. Continue with `{_resume_command(exc.sweep_id, kwargs, address)}`",
             soft_wrap=True,
         )
         raise typer.Exit(130) from None
@@ -239,12 +251,13 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         full = disk_full(exc)
         if full is None:
             raise
-        _unwritable(full, kwargs.get("results_dir") or "./results")
-    _print_result(result)
+        _unwritable(full, kwargs.get("results_dir"))
+    _print_result(result, _resume_command(result.sweep_id, kwargs, address))
 
 
-def _print_result(result: Any) -> None:
-    """The ended sweep's table and notes; exit 130 when it was interrupted."""
+def _print_result(result: Any, resume: str) -> None:
+    """The ended sweep's table and notes; exit 130 when it was interrupted (`resume` says how
+    to continue it)."""
     from sweeper.answer.console import print_sweep
     from sweeper.record.manifest import SweepManifest
 
@@ -253,12 +266,14 @@ def _print_result(result: Any) -> None:
             SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir
         )
     except KeyboardInterrupt:  # the sweep had ended: only its printing was cut
-        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `sweeper show "
-                  f"{result.sweep_id}` prints it")  # fmt: skip
+        show = sweeper_command("show", result.sweep_id, results_dir=result.sweep_dir.parents[1])
+        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `{show}` prints "
+                  "it", soft_wrap=True)  # fmt: skip
         raise typer.Exit(130) from None
     if result.interrupted:
         err.print(
             "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
-            f"Continue with `sweeper resume {result.sweep_id}`"
+            f"Continue with `{resume}`",
+            soft_wrap=True,
         )
         raise typer.Exit(130)

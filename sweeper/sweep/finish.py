@@ -296,7 +296,6 @@ def close_records(
     if journaled:
         notes.append(
             f"tracking store still unreachable: {journaled} records wait in "
-            f"{sweep.tracker.journal.where}; `sweeper resume {sweep.sweep_id}` replays them once "
-            "it answers"
+            f"{sweep.tracker.journal.where}; resuming the sweep replays them once it answers"
         )
     return journaled
