@@ -24,7 +24,7 @@ from sweeper.cli.app import (
 )
 from sweeper.record.manifest import MANIFEST, default_results_dir, sweeper_command
 from sweeper.space.errors import SpaceError
-from sweeper.space.load import load_space
+from sweeper.space.load import load_space, resolve_path
 from sweeper.space.points import count_points
 
 
@@ -45,7 +45,9 @@ def validate(
     try:
         loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
         pinned, notes = check_space(loaded)
-    except (SpaceError, ValueError) as exc:
+    except SpaceError as exc:
+        fail(str(exc.in_file(str(resolve_path(space)))))
+    except ValueError as exc:
         fail(str(exc))
     points = count_points(pinned)
     table = Table(title=f"space {pinned.name}: {pinned.description}")
@@ -149,6 +151,7 @@ def run(
         dict(space=loaded, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage,
              study=study, executor="ray" if address else executor),
         address,
+        str(resolve_path(space)),
     )  # fmt: skip
 
 
@@ -199,8 +202,9 @@ def _resume_command(sweep_id: str, kwargs: dict[str, Any], address: str | None) 
     )
 
 
-def _drive(kwargs: dict[str, Any], address: str | None) -> None:
-    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due."""
+def _drive(kwargs: dict[str, Any], address: str | None, space_file: str | None = None) -> None:
+    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due. A
+    fault of the space names `space_file`, the file it was read from."""
     import os
     import signal
 
@@ -233,7 +237,9 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
     except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
         console.print(exc.message)
         return
-    except (SpaceError, ConnectionError) as exc:
+    except SpaceError as exc:
+        fail(str(exc.in_file(space_file) if space_file else exc))
+    except ConnectionError as exc:
         fail(str(exc))
     except SweepInterrupted as exc:
         running = ", ".join(exc.running) or "none"

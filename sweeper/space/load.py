@@ -88,7 +88,7 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     return space
 
 
-def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<space>") -> None:
+def set_override(data: dict[str, Any], dotted: str, value: Any, file: str | None = None) -> None:
     """`--set` / API override of any space key; knob names contain the separator, so
     `knobs.mesh.tensor.values=[1,2]` addresses the knob `mesh.tensor`: an existing one, or a
     new one (by a field of it, as here, or whole: `knobs.mesh.tensor={values: [1, 2]}`)."""
