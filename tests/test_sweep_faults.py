@@ -387,7 +387,7 @@ def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_
         ray.shutdown()
     message = str(refused.value)
     assert "experiment_state-" in message and "cut short" in message, message
-    assert "(2 trial(s))" in message
+    assert "(2 trials)" in message
     for row in before:
         assert f"{row['trial_id']} (Optuna #" in message and "COMPLETE" in message
     assert f"--study smoke-{sweep_dir.name}" in message

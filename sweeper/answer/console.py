@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 from rich import box
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -21,6 +22,7 @@ from sweeper.record.manifest import JOURNAL, Found, SweepManifest, results_dir_o
 from sweeper.record.mlflow_view import runs_url
 from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of, short_names
 from sweeper.record.stores import MEMORY_SCHEME
+from sweeper.space.points import counted
 from trainer.trial.events import TrialStatus
 
 console = terminal()
@@ -54,8 +56,8 @@ def sweep_header(manifest: SweepManifest, frame: pd.DataFrame) -> list[str]:
     fidelities = ", ".join(
         sorted({str(f) for f in frame.get(Column.FIDELITY, []) if not missing(f) and f})
     )
-    counts = manifest.ending.counts or {"total": len(searched(frame))}
-    told = ", ".join(f"{n} {k}" for k, n in counts.items())
+    ending = manifest.ending
+    told = ending.counted() if ending.counts else f"{len(searched(frame)):,} total"
     lines = [
         f"sweep {manifest.sweep_id}: {told}; fidelity {fidelities or '-'} on {hardware or '-'}"
     ]
@@ -106,7 +108,7 @@ def sweep_table(
         and width is not None
         and width - sum(w + 2 for w in widths[: len(heads)]) < longest
     )
-    table = Table(title=f"best {len(lines)} of {len(frame)}", title_justify="left",
+    table = Table(title=_title(frame, len(lines)), title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     for i, head in enumerate(heads):
         numeric = 1 < i < len(heads) - 1  # the figures, between the status and the verdict
@@ -123,6 +125,15 @@ def sweep_table(
         return table
     knobs_of = [f"{line[0]}  {' '.join(said)}" for line, said in zip(lines, words, strict=True)]
     return Group(table, Text("knobs that varied:", style="dim"), *map(Text, knobs_of))
+
+
+def _title(frame: pd.DataFrame, shown: int) -> str:
+    """Over the table: how many trials ended well (the best is of those), how many ran, and
+    how many rows are shown where that is not all: `best of 1 ok (3 trials)`."""
+    ok = int((frame[Column.STATUS] == TrialStatus.OK).sum()) if Column.STATUS in frame else 0
+    total = len(frame)
+    rows = f"; the first {shown:,} shown" if shown < total else ""
+    return f"{f'best of {ok:,} ok' if ok else 'none ok'} ({counted(total, 'trial')}{rows})"
 
 
 def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]:
@@ -209,12 +220,12 @@ def _records_waiting(sweep_dir: Path) -> bool:
 def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -> None:
     """The sweep as the terminal shows it (its width: COLUMNS, else the terminal's)."""
     for line in sweep_header(manifest, frame):
-        console.print(line)
+        console.print(escape(line))
     console.print(sweep_table(manifest, frame, width=console.width))
     for note in manifest.ending.notes:
-        console.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+        console.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
     for line in where(manifest, sweep_dir):
-        console.print(line, soft_wrap=True)  # paths and URLs whole, to copy
+        console.print(escape(line), soft_wrap=True)  # paths and URLs whole, to copy
 
 
 def sweeps_table(found: list[Found]) -> Table:

@@ -15,7 +15,7 @@ from sweeper.record.manifest import Found, results_dir_of, sweeper_command
 from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
 from sweeper.space.checks import static_check
 from sweeper.space.errors import SpaceError
-from sweeper.space.points import maxtext_knobs
+from sweeper.space.points import in_words, maxtext_knobs
 from sweeper.space.schema import Knob, Space
 from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend
@@ -105,7 +105,7 @@ def sampled(knob: Knob, cell: Any) -> Any:
         for value in knob.values:
             if value == cell or str(value) == str(cell) or json.dumps(value) == str(cell):
                 return value
-        raise SpaceError(f"{cell!r} is not a value of this knob ({knob.values})")
+        raise SpaceError(f"{in_words(cell)} is not a value of this knob ({in_words(knob.values)})")
     number = float(cell)
     return int(number) if knob.kind == "int" else number
 

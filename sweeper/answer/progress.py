@@ -8,6 +8,7 @@ from typing import Any
 
 from ray import tune
 from rich.console import Console
+from rich.markup import escape
 
 from sweeper.answer.streams import terminal
 from sweeper.record.manifest import results_dir_of, sweeper_command
@@ -65,10 +66,13 @@ class ProgressCallback(tune.Callback):
         resume = sweeper_command(
             "resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir)
         )
+        plural = "s" if trials != 1 else ""
         self.console.print(
-            f"sweep {self.sweep_id}: {trials} trial{'s' if trials != 1 else ''} of {self.space.name}{again}, "
-            f"best = {objective.mode} {objective.metric}; results in {self.sweep_dir}; if "
-            f"stopped, `{resume}`",
+            escape(
+                f"sweep {self.sweep_id}: {trials} trial{plural} of {self.space.name}{again}, best = "
+                f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
+                f"`{resume}`"
+            ),
             soft_wrap=True,
         )
 
@@ -172,7 +176,8 @@ class ProgressCallback(tune.Callback):
         elif result is not None and result.status == TrialStatus.FAILED:
             self.failed += 1
             failure = result.failure_class.value if result.failure_class else ""
-            self._line(f"[red]{failure}[/red] {trial.trial_id}: {result.failure_message[:120]}")
+            said = escape(result.failure_message[:120])
+            self._line(f"[red]{failure}[/red] {trial.trial_id}: {said}")
         else:
             self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
 

@@ -35,7 +35,7 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
-    from sweeper.search.screen import FITS
+    from sweeper.search.screen import FITS, verdict_counts
     from sweeper.search.screen import screen as screen_space
 
     try:
@@ -45,10 +45,9 @@ def screen(
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     took = time.perf_counter() - started
-    counts = frame["verdict"].value_counts().to_dict()
     knobs = knob_columns(frame.columns)
-    table = Table(title=f"{loaded.name}: {len(frame)} points screened in {took:.2f} s "
-                  f"({counts}); fidelity estimate on {loaded.target}")  # fmt: skip
+    table = Table(title=f"{loaded.name}: {len(frame):,} points screened in {took:.2f} s "
+                  f"({verdict_counts(frame)}); fidelity estimate on {loaded.target}")  # fmt: skip
     for col in (
         "rank",
         *knobs.values(),
@@ -80,7 +79,7 @@ def _screen_notes(frame: Any, space: Any) -> None:
     if "why" in frame:  # the commonest reasons points were left out
         why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
         for reason, count in why.value_counts().head(3).items():
-            console.print(f"{count} point{'s' if count > 1 else ''}: {reason}")
+            console.print(f"{count:,} point{'s' if count > 1 else ''}: {reason}")
     unseen = unseen_knobs(frame)
     if unseen:
         console.print(

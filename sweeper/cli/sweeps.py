@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cli.app import (
@@ -13,6 +14,7 @@ from sweeper.cli.app import (
     ConcurrencyOpt,
     FidelityOpt,
     SetOpt,
+    SpaceArg,
     TargetOpt,
     TrialsOpt,
     app,
@@ -25,14 +27,12 @@ from sweeper.cli.app import (
 from sweeper.record.manifest import MANIFEST, default_results_dir, sweeper_command
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space, resolve_path
-from sweeper.space.points import count_points
+from sweeper.space.points import condition_words, count_points, counted, in_words
 
 
 @app.command()
 def validate(
-    space: Annotated[
-        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
-    ],
+    space: SpaceArg,
     trials: TrialsOpt = None,
     concurrency: ConcurrencyOpt = None,
     fidelity: FidelityOpt = None,
@@ -55,14 +55,14 @@ def validate(
         table.add_column(col)
     for key, knob in pinned.knobs.items():
         values = (
-            knob.values
+            in_words(knob.values)
             if knob.values is not None
             else f"[{knob.low}, {knob.high}]{' log' if knob.log else ''}"
         )
-        table.add_row(key, knob.kind, str(values), str(knob.when or ""))
+        table.add_row(key, knob.kind, escape(values), condition_words(knob.when))
     console.print(table)
     for note in notes:
-        console.print(f"[yellow]inert[/yellow] {note}")
+        console.print(f"[yellow]inert[/yellow] {escape(note)}")
     if not loaded.target.is_local and loaded.fidelity in ("run", "auto"):
         console.print(
             f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
@@ -74,22 +74,20 @@ def validate(
         f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
         f"write the best {ladder.run} as a run rung"
         if ladder
-        else f"{pinned.search.trials} trials with {pinned.search.sampler}"
+        else f"{counted(pinned.search.trials, 'trial')} with {pinned.search.sampler}"
     )
     again = pinned.search.remeasure_count(pinned.effective_fidelity)
     if again and not ladder:
-        what += f", then the best {again} points measured again"
+        what += f", then the best {counted(again, 'point')} measured again"
     console.print(
-        f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
+        f"ok: {counted(points, 'point') if points is not None else 'continuous (infinitely many) points'}; "
         f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
     )
 
 
 @app.command()
 def run(
-    space: Annotated[
-        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
-    ],
+    space: SpaceArg,
     trials: TrialsOpt = None,
     concurrency: ConcurrencyOpt = None,
     fidelity: FidelityOpt = None,
@@ -235,7 +233,7 @@ def _drive(kwargs: dict[str, Any], address: str | None, space_file: str | None =
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
         result = run_sweep(progress=True, verbose=VERBOSE["on"], **kwargs)
     except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
-        console.print(exc.message)
+        console.print(escape(exc.message), soft_wrap=True)
         return
     except SpaceError as exc:
         fail(str(exc.in_file(space_file) if space_file else exc))

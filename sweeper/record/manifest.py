@@ -98,6 +98,10 @@ class Ending(Frozen):
     best_value: float | None = None
     notes: list[str] = Field(default_factory=list)
 
+    def counted(self) -> str:
+        """Its trial counts in words: `5 total, 4 ok, 1 killed`."""
+        return ", ".join(f"{n:,} {k}" for k, n in self.counts.items())
+
 
 class SweepManifest(Frozen):
     """A sweep's durable identity: the space as run, the study, the tracking records, Tune's

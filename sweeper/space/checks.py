@@ -18,9 +18,14 @@ from sweeper.space.points import (
     KEY_SEPARATOR,
     active,
     assemble,
+    condition_words,
     count_points,
+    counted,
+    in_words,
     join_key,
+    listed,
     maxtext_knobs,
+    point_words,
     points,
 )
 from sweeper.space.schema import Knob, Space
@@ -83,7 +88,7 @@ def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                 load_config(assemble(space, point))
             except ConfigError as exc:
                 raise SpaceError(
-                    f"value {value!r} makes an invalid trial: {exc}",
+                    f"value {in_words(value)} makes an invalid trial: {exc}",
                     file=file,
                     line=line_of(root, ("knobs", key)),
                     field=f"knobs.{key}",
@@ -156,7 +161,8 @@ def check_warm_start(
         unknown = sorted(set(point) - set(space.knobs))
         if unknown:
             raise SpaceError(
-                f"keys {unknown} are not knobs of this space",
+                f"{listed(unknown)} {'is not a knob' if len(unknown) == 1 else 'are not knobs'} "
+                "of this space",
                 file=file,
                 line=line,
                 field=f"search.warm_start.{i}",
@@ -165,15 +171,20 @@ def check_warm_start(
             knob = space.knobs[key]
             if not active(knob, point):
                 raise SpaceError(
-                    f"{key} is only sampled when {knob.when}; drop it from this point or meet the condition",
+                    f"{key} is only sampled when {condition_words(knob.when)}; drop it from this "
+                    "point or meet the condition",
                     file=file,
                     line=line,
                     field=f"search.warm_start.{i}.{key}",
                 )
             if not _admits(knob, value):
-                allowed = knob.values if knob.values is not None else f"[{knob.low}, {knob.high}]"
+                allowed = (
+                    in_words(knob.values)
+                    if knob.values is not None
+                    else f"[{knob.low}, {knob.high}]"
+                )
                 raise SpaceError(
-                    f"{value!r} is not a value of knob {key} ({allowed}){why}",
+                    f"{in_words(value)} is not a value of knob {key} ({allowed}){why}",
                     file=file,
                     line=line,
                     field=f"search.warm_start.{i}.{key}",
@@ -204,7 +215,7 @@ def check_feasible(space: Space, num_devices: int | None = None, limit: int = 25
         scope = "every point" if len(checked) < limit else f"each of the first {limit} points"
         raise SpaceError(
             f"{scope} of this space makes an invalid trial on {num_devices or space.num_devices} "
-            f"devices; e.g. {point or 'the base trial'}: {exc}",
+            f"devices; e.g. {point_words(point) or 'the base trial'}: {exc}",
             field="knobs",
         )
 
@@ -289,7 +300,7 @@ def check_mesh_degrees(space: Space, num_devices: int | None = None) -> None:
                 else ""
             )
             raise SpaceError(
-                f"value {value!r} can never run on the {devices} devices of target "
+                f"value {in_words(value)} can never run on the {devices} devices of target "
                 f"{space.target}: {each}{f'with {others}, ' if others else ''}{why}; remove it "
                 "from the values",
                 field=f"knobs.{key}",
@@ -366,8 +377,13 @@ def check_sampler(space: Space) -> None:
         continuous = [k for k, knob in space.knobs.items() if knob.candidates() is None]
         if conditional or continuous:
             raise ValueError(
-                f"search.sampler: grid needs unconditional discrete knobs; conditional: {conditional}, "
-                f"continuous: {continuous}. Use tpe or random."
+                "search.sampler: grid needs unconditional discrete knobs; "
+                + "; ".join(
+                    f"{what}: {', '.join(keys)}"
+                    for what, keys in (("conditional", conditional), ("continuous", continuous))
+                    if keys
+                )
+                + ". Use tpe or random."
             )
     needs = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}
     if sampler in needs:
@@ -390,7 +406,10 @@ def cap_grid(space: Space) -> tuple[Space, list[str]]:
     if space.search.sampler != "grid" or points is None or space.search.trials <= points:
         return space, []
     search = space.search.model_copy(update={"trials": points})
-    note = f"search.trials {space.search.trials} capped at {points}: the grid has {points} points"
+    note = (
+        f"search.trials {space.search.trials:,} capped at {points:,}: the grid has "
+        f"{counted(points, 'point')}"
+    )
     return space.model_copy(update={"search": search}), [note]
 
 

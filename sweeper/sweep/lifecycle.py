@@ -58,6 +58,7 @@ from sweeper.search.outcomes import check_study, close_open_trials, stored_resul
 from sweeper.search.searcher import SweepSearch
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space, space_overrides
+from sweeper.space.points import counted
 from sweeper.space.schema import Space
 from sweeper.sweep import finish as finishing
 from sweeper.sweep.callbacks import LIVE_CALLBACKS, FinishCallback, SweepCallbacks, watching_ctrl_c
@@ -379,7 +380,7 @@ class Sweep:
             "Ray's own copy of it is gone. Resuming would start the experiment afresh, run other "
             "trials in place of those it cut off and call the sweep complete without them, so it "
             "is not resumed. What its records "
-            f"hold ({len(known)} trial(s)): "
+            f"hold ({counted(len(known), 'trial')}): "
             + "; ".join(line for line, _ in known)
             + (f". {'; '.join(closed)}" if closed else "")
             + f". To go on, {self._continue_study()}: points it measured are reused, not run "
@@ -709,7 +710,7 @@ class Sweep:
         self.abandon()
         with contextlib.suppress(Exception):
             note = (
-                f"interrupted by a second Ctrl-C / SIGTERM while {len(running)} trial(s) ran "
+                f"interrupted by a second Ctrl-C / SIGTERM while {counted(len(running), 'trial')} ran "
                 f"({', '.join(running) or 'none'}): resuming the sweep continues it"
             )
             self.write_manifest(Ending(state="interrupted", ended_at=now(), notes=[note]))

@@ -49,7 +49,7 @@ class SweepFinished(SpaceError):
     def __init__(self, path: Path, manifest: SweepManifest, mended: list[str] | None = None):
         ending = manifest.ending
         super().__init__(
-            f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counts}; best "
+            f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counted()}; best "
             f"trial {ending.best_trial or 'none'}): nothing to resume"
             + "".join(f". {note}" for note in mended or [])
             + f". `{sweeper_command('show', manifest.sweep_id, results_dir=results_dir_of(path))}`"
