@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.record.manifest import sweeper_command
 from sweeper.record.row import knob_columns
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
@@ -133,7 +135,8 @@ def plan(
             "--space",
             "sweeper plan",
         )
-        console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
+        run = sweeper_command("run", str(space))
+        console.print(escape(f"wrote {space}: trial 0 is the advice (`{run}`)"), soft_wrap=True)
     if compile_:
         _compile_advice(rec, spec, seq, target, timeout)
 

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sweeper.record.manifest import sweeper_command
 from sweeper.record.row import KNOB_PREFIX, Column, knob_columns, missing
 from sweeper.search.screen import (
     FITS,
@@ -335,5 +336,5 @@ def run_rung(sweep_dir: Path, frame: pd.DataFrame, space: Space) -> tuple[Path |
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, [
         f"ladder: the run rung's {len(best)} best compiled point(s) wait for {space.target} "
-        f"slices: `sweeper run {path}` on a Ray cluster that has them"
+        f"slices: `{sweeper_command('run', str(path))}` on a Ray cluster that has them"
     ]
