@@ -213,7 +213,7 @@ def test_too_few_timed_steps_give_no_interval_and_the_table_says_so():
     assert interval["tokens_per_sec_per_chip_low"] < 100 < interval["tokens_per_sec_per_chip_high"]
     frame = _frame((100, float("nan"), float("nan")), (90, float("nan"), float("nan")))
     notes = noise_notes(frame.assign(timed_steps=[1, 1]), "tokens_per_sec_per_chip", True)
-    assert any("2 trial(s) timed fewer than 3 steps" in n for n in notes)
+    assert any("2 trials timed fewer than 3 steps" in n for n in notes)
     assert not any("beyond the noise" in n for n in notes)
 
 

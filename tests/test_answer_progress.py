@@ -49,3 +49,41 @@ def test_a_point_measured_again_never_becomes_the_progress_lines_best(capsys):
     best = best_row(frame, space.objective.primary)
     assert best is not None and best.trial_id == "b2"
     assert f"best {best.ranking_figure(METRIC):,.1f}]" in lines[-1]
+
+
+def test_the_banner_says_trials_and_re_measurements_apart_and_resumes_from_here(
+    capsys, tmp_path, monkeypatch
+):
+    """`run smoke --trials 3` announced 5 trials (2 were the best points measured again,
+    unsaid), and its `sweeper resume ID` lacked the `--results-dir` the sweep was run with."""
+    monkeypatch.chdir(tmp_path)
+    space = load_space("smoke", {"search.trials": 3, "search.remeasure": 2})
+    elsewhere = tmp_path / "sweeps"
+    ProgressCallback(space, "20261205-000000-abcd", str(elsewhere / "smoke" / "x")).setup()
+    banner = capsys.readouterr().err.splitlines()[0]
+    assert "3 trials of smoke, then the best 2 measured again (5 runs in all)" in banner
+    assert "resume 20261205-000000-abcd --results-dir sweeps`" in banner, banner
+    one = load_space("smoke", {"search.trials": 1, "search.remeasure": 0})
+    ProgressCallback(one, "20261205-000000-abcd", str(tmp_path / "results" / "smoke" / "x")).setup()
+    banner = capsys.readouterr().err.splitlines()[0]
+    assert "1 trial of smoke, best" in banner and "--results-dir" not in banner, banner
+
+
+def test_a_sweep_run_without_ray_says_its_id_and_how_to_resume_first(capsys, tmp_path):
+    """Without Ray the host runner never called the callbacks' setup: the sweep's id and its
+    resume command were never printed."""
+    from types import SimpleNamespace
+
+    from sweeper.sweep.host import HostRunner
+
+    space = load_space("smoke", {"search.trials": 2, "search.remeasure": 0})
+    sweep_dir = tmp_path / "results" / "smoke" / "20261205-000000-abcd"
+    sweep_dir.mkdir(parents=True)
+    nothing_more = SimpleNamespace(suggest=lambda trial_id: None)  # the search has ended
+    sweep = SimpleNamespace(searcher=nothing_more, space=space, sweep_dir=sweep_dir,
+                            experiment_path=str(tmp_path / "experiment"), remeasure=0)  # fmt: skip
+    progress = ProgressCallback(space, "20261205-000000-abcd", str(sweep_dir))
+    HostRunner(sweep, runtime=None, callbacks=[progress], recorded={}).fit()
+    err = capsys.readouterr().err
+    assert err.startswith("sweep 20261205-000000-abcd: 2 trials of smoke"), err
+    assert "resume 20261205-000000-abcd" in err

@@ -36,3 +36,26 @@ def test_every_varied_knob_is_apportioned_and_nothing_when_nothing_varied():
     same = _study([{"batch": 2, "remat": "full", "tile": 256}] * 3)
     assert importances_of(same, "s1") == {}
     assert importances_of(varied, "another sweep") == {}
+
+
+def test_importances_resting_on_one_trial_are_said_in_words_not_warned(tmp_path):
+    """`sweeper report` of the v5e sweep printed Optuna's `UserWarning: Some regimes for
+    parameter kernels.q_layout have less than 2 trials` on the terminal; the report now says
+    which values ran once, under its importances (warnings are errors in these tests)."""
+    import shutil
+
+    from sweeper.answer.recover import sweep_frame
+    from sweeper.answer.report import importance_words
+    from sweeper.record.manifest import find_sweep
+    from tests.helpers import REPO
+
+    shutil.copytree(REPO / "results" / "v5e", tmp_path / "v5e")
+    found = find_sweep("20261206-180103-144f", tmp_path / "v5e")
+    assert found.manifest is not None
+    study = optuna.load_study(study_name=found.manifest.study_name,
+                              storage=found.manifest.optuna_storage)  # fmt: skip
+    importances = importances_of(study, found.sweep_id)
+    assert "kernels.q_layout" in importances
+    words = importance_words(sweep_frame(found)[0], importances)
+    assert "kernels.q_layout (seq_minor)" in words, words
+    assert importance_words(sweep_frame(found)[0], {}) == ""

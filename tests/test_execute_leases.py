@@ -42,7 +42,7 @@ def test_a_trial_that_leased_no_core_is_marked_and_noted():
         }
     )
     (note,) = pinning_notes(frame)
-    assert note.startswith("unpinned: 1 trial(s)") and "(b)" in note
+    assert note.startswith("unpinned: 1 trial leased") and "(b)" in note
     assert pinning_notes(frame.iloc[:1]) == []
 
 

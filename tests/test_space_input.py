@@ -106,6 +106,46 @@ def test_a_space_with_no_valid_point_is_refused(tmp_path):
     assert result.exit_code == 2 and "every point" in result.output
 
 
+def test_a_mesh_degree_that_never_divides_the_devices_is_refused_by_value(tmp_path):
+    """`validate` said `ok: 6 points` for mesh.tensor [1, 3] on 8 devices; the run then spent
+    2 of its 3 trials on invalid_config. A degree is refused, naming its value, when every
+    combination with the other mesh knobs the space can reach (their conditions met) fails."""
+    from sweeper.space.checks import check_space, static_check
+
+    shown = CliRunner().invoke(
+        app, ["validate", "smoke", "--set", "knobs.mesh.tensor.values=[1,3]"]
+    )
+    out = shown.output.replace("\n", "")
+    assert shown.exit_code == 2, out
+    assert "smoke.yaml: knobs.mesh.tensor: value 3 can never run on the 8 devices" in out, out
+    assert "8 devices are not divisible" in out and "<space>" not in out
+    # tensor 4 is asked only with data 4: 4 x 4 never divides 8, though tensor 4 with data 1
+    # would (a check blind to the condition would pass it).
+    conditional = """\
+        name: t
+        devices: 8
+        model: {preset: tiny-dense}
+        trial: {seq_len: 64, steps: 4, backend: cpu}
+        knobs:
+          mesh.data: {values: [1, 4]}
+          mesh.tensor: {values: [1, 4], when: {mesh.data: 4}}
+        """
+    with pytest.raises(
+        SpaceError, match=r"mesh.tensor: value 4 can never run on the 8 dev.*data=4"
+    ):
+        check_space(load_space(_write(tmp_path, conditional)))
+    # A degree that fits with some of the others is kept: data 8 runs with tensor 1.
+    fits = conditional.replace("[1, 4], when: {mesh.data: 4}", "[1, 2]").replace(
+        "mesh.data: {values: [1, 4]}", "mesh.data: {values: [1, 8]}"
+    )
+    space = load_space(_write(tmp_path, fits))
+    check_space(space)
+    static_check(space, {"mesh.data": 8, "mesh.tensor": 1})
+    # In a sweep, against the devices its trials get.
+    with pytest.raises(SpaceError, match="value 8 can never run on the 4 devices"):
+        check_space(load_space(_write(tmp_path, fits)), num_devices=4)
+
+
 def test_paths_never_fall_back_to_a_builtin_space(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert load_space("smoke").name == "smoke"

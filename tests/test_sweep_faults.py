@@ -349,6 +349,7 @@ def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_
     from sweeper.execute.tune_state import staging_copies
     from sweeper.record.manifest import SweepManifest
     from sweeper.space.errors import SpaceError
+    from sweeper.space.load import load_space
     from sweeper.sweep.result import ResultsUnwritable
     from sweeper.sweep.run import run_sweep
 
@@ -386,10 +387,14 @@ def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_
         ray.shutdown()
     message = str(refused.value)
     assert "experiment_state-" in message and "cut short" in message, message
-    assert "(2 trial(s))" in message
+    assert "(2 trials)" in message
     for row in before:
         assert f"{row['trial_id']} (Optuna #" in message and "COMPLETE" in message
     assert f"--study smoke-{sweep_dir.name}" in message
+    # The command it prints names the space as it ran (no `<the space of ...>` to fill in) and
+    # the results folder that holds the study.
+    assert f"run {sweep_dir / 'space.yaml'} --study" in message and "--results-dir" in message
+    assert load_space(str(sweep_dir / "space.yaml")).name == "smoke"
     assert SweepManifest.read(sweep_dir / "sweep.json").ending.state == "running"
     assert len(optuna.load_study(study_name=f"smoke-{sweep_dir.name}",
                                  storage=f"sqlite:///{tmp_path}/optuna.db").trials) == 2  # fmt: skip

@@ -60,7 +60,9 @@ def test_mesh_fill_and_impossible_products():
     assert mesh.resolve(8) == {"data": 1, "fsdp": 4, "context": 1, "expert": 1, "tensor": 2}
     with pytest.raises(ConfigError, match="not divisible"):
         load_config(trial(mesh={"fsdp": -1, "tensor": 3})).mesh.resolve(8)
-    with pytest.raises(ConfigError, match="product of degrees"):
+    # In words, not a dict: the degrees and their product against the devices.
+    words = r"product of degrees data 1 x fsdp 2 x context 1 x expert 1 x tensor 2 is 4 but"
+    with pytest.raises(ConfigError, match=words):
         load_config(trial(mesh={"fsdp": 2, "tensor": 2})).mesh.resolve(8)
 
 

@@ -43,6 +43,16 @@ def test_the_local_chip_reads_as_v5e_with_its_int8_peak():
     assert ACCELERATORS["v5e"].usable_hbm_per_device == 15.75 * GIB
 
 
+def test_a_cpu_host_reads_with_its_cores_in_words(monkeypatch):
+    """A one-core host read 'cpu (x86_64, 1 cores)' in every table."""
+    from trainer.run import metrics
+
+    monkeypatch.setattr(metrics, "measured_cpu_peak_tflops", lambda cache_dir: 1.0)
+    for cores, said in ((1, "1 core)"), (2, "2 cores)")):
+        monkeypatch.setattr(metrics, "_usable_cores", lambda cores=cores: cores)
+        assert chip_for("cpu", "cpu", 8, None).name.endswith(said)
+
+
 def test_compile_fidelity_for_one_v5e_chip_counts_int8_products(tmp_path):
     """libtpu compiles for v5e:1x1 (one chip: libtpu's default host of 2x2x1 chips is given
     as the slice); the int8 program's matrix products are counted at int8."""

@@ -10,16 +10,19 @@ from typing import Any
 import pandas as pd
 from rich import box
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from sweeper.answer.notes import UNPINNED
 from sweeper.answer.streams import terminal
 from sweeper.answer.table import constant_knobs, in_rank_order, searched
-from sweeper.record.manifest import Found, SweepManifest
+from sweeper.record.journal import TrackingJournal
+from sweeper.record.manifest import JOURNAL, Found, SweepManifest, results_dir_of, sweeper_command
 from sweeper.record.mlflow_view import runs_url
 from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of, short_names
 from sweeper.record.stores import MEMORY_SCHEME
+from sweeper.space.points import counted
 from trainer.trial.events import TrialStatus
 
 console = terminal()
@@ -53,8 +56,8 @@ def sweep_header(manifest: SweepManifest, frame: pd.DataFrame) -> list[str]:
     fidelities = ", ".join(
         sorted({str(f) for f in frame.get(Column.FIDELITY, []) if not missing(f) and f})
     )
-    counts = manifest.ending.counts or {"total": len(searched(frame))}
-    told = ", ".join(f"{n} {k}" for k, n in counts.items())
+    ending = manifest.ending
+    told = ending.counted() if ending.counts else f"{len(searched(frame)):,} total"
     lines = [
         f"sweep {manifest.sweep_id}: {told}; fidelity {fidelities or '-'} on {hardware or '-'}"
     ]
@@ -105,7 +108,7 @@ def sweep_table(
         and width is not None
         and width - sum(w + 2 for w in widths[: len(heads)]) < longest
     )
-    table = Table(title=f"best {len(lines)} of {len(frame)}", title_justify="left",
+    table = Table(title=_title(frame, len(lines)), title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # fmt: skip
     for i, head in enumerate(heads):
         numeric = 1 < i < len(heads) - 1  # the figures, between the status and the verdict
@@ -122,6 +125,15 @@ def sweep_table(
         return table
     knobs_of = [f"{line[0]}  {' '.join(said)}" for line, said in zip(lines, words, strict=True)]
     return Group(table, Text("knobs that varied:", style="dim"), *map(Text, knobs_of))
+
+
+def _title(frame: pd.DataFrame, shown: int) -> str:
+    """Over the table: how many trials ended well (the best is of those), how many ran, and
+    how many rows are shown where that is not all: `best of 1 ok (3 trials)`."""
+    ok = int((frame[Column.STATUS] == TrialStatus.OK).sum()) if Column.STATUS in frame else 0
+    total = len(frame)
+    rows = f"; the first {shown:,} shown" if shown < total else ""
+    return f"{f'best of {ok:,} ok' if ok else 'none ok'} ({counted(total, 'trial')}{rows})"
 
 
 def _cells(row: pd.Series, metric: str, remeasured: bool, mfu: str) -> list[str]:
@@ -163,34 +175,57 @@ def dashboard_command(storage: str) -> list[str] | None:
 
 
 def where(manifest: SweepManifest, sweep_dir: Path) -> list[str]:
-    """Lines saying where the sweep's records are and how to open them."""
+    """Lines saying where the sweep's records are and how to open them: the commands as they
+    run from the working directory (its sweeps' folder named where it is not `./results`),
+    and how to resume it where it did not end well or has records waiting to be written."""
     command = dashboard_command(manifest.optuna_storage)
     dashboard = f" (`{' '.join(command)}`)" if command else ""
+    folder = results_dir_of(sweep_dir)
+    sweep_id = manifest.sweep_id
     lines = [f"results: {sweep_dir} (summary.csv, best.yaml, report.html)"]
     uri = manifest.tracking_uri
     if uri.startswith(MEMORY_SCHEME):
         lines.append(f"tracking records in this process's memory ({uri}): gone at exit")
     elif served(uri):
-        lines.append(f"MLflow: {runs_url(uri, manifest.experiment_id, manifest.sweep_id)}")
+        lines.append(f"MLflow: {runs_url(uri, manifest.experiment_id, sweep_id)}")
     else:
         lines.append(
-            f"MLflow: `sweeper ui {manifest.sweep_id}` serves {uri} on 127.0.0.1 and prints "
-            "the sweep's runs page"
+            f"MLflow: `{sweeper_command('ui', sweep_id, results_dir=folder)}` serves {uri} on "
+            "127.0.0.1 and prints the sweep's runs page"
         )
     lines.append(f"Optuna study {manifest.study_name!r} in {manifest.optuna_storage}{dashboard}")
-    lines.append(f"export: `sweeper export {manifest.sweep_id} --format maxtext` (or env, trial)")
+    export = sweeper_command("export", sweep_id, "--format", "maxtext", results_dir=folder)
+    lines.append(f"export: `{export}` (or env, trial)")
+    state = manifest.ending.state
+    does = {
+        "interrupted": "continues it",
+        "running": "continues it if its driver has stopped",
+        "finished": "writes the tracking records still waiting",
+    }[state]
+    if state != "finished" or _records_waiting(sweep_dir):
+        lines.append(f"resume: `{sweeper_command('resume', sweep_id, results_dir=folder)}` {does}")
     return lines
+
+
+def _records_waiting(sweep_dir: Path) -> bool:
+    """Whether tracking writes wait in the sweep's journal (a resume replays them)."""
+    if not (sweep_dir / JOURNAL).exists():
+        return False
+    try:
+        return len(TrackingJournal(sweep_dir / JOURNAL)) > 0
+    except ValueError:  # damaged: resume says what to do with it
+        return True
 
 
 def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -> None:
     """The sweep as the terminal shows it (its width: COLUMNS, else the terminal's)."""
     for line in sweep_header(manifest, frame):
-        console.print(line)
+        console.print(escape(line))
     console.print(sweep_table(manifest, frame, width=console.width))
     for note in manifest.ending.notes:
-        console.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+        console.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
     for line in where(manifest, sweep_dir):
-        console.print(line, soft_wrap=True)  # paths and URLs whole, to copy
+        console.print(escape(line), soft_wrap=True)  # paths and URLs whole, to copy
 
 
 def sweeps_table(found: list[Found]) -> Table:

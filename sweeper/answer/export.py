@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper.record.manifest import Found
+from sweeper.record.manifest import Found, results_dir_of, sweeper_command
 from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
 from sweeper.space.checks import static_check
 from sweeper.space.errors import SpaceError
-from sweeper.space.points import maxtext_knobs
+from sweeper.space.points import in_words, maxtext_knobs
 from sweeper.space.schema import Knob, Space
 from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend
@@ -105,7 +105,7 @@ def sampled(knob: Knob, cell: Any) -> Any:
         for value in knob.values:
             if value == cell or str(value) == str(cell) or json.dumps(value) == str(cell):
                 return value
-        raise SpaceError(f"{cell!r} is not a value of this knob ({knob.values})")
+        raise SpaceError(f"{in_words(cell)} is not a value of this knob ({in_words(knob.values)})")
     number = float(cell)
     return int(number) if knob.kind == "int" else number
 
@@ -124,8 +124,9 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
     rows = frame[frame[Column.TRIAL_ID].astype(str) == str(trial_id)] if not frame.empty else frame
     if rows.empty:
         raise SpaceError(
-            f"no trial {trial_id!r} in sweep {manifest.sweep_id} (`sweeper show "
-            f"{manifest.sweep_id}` lists them)",
+            f"no trial {trial_id!r} in sweep {manifest.sweep_id} (`"
+            f"{sweeper_command('show', manifest.sweep_id, results_dir=results_dir_of(found.path))}"
+            "` lists them)",
             field="--trial",
         )
     row = rows.iloc[0]

@@ -12,6 +12,7 @@ import pandas as pd
 
 from sweeper.answer.table import INTERVAL, ok_rows, ranked
 from sweeper.record.row import REMEASURED, Column, knob_columns, missing, ranking_of
+from sweeper.space.points import counted
 from sweeper.space.schema import Objective
 from trainer.trial.events import EffectStatus, KnobEffect
 from trainer.trial.timing import MIN_STEPS_FOR_INTERVAL
@@ -61,7 +62,7 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
         few = ok[ok["timed_steps"].fillna(0) < MIN_STEPS_FOR_INTERVAL]
         if len(few):
             notes.append(
-                f"noise: {len(few)} trial(s) timed fewer than {MIN_STEPS_FOR_INTERVAL} steps "
+                f"noise: {counted(len(few), 'trial')} timed fewer than {MIN_STEPS_FOR_INTERVAL} steps "
                 f"(trial.steps less measure.skip_steps): no 95% interval, so the table cannot "
                 "say whether the winner is within the noise; run more steps"
             )
@@ -70,7 +71,7 @@ def noise_notes(frame: Any, metric: str, maximize: bool) -> list[str]:
         if len(busy):
             shares = ", ".join(f"{_named(r)} {r['cpu_contention']:.0%}" for _, r in busy.iterrows())
             notes.append(
-                f"contention: other processes used the cores of {len(busy)} trial(s) while they "
+                f"contention: other processes used the cores of {counted(len(busy), 'trial')} while they "
                 f"were measured ({shares}): their figures measure those processes too"
             )
     return notes
@@ -89,7 +90,7 @@ def pinning_notes(frame: pd.DataFrame) -> list[str]:
         return []
     names = ", ".join(_named(r) for _, r in unpinned.iterrows())
     return [
-        f"unpinned: {len(unpinned)} trial(s) leased no core within 60 s and ran on every core "
+        f"unpinned: {counted(len(unpinned), 'trial')} leased no core within 60 s and ran on every core "
         f"({names}): their figures are not comparable to the pinned trials' (marked "
         "'unpinned' in the table)"
     ]

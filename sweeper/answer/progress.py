@@ -8,8 +8,10 @@ from typing import Any
 
 from ray import tune
 from rich.console import Console
+from rich.markup import escape
 
 from sweeper.answer.streams import terminal
+from sweeper.record.manifest import results_dir_of, sweeper_command
 from sweeper.record.row import ranking_of
 from sweeper.record.trial import RUNNING, SweepTrial
 from sweeper.space.points import REMEASURE_KEY
@@ -31,7 +33,8 @@ class ProgressCallback(tune.Callback):
         self.sweep_id, self.sweep_dir = sweep_id, sweep_dir
         # The search's trials and, at run fidelity, the best points measured again.
         search = space.search
-        self.planned = search.trials + search.remeasure_count(space.effective_fidelity)
+        self.again_planned = search.remeasure_count(space.effective_fidelity)
+        self.planned = search.trials + self.again_planned
         self.metric = space.objective.primary.metric
         self.maximize = space.objective.primary.mode == "max"
         self.started = self.done = self.failed = 0
@@ -54,10 +57,22 @@ class ProgressCallback(tune.Callback):
         if not self.sweep_id:
             return
         objective = self.space.objective.primary
+        trials = self.planned - self.again_planned
+        again = (
+            f", then the best {self.again_planned} measured again ({self.planned} runs in all)"
+            if self.again_planned
+            else ""
+        )
+        resume = sweeper_command(
+            "resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir)
+        )
+        plural = "s" if trials != 1 else ""
         self.console.print(
-            f"sweep {self.sweep_id}: {self.planned} trials of {self.space.name}, best = "
-            f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
-            f"`sweeper resume {self.sweep_id}`",
+            escape(
+                f"sweep {self.sweep_id}: {trials} trial{plural} of {self.space.name}{again}, best = "
+                f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
+                f"`{resume}`"
+            ),
             soft_wrap=True,
         )
 
@@ -161,7 +176,8 @@ class ProgressCallback(tune.Callback):
         elif result is not None and result.status == TrialStatus.FAILED:
             self.failed += 1
             failure = result.failure_class.value if result.failure_class else ""
-            self._line(f"[red]{failure}[/red] {trial.trial_id}: {result.failure_message[:120]}")
+            said = escape(result.failure_message[:120])
+            self._line(f"[red]{failure}[/red] {trial.trial_id}: {said}")
         else:
             self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
 

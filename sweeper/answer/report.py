@@ -14,6 +14,7 @@ import base64
 import html
 import io
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -463,7 +464,10 @@ def render(
         figures["The best points, measured again"] = remeasure_plot(frame, metric, label)
     if "screen_rank" in frame:  # a ladder's sweep
         figures["The ladder: screen against compile"] = ladder_plot(frame, metric, label)
-    words = {"Convergence": convergence_words(frame)}
+    words = {
+        "Convergence": convergence_words(frame),
+        "Knob importances": importance_words(frame, importances),
+    }
     for name, png in figures.items():
         pngs = png if isinstance(png, list) else [png] if png else []
         body = (
@@ -511,9 +515,34 @@ def importances_of(study: Any, sweep_id: str) -> dict[str, float]:
     if not varied:
         return {}
     try:
-        return dict(optuna.importance.get_param_importances(alone, params=varied))
+        with warnings.catch_warnings():
+            # fANOVA's warning that a value ran in fewer than 2 trials: the report says it in
+            # words (importance_words), not as a UserWarning on the terminal.
+            warnings.filterwarnings("ignore", "Some regimes for parameter", UserWarning)
+            return dict(optuna.importance.get_param_importances(alone, params=varied))
     except (RuntimeError, ValueError):  # a single distinct point: nothing to apportion
         return {}
+
+
+def importance_words(frame: pd.DataFrame, importances: dict[str, float]) -> str:
+    """What the importances rest on, where some value of a knob they rank ran in fewer than
+    two of the trials that ended well (each such value's share is then a guess)."""
+    ok = searched(frame)
+    ok = ok[ok[Column.STATUS] == TrialStatus.OK] if Column.STATUS in ok else ok.iloc[:0]
+    thin = []
+    for column, name in knob_columns(ok.columns).items():
+        if name not in importances:
+            continue
+        counts = ok[column][~ok[column].map(missing)].map(str).value_counts()  # where active
+        few = sorted(str(v) for v, n in counts.items() if n < 2)
+        if few:
+            thin.append(f"{name} ({', '.join(few)})")
+    if not thin:
+        return ""
+    return (
+        "some values ran in fewer than two of the trials that ended well, so the shares of "
+        f"their knobs are rough: {'; '.join(thin)}"
+    )
 
 
 def write_report(

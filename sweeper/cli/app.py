@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 
 from sweeper.answer.streams import terminal
 from sweeper.record.manifest import Found
 from sweeper.space.errors import SpaceError
 from sweeper.space.file import SpaceFileError, parse_value
-from sweeper.space.load import space_overrides
+from sweeper.space.load import builtin_spaces, space_overrides
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +47,12 @@ FidelityOpt = Annotated[
 ]
 TargetOpt = Annotated[
     str | None, typer.Option("--target", help="local, or a TPU topology such as tpu7x:2x2x2")
+]
+SpaceArg = Annotated[
+    str,
+    typer.Argument(
+        help=f"a YAML file, or a built-in space by name: {', '.join(builtin_spaces())}",
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="override any space key: --set trial.steps=10")
@@ -101,7 +108,8 @@ def disk_full(exc: BaseException) -> str | None:
 
 
 def fail(message: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line: paths whole
+    # One line: paths whole; its words as written (`[full, minimal]` is no markup tag).
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -132,5 +140,5 @@ def frame_of(found: Found) -> pd.DataFrame:
     except SpaceError as exc:
         fail(str(exc))
     for note in said:
-        err.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+        err.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
     return frame

@@ -12,6 +12,7 @@ import yaml
 
 from sweeper.cli.app import app, console, fail
 from sweeper.cli.planning import write_space
+from sweeper.record.manifest import sweeper_command
 from sweeper.space.errors import SpaceError
 
 
@@ -123,7 +124,10 @@ def _say(path: Path, name: str, data: dict[str, Any]) -> None:
         _print(change, head="changed", style="yellow")
     for feature in recipe.get("unmodeled", []):
         _print(f"by the estimate: {feature}", head="not modeled", style="yellow")
-    _print(f"next: `sweeper validate {path}`, `sweeper run {path}`", indent="")
+    _print(
+        f"next: `{sweeper_command('validate', str(path))}`, `{sweeper_command('run', str(path))}`",
+        indent="",
+    )
 
 
 def _when(knob: dict[str, Any]) -> str:

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.record.manifest import sweeper_command
 from sweeper.record.row import knob_columns
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
@@ -35,7 +37,7 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
-    from sweeper.search.screen import FITS
+    from sweeper.search.screen import FITS, verdict_counts
     from sweeper.search.screen import screen as screen_space
 
     try:
@@ -45,10 +47,9 @@ def screen(
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     took = time.perf_counter() - started
-    counts = frame["verdict"].value_counts().to_dict()
     knobs = knob_columns(frame.columns)
-    table = Table(title=f"{loaded.name}: {len(frame)} points screened in {took:.2f} s "
-                  f"({counts}); fidelity estimate on {loaded.target}")  # fmt: skip
+    table = Table(title=f"{loaded.name}: {len(frame):,} points screened in {took:.2f} s "
+                  f"({verdict_counts(frame)}); fidelity estimate on {loaded.target}")  # fmt: skip
     for col in (
         "rank",
         *knobs.values(),
@@ -80,7 +81,7 @@ def _screen_notes(frame: Any, space: Any) -> None:
     if "why" in frame:  # the commonest reasons points were left out
         why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
         for reason, count in why.value_counts().head(3).items():
-            console.print(f"{count} point{'s' if count > 1 else ''}: {reason}")
+            console.print(f"{count:,} point{'s' if count > 1 else ''}: {reason}")
     unseen = unseen_knobs(frame)
     if unseen:
         console.print(
@@ -134,7 +135,8 @@ def plan(
             "--space",
             "sweeper plan",
         )
-        console.print(f"wrote {space}: trial 0 is the advice (`sweeper run {space}`)")
+        run = sweeper_command("run", str(space))
+        console.print(escape(f"wrote {space}: trial 0 is the advice (`{run}`)"), soft_wrap=True)
     if compile_:
         _compile_advice(rec, spec, seq, target, timeout)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from sweeper.cli.app import (
     UI_PORT,
@@ -88,7 +89,7 @@ def report(
     objective = manifest.space.objective.primary
     study, missing = study_of(found)
     for note in missing:
-        err.print(f"[yellow]note[/yellow] {note}", soft_wrap=True)
+        err.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
     try:
         path = reports.write_report(
             found.path,

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cli.app import (
@@ -13,6 +14,7 @@ from sweeper.cli.app import (
     ConcurrencyOpt,
     FidelityOpt,
     SetOpt,
+    SpaceArg,
     TargetOpt,
     TrialsOpt,
     app,
@@ -22,17 +24,15 @@ from sweeper.cli.app import (
     fail,
     overrides,
 )
-from sweeper.record.manifest import MANIFEST
+from sweeper.record.manifest import MANIFEST, default_results_dir, sweeper_command
 from sweeper.space.errors import SpaceError
-from sweeper.space.load import load_space
-from sweeper.space.points import count_points
+from sweeper.space.load import load_space, resolve_path
+from sweeper.space.points import condition_words, count_points, counted, in_words
 
 
 @app.command()
 def validate(
-    space: Annotated[
-        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
-    ],
+    space: SpaceArg,
     trials: TrialsOpt = None,
     concurrency: ConcurrencyOpt = None,
     fidelity: FidelityOpt = None,
@@ -45,7 +45,9 @@ def validate(
     try:
         loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
         pinned, notes = check_space(loaded)
-    except (SpaceError, ValueError) as exc:
+    except SpaceError as exc:
+        fail(str(exc.in_file(str(resolve_path(space)))))
+    except ValueError as exc:
         fail(str(exc))
     points = count_points(pinned)
     table = Table(title=f"space {pinned.name}: {pinned.description}")
@@ -53,14 +55,14 @@ def validate(
         table.add_column(col)
     for key, knob in pinned.knobs.items():
         values = (
-            knob.values
+            in_words(knob.values)
             if knob.values is not None
             else f"[{knob.low}, {knob.high}]{' log' if knob.log else ''}"
         )
-        table.add_row(key, knob.kind, str(values), str(knob.when or ""))
+        table.add_row(key, knob.kind, escape(values), condition_words(knob.when))
     console.print(table)
     for note in notes:
-        console.print(f"[yellow]inert[/yellow] {note}")
+        console.print(f"[yellow]inert[/yellow] {escape(note)}")
     if not loaded.target.is_local and loaded.fidelity in ("run", "auto"):
         console.print(
             f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
@@ -72,22 +74,20 @@ def validate(
         f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
         f"write the best {ladder.run} as a run rung"
         if ladder
-        else f"{pinned.search.trials} trials with {pinned.search.sampler}"
+        else f"{counted(pinned.search.trials, 'trial')} with {pinned.search.sampler}"
     )
     again = pinned.search.remeasure_count(pinned.effective_fidelity)
     if again and not ladder:
-        what += f", then the best {again} points measured again"
+        what += f", then the best {counted(again, 'point')} measured again"
     console.print(
-        f"ok: {points if points is not None else 'continuous (infinitely many)'} points; "
+        f"ok: {counted(points, 'point') if points is not None else 'continuous (infinitely many) points'}; "
         f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
     )
 
 
 @app.command()
 def run(
-    space: Annotated[
-        str, typer.Argument(help="a YAML file, or a built-in space name (smoke, moe_short)")
-    ],
+    space: SpaceArg,
     trials: TrialsOpt = None,
     concurrency: ConcurrencyOpt = None,
     fidelity: FidelityOpt = None,
@@ -149,6 +149,7 @@ def run(
         dict(space=loaded, results_dir=results_dir, tracking_uri=tracking_uri, storage=storage,
              study=study, executor="ray" if address else executor),
         address,
+        str(resolve_path(space)),
     )  # fmt: skip
 
 
@@ -172,7 +173,7 @@ def resume(
     _drive(dict(resume=sweep_id, results_dir=results_dir, tracking_uri=tracking_uri), address)
 
 
-def _unwritable(full: str, folder: Any) -> NoReturn:
+def _unwritable(full: str, folder: Path | None) -> NoReturn:
     """Exit 2: the results folder took no more writes; what to do about it."""
     if full == "read-only database":  # SQLite says so of a file deleted under it too
         fix = "Put back the SQLite file (optuna.db or mlflow.db) that was removed, or make it writable"
@@ -181,14 +182,27 @@ def _unwritable(full: str, folder: Any) -> NoReturn:
     else:
         fix = "Free space"
     fail(
-        f"the results folder ({folder}) took no more writes ({full}). What was written "
-        f"before is kept. {fix}; a sweep it had begun is in `sweeper list`, and `sweeper "
-        "resume ID` continues it"
+        f"the results folder ({folder or default_results_dir()}) took no more writes ({full}). "
+        f"What was written before is kept. {fix}; a sweep it had begun is in "
+        f"`{sweeper_command('list', results_dir=folder)}`, and `sweeper resume` of its id "
+        "(with the options given here) continues it"
     )
 
 
-def _drive(kwargs: dict[str, Any], address: str | None) -> None:
-    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due."""
+def _resume_command(sweep_id: str, kwargs: dict[str, Any], address: str | None) -> str:
+    """`sweeper resume` of this sweep with the options given that it needs again."""
+    return sweeper_command(
+        "resume",
+        sweep_id,
+        results_dir=kwargs.get("results_dir"),
+        tracking_uri=kwargs.get("tracking_uri") if kwargs.get("resume") else None,
+        address=address,
+    )
+
+
+def _drive(kwargs: dict[str, Any], address: str | None, space_file: str | None = None) -> None:
+    """Start Ray, run (or resume) the sweep with progress, print it; exit 2 / 130 as due. A
+    fault of the space names `space_file`, the file it was read from."""
     import os
     import signal
 
@@ -219,16 +233,18 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
         result = run_sweep(progress=True, verbose=VERBOSE["on"], **kwargs)
     except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
-        console.print(exc.message)
+        console.print(escape(exc.message), soft_wrap=True)
         return
-    except (SpaceError, ConnectionError) as exc:
+    except SpaceError as exc:
+        fail(str(exc.in_file(space_file) if space_file else exc))
+    except ConnectionError as exc:
         fail(str(exc))
     except SweepInterrupted as exc:
         running = ", ".join(exc.running) or "none"
         err.print(
             f"[red]interrupted[/red]: sweep {exc.sweep_id} stopped at once (trials running: "
             f"{running}; each is recorded as killed and runs again on resume). Finished trials "
-            f"are kept. Continue with `sweeper resume {exc.sweep_id}`",
+            f"are kept. Continue with `{_resume_command(exc.sweep_id, kwargs, address)}`",
             soft_wrap=True,
         )
         raise typer.Exit(130) from None
@@ -239,12 +255,13 @@ def _drive(kwargs: dict[str, Any], address: str | None) -> None:
         full = disk_full(exc)
         if full is None:
             raise
-        _unwritable(full, kwargs.get("results_dir") or "./results")
-    _print_result(result)
+        _unwritable(full, kwargs.get("results_dir"))
+    _print_result(result, _resume_command(result.sweep_id, kwargs, address))
 
 
-def _print_result(result: Any) -> None:
-    """The ended sweep's table and notes; exit 130 when it was interrupted."""
+def _print_result(result: Any, resume: str) -> None:
+    """The ended sweep's table and notes; exit 130 when it was interrupted (`resume` says how
+    to continue it)."""
     from sweeper.answer.console import print_sweep
     from sweeper.record.manifest import SweepManifest
 
@@ -253,12 +270,14 @@ def _print_result(result: Any) -> None:
             SweepManifest.read(result.sweep_dir / MANIFEST), result.trials, result.sweep_dir
         )
     except KeyboardInterrupt:  # the sweep had ended: only its printing was cut
-        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `sweeper show "
-                  f"{result.sweep_id}` prints it")  # fmt: skip
+        show = sweeper_command("show", result.sweep_id, results_dir=result.sweep_dir.parents[1])
+        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `{show}` prints "
+                  "it", soft_wrap=True)  # fmt: skip
         raise typer.Exit(130) from None
     if result.interrupted:
         err.print(
             "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
-            f"Continue with `sweeper resume {result.sweep_id}`"
+            f"Continue with `{resume}`",
+            soft_wrap=True,
         )
         raise typer.Exit(130)

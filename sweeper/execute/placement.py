@@ -204,7 +204,8 @@ def _cpu(space: Space, hosts: list[Host]) -> Placement:
         cpus_per_trial=per_trial,
         description=f"local cpu: {devices} simulated devices pinned to {per_trial} core"
         f"{'s' if per_trial > 1 else ''} of a node; {nodes} node{'s' if nodes > 1 else ''} "
-        f"with CPUs hold {capacity} such trial{'s' if capacity > 1 else ''} at once",
+        f"with CPUs hold{'s' if nodes == 1 else ''} {capacity} such trial"
+        f"{'s' if capacity > 1 else ''} at once",
     )
 
 

@@ -1,5 +1,6 @@
 """The sweeps a results folder holds: each sweep's manifest (sweep.json: what `sweeper resume`
-reattaches, and how the sweep ended), found by id, listed newest first.
+reattaches, and how the sweep ended), found by id, listed newest first; and the `sweeper`
+commands that reach a sweep again, as its messages print them.
 
 Light on purpose: `sweeper list`, `show`, `export` and `ui` read these files and start no Ray.
 """
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+import shlex
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,12 +29,60 @@ SUMMARY = "summary.csv"  # the results table
 BEST = "best.yaml"  # the best trial, its knobs and configuration
 JOURNAL = "tracking_journal.json"  # tracking writes waiting for the store to come back
 ID_MAP = "mlflow_runs.json"  # trial -> tracking run, and each trial's attempts
+SPACE_AS_RUN = "space.yaml"  # the space as it ran, where a resume must go on as a new sweep
 RESULTS = "results"  # the default results folder, in the working directory
 
 
 def default_results_dir() -> Path:
     """`./results` of the working directory (never the package's own folder)."""
     return Path.cwd() / RESULTS
+
+
+# The commands a message tells its reader to run next, written to run as copied from where
+# the reader stands: the program by a name the shell finds, the sweeps' folder where it is
+# not the working directory's `./results`, the options given that the command needs again.
+PROGRAM = "sweeper"
+
+
+def program() -> str:
+    """`sweeper` where the shell finds this installation by that name; else its whole path
+    (a virtual environment not on PATH), or this Python running the package."""
+    script = Path(sys.executable).parent / PROGRAM
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m {PROGRAM}"
+    on_path = shutil.which(PROGRAM)
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return PROGRAM
+    return shlex.quote(str(script))
+
+
+def from_here(path: Path | str) -> str:
+    """`path` as the working directory reaches it: relative where it lies under it, else
+    whole."""
+    whole = Path(path).resolve()
+    here = Path.cwd().resolve()
+    return str(whole.relative_to(here)) if whole.is_relative_to(here) else str(whole)
+
+
+def sweeper_command(
+    *words: str, results_dir: Path | str | None = None, **options: str | None
+) -> str:
+    """`sweeper WORDS...` for the reader to run from the working directory: `--results-dir`
+    when `results_dir` (the sweeps' folder the command reads) is not the default one there,
+    then each option given (`tracking_uri="http://..."` as `--tracking-uri http://...`);
+    every word quoted for the shell where it needs it."""
+    parts = list(words)
+    if results_dir is not None and Path(results_dir).resolve() != default_results_dir().resolve():
+        parts += ["--results-dir", from_here(results_dir)]
+    for name, value in options.items():
+        if value:
+            parts += [f"--{name.replace('_', '-')}", value]
+    return " ".join([program(), *map(shlex.quote, parts)])
+
+
+def results_dir_of(sweep_dir: Path | str) -> Path:
+    """The sweeps' folder a sweep's own folder (`results/<space>/<sweep id>`) lies in."""
+    return Path(sweep_dir).parents[1]
 
 
 State = Literal["running", "finished", "interrupted"]
@@ -45,6 +97,10 @@ class Ending(Frozen):
     best_trial: str = ""
     best_value: float | None = None
     notes: list[str] = Field(default_factory=list)
+
+    def counted(self) -> str:
+        """Its trial counts in words: `5 total, 4 ok, 1 killed`."""
+        return ", ".join(f"{n:,} {k}" for k, n in self.counts.items())
 
 
 class SweepManifest(Frozen):
@@ -135,7 +191,8 @@ def find_sweep(sweep_id: str, results_dir: Path | None = None) -> Found:
     else:
         what = f"no sweep {sweep_id!r} (latest: {', '.join(latest) or 'none'})"
     raise SpaceError(
-        f"{what}; `sweeper list` shows the sweeps, --results-dir says where to look",
+        f"{what}; `{sweeper_command('list', results_dir=results_dir)}` shows the sweeps there, "
+        "--results-dir says where to look",
         file=str(results_dir),
         field="SWEEP_ID",
     )

@@ -19,10 +19,19 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sweeper.record.manifest import sweeper_command
 from sweeper.record.row import KNOB_PREFIX, Column, knob_columns, missing
-from sweeper.search.screen import FITS, OVER_HBM, memory_limit_gib, screen, unseen_knobs
+from sweeper.search.screen import (
+    FITS,
+    OVER_HBM,
+    memory_limit_gib,
+    screen,
+    unseen_knobs,
+    verdict_counts,
+)
 from sweeper.space.errors import SpaceError
 from sweeper.space.fidelity import with_fidelity
+from sweeper.space.points import counted
 from sweeper.space.schema import Space
 from trainer.trial.events import TrialStatus
 
@@ -109,9 +118,9 @@ def verify_rung(space: Space) -> tuple[Space, pd.DataFrame]:
     chosen = frame[frame["compiled_for"] != ""]
     starts = [dict(p) for p in space.search.warm_start]
     if chosen.empty and not starts:
-        verdicts = frame["verdict"].value_counts().to_dict()
         raise SpaceError(
-            f"no screened point fits the target or lies near its memory edge ({verdicts}): "
+            f"no screened point fits the target or lies near its memory edge "
+            f"({verdict_counts(frame)}): "
             "widen the knobs, raise search.ladder.edge or pick a larger target",
             field="search.ladder",
         )
@@ -256,8 +265,8 @@ def _summary(
                "ladder_compiled": float(len(frame))}  # fmt: skip
     explored = len(frame) - len(compiled)
     notes = [
-        f"ladder: screened {len(screened)} points by the estimate ({fits} fit), compiled "
-        f"{len(frame)} for {space.target}"
+        f"ladder: screened {counted(len(screened), 'point')} by the estimate ({fits:,} fit), "
+        f"compiled {len(frame):,} for {space.target}"
         + (f" ({explored} drawn by TPE over what the screen cannot tell apart)" if explored else "")
         + " (see ladder.csv)"
     ]
@@ -327,5 +336,5 @@ def run_rung(sweep_dir: Path, frame: pd.DataFrame, space: Space) -> tuple[Path |
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, [
         f"ladder: the run rung's {len(best)} best compiled point(s) wait for {space.target} "
-        f"slices: `sweeper run {path}` on a Ray cluster that has them"
+        f"slices: `{sweeper_command('run', str(path))}` on a Ray cluster that has them"
     ]

@@ -20,10 +20,17 @@ from trainer.estimate.analytic import estimate
 from trainer.trial.config import ConfigError
 from trainer.trial.hardware import GIB, Topology
 
-# Verdicts of a screened point.
+# Verdicts of a screened point, and how a count of them reads.
 FITS, OVER_HBM, INVALID = "fits", "over_hbm", "invalid"
+VERDICT_WORDS = {FITS: "fit", OVER_HBM: "over HBM", INVALID: "invalid"}
 # Points enumerated before sampling, at most.
 ENUMERATE_AT_MOST = 1_000_000
+
+
+def verdict_counts(frame: pd.DataFrame) -> str:
+    """How many screened points each verdict has, in words: `464 fit, 112 over HBM`."""
+    counts = frame["verdict"].value_counts() if "verdict" in frame else pd.Series(dtype=int)
+    return ", ".join(f"{n:,} {VERDICT_WORDS.get(str(v), str(v))}" for v, n in counts.items())
 
 
 def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFrame:

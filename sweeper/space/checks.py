@@ -9,6 +9,7 @@ from difflib import get_close_matches
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from sweeper.space.errors import SpaceError
 from sweeper.space.file import line_of
@@ -17,18 +18,24 @@ from sweeper.space.points import (
     KEY_SEPARATOR,
     active,
     assemble,
+    condition_words,
     count_points,
+    counted,
+    in_words,
     join_key,
+    listed,
     maxtext_knobs,
+    point_words,
     points,
 )
 from sweeper.space.schema import Knob, Space
 from trainer.trial.checks import check_static
-from trainer.trial.config import ConfigError, TrialConfig, load_config
+from trainer.trial.config import MESH_AXES, ConfigError, MeshConfig, TrialConfig, load_config
 from trainer.trial.events import SUMMARY_NUMBERS
 from trainer.trial.hardware import Backend
 from trainer.trial.maxtext import KNOB_PREFIX, MaxTextProgram, program_settings, to_maxtext
 from trainer.trial.maxtext_sharding import check_shardable, maxtext_degrees
+from trainer.trial.schema import first_error
 
 
 def check_objective(space: Space, root: yaml.Node | None, file: str) -> None:
@@ -81,7 +88,7 @@ def check_knobs(space: Space, root: yaml.Node | None, file: str) -> None:
                 load_config(assemble(space, point))
             except ConfigError as exc:
                 raise SpaceError(
-                    f"value {value!r} makes an invalid trial: {exc}",
+                    f"value {in_words(value)} makes an invalid trial: {exc}",
                     file=file,
                     line=line_of(root, ("knobs", key)),
                     field=f"knobs.{key}",
@@ -154,7 +161,8 @@ def check_warm_start(
         unknown = sorted(set(point) - set(space.knobs))
         if unknown:
             raise SpaceError(
-                f"keys {unknown} are not knobs of this space",
+                f"{listed(unknown)} {'is not a knob' if len(unknown) == 1 else 'are not knobs'} "
+                "of this space",
                 file=file,
                 line=line,
                 field=f"search.warm_start.{i}",
@@ -163,15 +171,20 @@ def check_warm_start(
             knob = space.knobs[key]
             if not active(knob, point):
                 raise SpaceError(
-                    f"{key} is only sampled when {knob.when}; drop it from this point or meet the condition",
+                    f"{key} is only sampled when {condition_words(knob.when)}; drop it from this "
+                    "point or meet the condition",
                     file=file,
                     line=line,
                     field=f"search.warm_start.{i}.{key}",
                 )
             if not _admits(knob, value):
-                allowed = knob.values if knob.values is not None else f"[{knob.low}, {knob.high}]"
+                allowed = (
+                    in_words(knob.values)
+                    if knob.values is not None
+                    else f"[{knob.low}, {knob.high}]"
+                )
                 raise SpaceError(
-                    f"{value!r} is not a value of knob {key} ({allowed}){why}",
+                    f"{in_words(value)} is not a value of knob {key} ({allowed}){why}",
                     file=file,
                     line=line,
                     field=f"search.warm_start.{i}.{key}",
@@ -202,9 +215,109 @@ def check_feasible(space: Space, num_devices: int | None = None, limit: int = 25
         scope = "every point" if len(checked) < limit else f"each of the first {limit} points"
         raise SpaceError(
             f"{scope} of this space makes an invalid trial on {num_devices or space.num_devices} "
-            f"devices; e.g. {point or 'the base trial'}: {exc}",
+            f"devices; e.g. {point_words(point) or 'the base trial'}: {exc}",
             field="knobs",
         )
+
+
+MESH_KNOB = "mesh" + KEY_SEPARATOR  # the mesh degree knobs: mesh.<axis>
+# Walking the space's mesh combinations stops past this many steps (the check is then left
+# to the trials, as before it).
+MAX_MESH_WALK = 100_000
+
+
+def _mesh_knobs(space: Space) -> list[str]:
+    return [k for k in space.knobs
+            if k.startswith(MESH_KNOB) and k.removeprefix(MESH_KNOB) in MESH_AXES]  # fmt: skip
+
+
+def mesh_combinations(space: Space) -> list[dict[str, Any]] | None:
+    """Every combination of the mesh degree knobs' values a point of the space can hold, with
+    their conditions met whatever else the point holds; None where a mesh knob is a continuous
+    range or there are too many to walk."""
+    degrees = _mesh_knobs(space)
+    if any(space.knobs[k].candidates() is None for k in degrees):
+        return None
+    parents = {p for knob in space.knobs.values() for p in knob.when}
+    keys = [k for k in space.knobs if k in degrees or k in parents]
+    found: dict[tuple[tuple[str, Any], ...], None] = {}
+    steps = 0
+
+    def values(key: str) -> list[Any]:
+        knob = space.knobs[key]
+        named = [v for other in space.knobs.values() for c in [other.when.get(key)]
+                 if c is not None for v in (c if isinstance(c, list) else [c])]  # fmt: skip
+        # A continuous parent: the values its conditions name, and one they do not.
+        return knob.candidates() or [*named, object()]
+
+    def walk(i: int, point: dict[str, Any]) -> None:
+        nonlocal steps
+        steps += 1
+        if steps > MAX_MESH_WALK:
+            raise OverflowError
+        if i == len(keys):
+            found[tuple((k, point[k]) for k in degrees if k in point)] = None
+            return
+        if not space.knobs[keys[i]].met_by(point):
+            walk(i + 1, point)
+            return
+        for value in values(keys[i]):
+            walk(i + 1, {**point, keys[i]: value})
+
+    try:
+        walk(0, {})
+    except OverflowError:
+        return None
+    return [dict(c) for c in found]
+
+
+def check_mesh_degrees(space: Space, num_devices: int | None = None) -> None:
+    """Refuse a mesh degree no point of the space can run with on its devices (`num_devices`,
+    else the target's): a value of a `mesh.*` knob that fails to make a mesh of them in every
+    combination with the other mesh knobs the space can reach. Left to the sweep where the
+    devices are not known before it starts (target local without `devices`)."""
+    if num_devices is None and space.target.is_local and space.devices is None:
+        return
+    devices = num_devices or space.num_devices
+    combinations = mesh_combinations(space)
+    if not combinations:
+        return
+    base = space.base_trial().get("mesh", {})
+    for key in _mesh_knobs(space):
+        for value in space.knobs[key].candidates() or []:
+            holding = [c for c in combinations if key in c and c[key] == value]
+            failures = [(c, why) for c in holding
+                        for why in [_mesh_fault(base, c, devices)] if why]  # fmt: skip
+            if not holding or len(failures) < len(holding):
+                continue
+            combination, why = failures[0]
+            others = " ".join(f"{k.removeprefix(MESH_KNOB)}={v}"
+                              for k, v in combination.items() if k != key)  # fmt: skip
+            each = (
+                f"it fails in each of the {len(holding)} combinations with the other mesh "
+                "knobs the space holds; "
+                if len(holding) > 1
+                else ""
+            )
+            raise SpaceError(
+                f"value {in_words(value)} can never run on the {devices} devices of target "
+                f"{space.target}: {each}{f'with {others}, ' if others else ''}{why}; remove it "
+                "from the values",
+                field=f"knobs.{key}",
+            )
+
+
+def _mesh_fault(base: dict[str, Any], combination: dict[str, Any], devices: int) -> str:
+    """Why the base trial's mesh with `combination`'s degrees makes no mesh of `devices` (empty
+    when it does)."""
+    mesh = {**base, **{k.removeprefix(MESH_KNOB): v for k, v in combination.items()}}
+    try:
+        MeshConfig.model_validate(mesh).resolve(devices)
+    except ConfigError as exc:
+        return exc.message
+    except ValidationError as exc:
+        return first_error(exc)[1]
+    return ""
 
 
 def static_check(
@@ -264,8 +377,13 @@ def check_sampler(space: Space) -> None:
         continuous = [k for k, knob in space.knobs.items() if knob.candidates() is None]
         if conditional or continuous:
             raise ValueError(
-                f"search.sampler: grid needs unconditional discrete knobs; conditional: {conditional}, "
-                f"continuous: {continuous}. Use tpe or random."
+                "search.sampler: grid needs unconditional discrete knobs; "
+                + "; ".join(
+                    f"{what}: {', '.join(keys)}"
+                    for what, keys in (("conditional", conditional), ("continuous", continuous))
+                    if keys
+                )
+                + ". Use tpe or random."
             )
     needs = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}
     if sampler in needs:
@@ -288,7 +406,10 @@ def cap_grid(space: Space) -> tuple[Space, list[str]]:
     if space.search.sampler != "grid" or points is None or space.search.trials <= points:
         return space, []
     search = space.search.model_copy(update={"trials": points})
-    note = f"search.trials {space.search.trials} capped at {points}: the grid has {points} points"
+    note = (
+        f"search.trials {space.search.trials:,} capped at {points:,}: the grid has "
+        f"{counted(points, 'point')}"
+    )
     return space.model_copy(update={"search": search}), [note]
 
 
@@ -304,6 +425,7 @@ def check_space(
     if notes:  # load_space checked the warm start against the space as written
         on = f" on {backend}" if backend else ""
         check_warm_start(pinned, why=f" once values inert{on} are pinned away")
+    check_mesh_degrees(pinned, num_devices)
     check_feasible(pinned, num_devices)
     try:
         check_sampler(pinned)

@@ -25,7 +25,8 @@ def with_fidelity(space: Space, fidelity: str) -> Space:
                 if metric not in MEASURED_TWIN:
                     raise SpaceError(
                         f"{metric} is an estimate and the trials will run on the cluster's hardware; "
-                        f"use one of {sorted(MEASURED_TWIN.values())} or fidelity compile",
+                        f"use one of {', '.join(sorted(MEASURED_TWIN.values()))} or fidelity "
+                        "compile",
                         field="objective",
                     )
                 objective["metric"] = MEASURED_TWIN[metric]

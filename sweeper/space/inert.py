@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sweeper.space.points import in_words, listed
 from sweeper.space.schema import Knob, Space
 from trainer.trial.config import KernelsConfig, PrecisionConfig
 from trainer.trial.effects import (
@@ -116,8 +117,14 @@ def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob,
         if not inert:
             return None
         return _drop(knob, inert, OFFLOAD_TWINS), (
-            f"remat.policy: {sorted(inert)} are inert on {backend} (host offload is dropped; they "
-            f"compile to their remat twins {[OFFLOAD_TWINS[v] for v in sorted(inert)]}); not sampled"
+            f"remat.policy: {listed(sorted(inert))} "
+            + (
+                f"is inert on {backend} (host offload is dropped; it compiles to its remat twin "
+                if len(inert) == 1
+                else f"are inert on {backend} (host offload is dropped; they compile to their "
+                "remat twins "
+            )
+            + f"{listed(OFFLOAD_TWINS[v] for v in sorted(inert))}); not sampled"
         )
     if (
         key.startswith("remat.custom.")
@@ -136,8 +143,9 @@ def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob,
         if kept.values == knob.values:
             return None
         return kept, (
-            f"{key}: {list(twins)} pinned to {kept.values} on {backend} (they run as "
-            f"{twins}: {KERNEL_CHOICES[key][3]})"
+            f"{key}: {listed(twins)} pinned to {listed(kept.values or [])} on {backend} ("
+            + "; ".join(f"{value} runs as {twin}" for value, twin in twins.items())
+            + f": {KERNEL_CHOICES[key][3]})"
         )
     if key in THROUGHPUT_MEANINGLESS and knob.values:
         keep, backends, reason = THROUGHPUT_MEANINGLESS[key]
@@ -145,7 +153,8 @@ def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob,
         if not dropped or backend not in backends:
             return None
         return knob.model_copy(update={"values": [keep]}), (
-            f"{key}: {dropped} pinned to {keep!r} on {backend} ({reason.format(b=backend)})"
+            f"{key}: {listed(dropped)} pinned to {in_words(keep)} on {backend} "
+            f"({reason.format(b=backend)})"
         )
     return _pinned_tpu_only(key, knob, backend)
 
@@ -161,5 +170,4 @@ def _pinned_tpu_only(key: str, knob: Knob, backend: Backend) -> tuple[Knob, str]
     else:
         return None
     pinned, first = _pin_first(knob)
-    shown = repr(first) if not key.startswith(("kernels.block_", "kernels.gmm_t")) else first
-    return pinned, f"{key}: pinned to {shown} on {backend} ({why})"
+    return pinned, f"{key}: pinned to {in_words(first)} on {backend} ({why})"

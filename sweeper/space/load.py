@@ -20,6 +20,11 @@ from trainer.trial.schema import first_error
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
+def builtin_spaces() -> list[str]:
+    """The built-in spaces' names (`search_spaces/*.yaml`), in order."""
+    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+
+
 def resolve_path(spec: str | Path) -> Path:
     """A path, or a built-in space: a bare name (`moe_short`) or `spaces/moe_short.yaml`.
 
@@ -28,7 +33,7 @@ def resolve_path(spec: str | Path) -> Path:
     path = Path(spec)
     if path.is_file():
         return path
-    known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    known = ", ".join(builtin_spaces())
     if path.exists():  # a directory, a FIFO, a device: there, but no space file
         what = (
             "is a directory"
@@ -88,7 +93,7 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     return space
 
 
-def set_override(data: dict[str, Any], dotted: str, value: Any, file: str = "<space>") -> None:
+def set_override(data: dict[str, Any], dotted: str, value: Any, file: str | None = None) -> None:
     """`--set` / API override of any space key; knob names contain the separator, so
     `knobs.mesh.tensor.values=[1,2]` addresses the knob `mesh.tensor`: an existing one, or a
     new one (by a field of it, as here, or whole: `knobs.mesh.tensor={values: [1, 2]}`)."""

@@ -4,7 +4,10 @@ carries in a Ray Tune trial's config besides its knobs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import yaml
 
 from sweeper.space.errors import SpaceError
 from sweeper.space.schema import Knob, Space
@@ -63,6 +66,36 @@ def assemble(space: Space, point: dict[str, Any]) -> dict[str, Any]:
 def maxtext_knobs(point: dict[str, Any]) -> dict[str, Any]:
     """A point's MaxText settings (`maxtext.<key>` knobs)."""
     return {k: v for k, v in point.items() if k.startswith(MAXTEXT_PREFIX)}
+
+
+def counted(count: int, noun: str) -> str:
+    """A count and its noun, as a sentence has them: `1 trial`, `1,259,712 points`."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def in_words(value: Any) -> str:
+    """A value as a space file writes it (YAML's flow style: `fp8`, `[full, minimal]`,
+    `{mesh.tensor: 2}`), not as Python's repr (`'fp8'`, `['full', 'minimal']`)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, sort_keys=False)
+    return text.strip().removesuffix("\n...")
+
+
+def listed(values: Iterable[Any]) -> str:
+    """Values one after another: `full, minimal`."""
+    return ", ".join(in_words(v) for v in values)
+
+
+def point_words(point: dict[str, Any]) -> str:
+    """A point as its knobs and values: `mesh.tensor=3 remat.policy=full`."""
+    return " ".join(f"{k}={in_words(v)}" for k, v in point.items())
+
+
+def condition_words(when: dict[str, Any]) -> str:
+    """A knob's condition said: `precision.mode is fp8`, `precision.mode is fp8 or int8`."""
+    return " and ".join(
+        f"{k} is {' or '.join(in_words(x) for x in v) if isinstance(v, list) else in_words(v)}"
+        for k, v in when.items()
+    )
 
 
 def active(knob: Knob, point: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from sweeper.record.tracker import Tracker
 from sweeper.record.trial import SweepTrial
 from sweeper.search import ladder
 from sweeper.search.searcher import SweepSearch
+from sweeper.space.points import counted
 from sweeper.space.schema import Space
 from sweeper.sweep.prepare import local_path
 from sweeper.sweep.result import ResultsUnwritable, SweepResult
@@ -220,14 +221,14 @@ def sweep_notes(
     ]
     recipe = sweep.space.maxtext_program().recipe if sweep.space.program == "maxtext" else None
     if recipe is not None and recipe.unmodeled:
-        counted = (
+        maxtexts_count = (
             "maxtext_tflops_per_device" in frame
             and frame["maxtext_tflops_per_device"].notna().any()
         )
         whose = (
             "MFU and model FLOPs are MaxText's own count (maxtext_tflops_per_device), memory "
             "and step time its compiled program's; the screen's estimates"
-            if counted
+            if maxtexts_count
             else "MFU, model FLOPs and the screen's estimates count the model's shape alone "
             "(memory and step time are MaxText's compiled program's); they"
         )
@@ -235,12 +236,14 @@ def sweep_notes(
     notes += profile_notes(frame, best.trial_id if best else "")
     if Column.REUSED_FROM in frame and frame[Column.REUSED_FROM].notna().any():
         reused = int(frame[Column.REUSED_FROM].notna().sum())
-        notes.append(f"reused: {reused} trial(s) asked for a point this study had measured")
+        notes.append(
+            f"reused: {counted(reused, 'trial')} asked for a point this study had measured"
+        )
     if sweep.interrupted:
         notes.append("interrupted: trials still running were killed and recorded as such")
     if sweep.searcher is not None and sweep.searcher.exhausted:
         notes.append(
-            f"the space ran out of new points after {counts['total']} trials: every point the "
+            f"the space ran out of new points after {counted(counts['total'], 'trial')}: every point the "
             "sampler drew again had run in this sweep"
         )
     return notes
@@ -296,7 +299,6 @@ def close_records(
     if journaled:
         notes.append(
             f"tracking store still unreachable: {journaled} records wait in "
-            f"{sweep.tracker.journal.where}; `sweeper resume {sweep.sweep_id}` replays them once "
-            "it answers"
+            f"{sweep.tracker.journal.where}; resuming the sweep replays them once it answers"
         )
     return journaled

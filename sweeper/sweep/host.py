@@ -157,6 +157,8 @@ class HostRunner:
         planned = space.search.trials + self.sweep.remeasure
         budget = space.search.time_budget_s
         deadline = time.monotonic() + budget if budget else None
+        # As Tune's driver does: the progress line first says the sweep and how to resume it.
+        self._each("setup", stop=None, num_samples=planned, total_num_samples=planned)
         with self._first_ctrl_c():
             while not self.cancel.is_set():
                 trial = next((t for t in self.trials if t.status == PENDING), None)

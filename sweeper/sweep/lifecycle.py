@@ -41,11 +41,13 @@ from sweeper.record.manifest import (
     ID_MAP,
     JOURNAL,
     MANIFEST,
+    SPACE_AS_RUN,
     Ending,
     SweepManifest,
     default_results_dir,
     new_sweep_id,
     now,
+    sweeper_command,
 )
 from sweeper.record.stores import open_stores
 from sweeper.record.tracker import Tracker, check_tracking_server, default_tracking_uri
@@ -56,6 +58,7 @@ from sweeper.search.outcomes import check_study, close_open_trials, stored_resul
 from sweeper.search.searcher import SweepSearch
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space, space_overrides
+from sweeper.space.points import counted
 from sweeper.space.schema import Space
 from sweeper.sweep import finish as finishing
 from sweeper.sweep.callbacks import LIVE_CALLBACKS, FinishCallback, SweepCallbacks, watching_ctrl_c
@@ -72,6 +75,7 @@ from sweeper.sweep.prepare import (
 from sweeper.sweep.result import ResultsUnwritable, SweepInterrupted, SweepResult, unfinished
 from trainer.trial.config import TrialConfig
 from trainer.trial.events import FailureClass
+from trainer.trial.files import write_text
 from trainer.trial.result import TrialResult
 
 # A trial whose Ray worker or host died is retried this many times (a trial fault never is).
@@ -314,7 +318,9 @@ class Sweep:
         tracking_uri: str | None,
     ) -> Sweep:
         sweep_dir = results_dir / manifest.space.name / manifest.sweep_id
-        check_study_exists(manifest.study_name, manifest.optuna_storage, manifest.sweep_id)
+        check_study_exists(
+            manifest.study_name, manifest.optuna_storage, manifest.sweep_id, results_dir
+        )
         if manifest.executor == "host":
             _, placement = place(manifest.space, [this_host(manifest.space)])
         else:
@@ -374,15 +380,27 @@ class Sweep:
             "Ray's own copy of it is gone. Resuming would start the experiment afresh, run other "
             "trials in place of those it cut off and call the sweep complete without them, so it "
             "is not resumed. What its records "
-            f"hold ({len(known)} trial(s)): "
+            f"hold ({counted(len(known), 'trial')}): "
             + "; ".join(line for line, _ in known)
             + (f". {'; '.join(closed)}" if closed else "")
-            + f". To go on, `sweeper run <the space of '{self.space.name}'> --study "
-            f"{self.study_name}` continues its Optuna study: points it measured are reused, "
-            "not run again",
+            + f". To go on, {self._continue_study()}: points it measured are reused, not run "
+            "again",
             file=str(experiment),
             field="sweeper resume",
         )
+
+    def _continue_study(self) -> str:
+        """The command that runs this sweep's space again, continuing its Optuna study in the
+        same results folder (the space as it ran written beside its manifest for it)."""
+        path = self.sweep_dir / SPACE_AS_RUN
+        try:
+            write_text(path, yaml.safe_dump(self.space.model_dump(mode="json"), sort_keys=False))
+        except OSError:
+            return f"run the space of sweep {self.sweep_id} with --study {self.study_name}"
+        command = sweeper_command(
+            "run", str(path), "--study", self.study_name, results_dir=self.results_dir
+        )
+        return f"`{command}` continues its Optuna study"
 
     def known_trials(self) -> list[tuple[str, bool]]:
         """Each trial of this sweep that Optuna or MLflow knows, by Tune trial id, with whether
@@ -692,8 +710,8 @@ class Sweep:
         self.abandon()
         with contextlib.suppress(Exception):
             note = (
-                f"interrupted by a second Ctrl-C / SIGTERM while {len(running)} trial(s) ran "
-                f"({', '.join(running) or 'none'}): `sweeper resume {self.sweep_id}` continues it"
+                f"interrupted by a second Ctrl-C / SIGTERM while {counted(len(running), 'trial')} ran "
+                f"({', '.join(running) or 'none'}): resuming the sweep continues it"
             )
             self.write_manifest(Ending(state="interrupted", ended_at=now(), notes=[note]))
         return running

@@ -13,21 +13,23 @@ from sweeper.execute.cluster import place
 from sweeper.execute.host import tcp_refused
 from sweeper.execute.placement import Host, Placement
 from sweeper.execute.programs import program_of
+from sweeper.record.manifest import sweeper_command
 from sweeper.space.checks import cap_grid, check_space
 from sweeper.space.errors import SpaceError
 from sweeper.space.schema import Space
 
 
-def check_study_exists(name: str, storage: str, sweep_id: str) -> None:
+def check_study_exists(name: str, storage: str, sweep_id: str, results_dir: Path) -> None:
     """The sweep's Optuna study must still be where it began: the search's memory (and each
     trial's result) is there; without it a resume cannot tell what ran."""
     try:
         optuna.load_study(study_name=name, storage=storage)
     except KeyError:
+        show = sweeper_command("show", sweep_id, results_dir=results_dir)
         raise SpaceError(
             f"sweep {sweep_id}: its Optuna study '{name}' is not in {storage} (the file was "
             "deleted or replaced), so the sweep cannot be resumed. Its trials' records are in "
-            f"MLflow and summary.csv if it was written (`sweeper show {sweep_id}`); put the "
+            f"MLflow and summary.csv if it was written (`{show}`); put the "
             "study's file back to resume, or start a new sweep",
             file=storage.removeprefix("sqlite:///"),
             field="sweeper resume",

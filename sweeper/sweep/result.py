@@ -11,7 +11,15 @@ import optuna
 import pandas as pd
 
 from sweeper.answer.recover import sweep_frame
-from sweeper.record.manifest import JOURNAL, SUMMARY, Found, SweepManifest, find_sweep
+from sweeper.record.manifest import (
+    JOURNAL,
+    SUMMARY,
+    Found,
+    SweepManifest,
+    find_sweep,
+    results_dir_of,
+    sweeper_command,
+)
 from sweeper.record.row import TrialRow
 from sweeper.record.tracker import Tracker
 from sweeper.space.errors import SpaceError
@@ -28,7 +36,8 @@ class ResultsUnwritable(SpaceError):
             f"sweep {sweep_id}: the results folder {folder} took no more writes "
             f"({'; '.join(unwritten)}). The trials' records are kept where they were written "
             f"(Optuna, MLflow, the trials' folders). Free space (or make it writable), then "
-            f"`sweeper resume {sweep_id}` writes the summary, best.yaml and the report",
+            f"`{sweeper_command('resume', sweep_id, results_dir=results_dir_of(folder))}` "
+            "writes the summary, best.yaml and the report",
             file=str(folder),
         )
 
@@ -40,10 +49,11 @@ class SweepFinished(SpaceError):
     def __init__(self, path: Path, manifest: SweepManifest, mended: list[str] | None = None):
         ending = manifest.ending
         super().__init__(
-            f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counts}; best "
+            f"sweep {manifest.sweep_id} finished at {ending.ended_at} ({ending.counted()}; best "
             f"trial {ending.best_trial or 'none'}): nothing to resume"
             + "".join(f". {note}" for note in mended or [])
-            + f". `sweeper show {manifest.sweep_id}` shows it",
+            + f". `{sweeper_command('show', manifest.sweep_id, results_dir=results_dir_of(path))}`"
+            " shows it",
             file=str(path),
         )
         self.manifest = manifest

@@ -45,8 +45,9 @@ def chip_for(
     if platform_name == "cpu":
         # Simulated CPU devices share one host: the host is the "chip".
         peak = measured_cpu_peak_tflops(cache_dir)
+        cores = _usable_cores()
         return Chip(
-            f"cpu ({platform.machine()}, {_usable_cores()} cores)",
+            f"cpu ({platform.machine()}, {cores} core{'s' if cores != 1 else ''})",
             {"bf16": peak, "fp8": peak},
             num_devices,
             "measured",

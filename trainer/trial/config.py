@@ -156,7 +156,8 @@ class MeshConfig(Frozen):
         elif fixed != num_devices:
             raise ConfigError(
                 "mesh",
-                f"product of degrees {degrees} is {fixed} but there are {num_devices} devices; "
+                f"product of degrees {' x '.join(f'{a} {d}' for a, d in degrees.items())} is "
+                f"{fixed} but there are {num_devices} devices; "
                 "make the product equal the device count or set one degree to -1",
             )
         return degrees

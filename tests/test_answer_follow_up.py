@@ -1,0 +1,115 @@
+"""Every command the CLI prints for its user to run next runs as printed from where the user
+stands. After `sweeper show ID --results-dir DIR` from another folder, the printed `sweeper ui
+ID` and `sweeper export ID --format maxtext` answered `no sweep 'ID' (latest: none)`, and so
+did the `sweeper show` an unknown `--trial` suggests: they lacked the `--results-dir` given."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sweeper.record.manifest import SweepManifest
+from tests.helpers import REPO, free_port
+
+# The v5e sweep the chip left (committed): interrupted, so `show` prints how to resume it too.
+V5E = REPO / "results" / "v5e"
+SWEEP = "20261206-180103-144f"
+
+
+def _env() -> dict[str, str]:
+    """The user's environment, with this checkout's code importable from any folder."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "COLUMNS": "100"}
+
+
+def _sweeper(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=_env(), timeout=120)  # fmt: skip
+
+
+def _printed(text: str) -> list[str]:
+    """The `sweeper ...` commands in backquotes in `text` (whatever the program is called)."""
+    found = []
+    for quoted in re.findall(r"`([^`]+)`", text):
+        words = shlex.split(quoted)
+        if Path(words[0]).name == "sweeper" or words[1:3] == ["-m", "sweeper"]:
+            found.append(quoted)
+    return found
+
+
+def _verb(command: str) -> str:
+    words = shlex.split(command)
+    return words[3] if words[1:3] == ["-m", "sweeper"] else words[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_every_printed_follow_up_runs_as_printed_from_where_the_user_stands(tmp_path):
+    sweeps = tmp_path / "sweeps"
+    shutil.copytree(V5E, sweeps)
+    here = tmp_path / "elsewhere"  # the user's folder: no results of its own
+    here.mkdir()
+    given = ("--results-dir", str(sweeps))
+    shown = _sweeper(here, "show", SWEEP[:8], *given)
+    assert shown.returncode == 0, shown.stderr
+    no_trial = _sweeper(here, "export", SWEEP, "--trial", "nope", *given)
+    assert no_trial.returncode == 2 and "no trial 'nope'" in no_trial.stderr
+    no_sweep = _sweeper(here, "show", "19990101", *given)
+    assert no_sweep.returncode == 2 and "no sweep '19990101'" in no_sweep.stderr
+    commands = _printed(shown.stdout + no_trial.stderr + no_sweep.stderr)
+    assert sorted(map(_verb, commands)) == ["export", "list", "resume", "show", "ui"], commands
+    # Resumed as printed, the sweep would train a 270M model here: ended, it says so instead
+    # (which it can only say once it has found the sweep).
+    manifest = SweepManifest.read(sweeps / "v5e_dense" / SWEEP / "sweep.json")
+    ended = manifest.ending.model_copy(update={"state": "finished"})
+    manifest.model_copy(update={"ending": ended}).write(sweeps / "v5e_dense" / SWEEP / "sweep.json")
+    for command in commands:
+        words = shlex.split(command)
+        verb = _verb(command)
+        if verb == "ui":
+            if not _port_free(5000):  # the default port is taken here: the one option added
+                words += ["--port", str(free_port())]
+            _serves(words, here)
+            continue
+        done = subprocess.run(words, capture_output=True, text=True, cwd=here, env=_env(),
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        assert SWEEP in done.stdout, (command, done.stdout[-2000:])
+        if verb == "resume":
+            assert "nothing to resume" in done.stdout, done.stdout
+
+
+def _serves(words: list[str], cwd: Path) -> None:
+    """`sweeper ui` as printed serves the sweep's runs page (then it is stopped)."""
+    ui = subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=cwd, env=_env())  # fmt: skip
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and ui.stdout is not None:
+            line = ui.stdout.readline()
+            if not line:
+                break  # it exited
+            lines.append(line)
+            if line.startswith("http://127.0.0.1:"):
+                break
+        ended = not lines or not lines[-1].startswith("http")
+        stderr = ui.communicate(timeout=30)[1] if ended else ""
+        assert any(x.startswith("http://127.0.0.1:") for x in lines), (lines, stderr[-2000:])
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
