@@ -157,3 +157,21 @@ def test_a_trial_cut_off_reads_killed_not_a_missing_failure_class():
                         Column.FAILURE_CLASS: "oom_hbm"})  # fmt: skip
     assert _cells(killed, "tokens_per_sec_per_chip", False, "mfu")[1] == "killed"
     assert _cells(failed, "tokens_per_sec_per_chip", False, "mfu")[1] == "failed: oom_hbm"
+
+
+def test_a_sweep_stopped_before_its_first_trial_resumes_without_ray(tmp_path):
+    """Without Ray, the searcher is saved as the first trial starts: a driver stopped before
+    that (between prepare and the first trial) leaves none, and the resume asks as it would
+    have, running the whole sweep."""
+    from sweeper.sweep.lifecycle import Sweep
+    from sweeper.sweep.run import run_sweep
+
+    results = tmp_path / "results"
+    sweep = Sweep.prepare("smoke", results_dir=results, executor="host", trials=1,
+                          set={"trial.steps": 3, "search.remeasure": 0,
+                               "constraints.convergence": False})  # fmt: skip
+    sweep.lock.release()  # the driver is gone before any trial began
+    assert not (sweep.sweep_dir / "host_searcher.pkl").exists()
+    result = run_sweep(resume=sweep.sweep_id, results_dir=results)
+    assert result.counts == {"total": 1, "ok": 1}
+    assert json.loads((sweep.sweep_dir / "sweep.json").read_text())["ending"]["state"] == "finished"

@@ -116,6 +116,10 @@ class HostRunner:
         self.searcher.save(str(folder / HOST_SEARCHER))
         write_json(folder / HOST_TRIALS, [t.to_json() for t in self.trials], indent=1)
 
+    @staticmethod
+    def has_searcher(sweep_dir: Path) -> bool:
+        return (sweep_dir / HOST_SEARCHER).exists()
+
     @classmethod
     def restore_searcher(cls, sweep_dir: Path) -> SweepSearch:
         """The searcher as the sweep's driver last saved it."""

@@ -351,7 +351,10 @@ class Sweep:
             resumed=True,
         )
         if manifest.executor == "host":
-            sweep.searcher = HostRunner.restore_searcher(sweep_dir)
+            # Saved as the first trial starts; a driver stopped before that left none, and a
+            # searcher made anew over the sweep's study asks as the first would have.
+            saved = HostRunner.has_searcher(sweep_dir)
+            sweep.searcher = HostRunner.restore_searcher(sweep_dir) if saved else sweep._searcher()
             return sweep
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
         sweep.check_tune_state()
