@@ -97,4 +97,4 @@ def test_a_screen_that_cannot_judge_says_why():
         app, ["screen", "dense_short_tpu7x", "--set", "trial.mesh.context=3"]
     )
     assert invalid.exit_code == 0, invalid.output
-    assert "'invalid': 288" in invalid.output and "cannot fill" in invalid.output
+    assert "(288 invalid)" in invalid.output and "cannot fill" in invalid.output

@@ -143,8 +143,11 @@ def test_a_driver_killed_while_the_best_point_is_measured_again_resumes_that_mea
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
     )  # fmt: skip
     lines: list[str] = []
-    _wait_for(proc, "measured again", lines)  # both search trials ended; the best runs again
-    (cut, original) = re.search(r"started (\w+): (\w+) measured again", lines[-1]).groups()
+    again = None  # the banner says "measured again" too: the trial's own line is wanted
+    while again is None:
+        _wait_for(proc, "measured again", lines)  # both search trials ended; the best runs again
+        again = re.search(r"started (\w+): (\w+) measured again", lines[-1])
+    (cut, original) = again.groups()
     _wait_for(proc, f"{cut} training", lines)
     proc.kill()
     proc.wait(30)
@@ -610,3 +613,20 @@ def test_a_sweep_whose_output_pipe_closes_runs_to_its_end(tmp_path):
     (sweep_dir,) = tmp_path.glob("smoke/*")
     ending = SweepManifest.read(sweep_dir / "sweep.json").ending
     assert ending.state == "finished" and ending.counts == {"total": 2, "ok": 2}, ending
+
+
+def test_a_searchers_save_cut_mid_write_is_not_tunes_state(tmp_path):
+    """A Ctrl-C while Tune saves its searcher leaves `.<uuid>-tmp-searcher-state-*.pkl`, empty;
+    Tune renames that file once whole and never reads it (ray/tune/search/searcher.py), so it
+    does not make the state unreadable: resume once refused a sweep over it."""
+    import pickle
+
+    from sweeper.execute.tune_state import problems
+
+    session = "2026-12-06_20-29-46"
+    (tmp_path / f"experiment_state-{session}.json").write_text(json.dumps({"trials": []}))
+    (tmp_path / f"searcher-state-{session}.pkl").write_bytes(pickle.dumps({"study": 1}))
+    (tmp_path / f".0b1c-tmp-searcher-state-{session}.pkl").write_bytes(b"")
+    assert problems(tmp_path) == []
+    (tmp_path / f"searcher-state-{session}.pkl").write_bytes(b"")  # Tune's own file, cut
+    assert problems(tmp_path) and "searcher-state" in problems(tmp_path)[0]

@@ -62,5 +62,9 @@ class PipeSafe(io.TextIOBase):
 
 
 def terminal(stderr: bool = False, width: int | None = None) -> Console:
-    """A rich Console on stdout (or stderr) that a closed pipe does not break."""
-    return Console(file=cast(TextIO, PipeSafe(stderr)), width=width)
+    """A rich Console on stdout (or stderr) that a closed pipe does not break. Without a width
+    it reads COLUMNS (else the terminal's) each time it prints, not once when it is made: the
+    CLI's consoles are made when the module is imported, before a command (or a test) sets it."""
+    console = Console(file=cast(TextIO, PipeSafe(stderr)), width=width)
+    console._width = width  # rich fixed COLUMNS at import; `Console.size` reads it live
+    return console

@@ -52,7 +52,10 @@ def _session_files(folder: Path) -> list[Path]:
     if not states:
         return []
     session = states[-1].name.removeprefix("experiment_state-").removesuffix(".json")
-    return sorted(p for p in folder.glob(f"*-{session}.*") if p.suffix in (".json", ".pkl"))
+    files = folder.glob(f"*-{session}.*")  # not a searcher's `.<uuid>-tmp-...` cut mid-save:
+    return sorted(  # Tune renames it to its name once whole and never reads it (searcher.py)
+        p for p in files if p.suffix in (".json", ".pkl") and not p.name.startswith(".")
+    )
 
 
 def problems(experiment: Path) -> list[str]:
