@@ -66,6 +66,7 @@ SPLASH_2048 = {
 }
 
 
+@pytest.mark.slow  # 1-3 min; 2048 blocks' VMEM refusal: the CP tuner test, by default
 def test_splash_blocks_2048_need_the_scoped_vmem_the_limit_gives(tmp_path):
     """Splash with 2048 blocks overflows a 16 MiB scoped VMEM limit (oom_vmem) and compiles
     under 48 MiB. Under libtpu's default limit: oom_vmem with jax 0.10.2 / libtpu 0.0.42.1;
@@ -339,6 +340,7 @@ def test_fp8_experts_in_tokamax_are_fp8_kernel_calls_on_tpu7x(compile_once):
     assert step_time(cost, tpu7x)["est_compute_s"] < step_time(as_bf16, tpu7x)["est_compute_s"]
 
 
+@pytest.mark.slow  # 2 min; tokamax's tiles reach its kernels: megablox test
 def test_tokamax_tiles_reach_their_kernels_on_tpu7x(compile_once):
     """`kernels.tokamax_tiles` sets the tiles of the pass and weight it names (clamped to the
     matmul's dims), in bf16 (tokamax's own VJP) and fp8 experts alike; the other passes keep

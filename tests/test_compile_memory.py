@@ -218,6 +218,7 @@ def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_
 BIG_VOCAB = {**SMALL, "vocab_size": 128256, "num_layers": 1}
 
 
+@pytest.mark.slow  # 1.5-2 min: a real-size vocabulary
 def test_vocab_tiling_frees_the_logits_and_no_float32_copy_is_made_on_tpu7x(tmp_path):
     """The loss keeps bf16 logits and computes in float32 inside its fusions: untiled, the
     loss head holds the saved logits and their gradient (2 bf16 copies), no float32 copy

@@ -44,6 +44,7 @@ def test_candidates_hold_the_trials_blocks_and_divide_the_sequence():
     assert set(listed[1:]) == {(q, kv, kv) for q in (512, 1024, 2048) for kv in (512, 1024, 2048)}
 
 
+@pytest.mark.slow  # 3 min; Splash tuned and run: the context-parallel test
 def test_the_tuner_chooses_blocks_that_fit_the_vmem_limit_and_the_program_runs_them(tmp_path):
     cache = {"enabled": False, "cache_dir": str(tmp_path / "cache")}
     code, events, err = _compile(tmp_path, {**TRIAL, "convergence": cache}, timeout=1200)
@@ -134,6 +135,7 @@ def _gmm_tiles(trial_dir) -> dict[str, set[tuple[int, ...]]]:
     return out
 
 
+@pytest.mark.slow  # 3-4 min; tuned tiles run: the megablox test
 def test_a_sweep_tunes_the_grouped_matmul_tiles_and_records_every_candidate(tmp_path):
     from mlflow.tracking import MlflowClient
 

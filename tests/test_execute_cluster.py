@@ -230,6 +230,7 @@ def test_a_pipelines_cluster_runs_local_cpu_trials_on_its_workers(tpu_cluster, t
     assert any("nodes with CPUs" in note for note in result.notes), result.notes
 
 
+@pytest.mark.slow  # 2-3 min; slices and a crashed process run by default
 def test_a_lost_host_is_retried_on_another_slice(tpu_cluster, tmp_path):
     # Last in this module: it removes a node of the shared cluster.
     removed: dict[str, str] = {}

@@ -55,6 +55,7 @@ print(json.dumps({"effects": effects, "tuning": tuning, "args": args}))
 
 
 @pytest.mark.tpu_compile
+@pytest.mark.slow  # 1.5 min; what MaxText is told: the untuned/inert tests
 def test_maxtext_is_given_the_splash_blocks_the_tuner_chose(tmp_path):
     config = {**TRIAL, "convergence": {"enabled": False, "cache_dir": str(tmp_path)}}
     done = subprocess.run([sys.executable, "-c", _TUNE, json.dumps(config)], capture_output=True,

@@ -179,6 +179,7 @@ def test_a_driver_killed_while_the_best_point_is_measured_again_resumes_that_mea
     )
 
 
+@pytest.mark.slow  # 2 min; outage journaled, replayed: test_record_stores
 def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
     server = MlflowServer(tmp_path / "server")
     uri = server.start()
@@ -525,6 +526,7 @@ def _loopback(address: str) -> bool:
     return (mapped or ip).is_loopback
 
 
+@pytest.mark.slow  # 2 min; resume after interrupts: Ctrl-C, SIGTERM tests
 def test_a_sweep_stopped_twice_listens_on_loopback_only_and_stays_resumable(tmp_path):
     """During a local sweep every server Ray starts (GCS, raylet, workers, agents) listens on
     loopback only (it listened on every interface, its metrics answering other hosts). While
