@@ -117,3 +117,9 @@ class MlflowServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         self.proc = None
+
+
+def unfolded(text: str) -> str:
+    """What the CLI said, its lines (folded to the terminal's width) read as one: the words
+    with single spaces between them."""
+    return " ".join(text.split())

@@ -94,8 +94,12 @@ def test_the_best_trial_exported_for_maxtext_parses_back_to_its_knobs(finished):
     words = shlex.split(command.replace("\\\n", " "))
     args = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith(("$", "'")))
     back = load_config(from_maxtext(args))
-    knobs = json.loads(out.stdout.split("# knobs: ")[1].splitlines()[0])
-    assert back.mesh.tensor == knobs["mesh.tensor"] and back.remat.policy == knobs["remat.policy"]
+    said = out.stdout.split("# knobs: ")[1].splitlines()  # folded: its lines under it
+    said = [said[0], *(line.removeprefix("#   ") for line in said[1:] if line.startswith("#   "))]
+    knobs = dict(word.split("=", 1) for word in " ".join(said).split())
+    assert str(back.mesh.tensor) == knobs["mesh.tensor"]
+    assert back.remat.policy == knobs["remat.policy"]
+    assert max(len(line) for line in out.stdout.splitlines() if line.startswith("#")) <= 80
     assert "data.source" in out.stdout  # what MaxText cannot take is said, not dropped
     env = _cli(
         "export", result.sweep_id, "--format", "env", "--results-dir", str(where / "results")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sweeper.cli.app import app
 from sweeper.space.load import builtin_spaces
-from tests.helpers import REPO
+from tests.helpers import REPO, unfolded
 
 REPR = ("{'", "['", "<space>")
 
@@ -41,13 +41,13 @@ def test_a_warm_start_off_its_knobs_condition_is_refused_in_words():
     point = "search.warm_start=[{precision.mode: bf16, precision.granularity: per_axis}]"
     result = CliRunner().invoke(app, ["validate", "v5e_dense", "--set", point])
     assert result.exit_code == 2
-    said = result.output.replace("\n", "")
+    said = unfolded(result.output)
     assert "precision.granularity is only sampled when precision.mode is fp8 or int8" in said, said
     assert not [r for r in REPR if r in said], said
 
 
-def test_help_of_run_and_validate_names_every_builtin_space():
-    for command in ("run", "validate"):
+def test_help_of_every_command_of_a_space_names_every_builtin_space():
+    for command in ("run", "validate", "screen", "tiles"):
         result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400"})
         missing = [name for name in builtin_spaces() if name not in result.output]
         assert result.exit_code == 0 and not missing, (command, missing)

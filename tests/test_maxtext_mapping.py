@@ -56,6 +56,7 @@ VARIANTS = {
                                 "fixed_bound": 224.0}},
     "fp8 e4m3 backward": {"precision": {"mode": "fp8", "granularity": "per_axis",
                                         "backward_format": "e4m3"}},
+    "int8": {"precision": {"mode": "int8", "granularity": "per_axis"}},  # was fp8_full
     "flags": {"xla": {"scoped_vmem_kib": 65536, "collective_mode": "sparsecore_offload",
                       "extra": ["--xla_tpu_dvfs_p_state=3"]}},
     "compile target": {"compile_target": "tpu7x:4x4x4", "backend": "tpu"},

@@ -17,6 +17,7 @@ from sweeper.space.inert import pin_inert
 from sweeper.space.load import load_space, resolve_path
 from sweeper.space.points import assemble, count_points
 from sweeper.space.schema import Knob
+from tests.helpers import unfolded
 
 GOOD = """\
 name: t
@@ -91,7 +92,7 @@ def test_cli_validate_exits_2_with_location(tmp_path):
         [sys.executable, "-m", "sweeper.cli", "validate", str(path)], capture_output=True, text=True
     )
     assert proc.returncode == 2
-    assert f"{path}:6" in proc.stderr.replace("\n", "") and "knobs.remat.policy" in proc.stderr
+    assert f"{path}:6" in unfolded(proc.stderr) and "knobs.remat.policy" in proc.stderr
 
 
 def test_count_points_respects_conditions_and_inclusive_int_bounds(tmp_path):

@@ -16,6 +16,7 @@ from sweeper.cli.app import app
 from sweeper.space.checks import check_feasible, check_warm_start
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
+from tests.helpers import unfolded
 from tests.test_space import GOOD
 
 ALIAS_BOMB = """\
@@ -115,7 +116,7 @@ def test_a_mesh_degree_that_never_divides_the_devices_is_refused_by_value(tmp_pa
     shown = CliRunner().invoke(
         app, ["validate", "smoke", "--set", "knobs.mesh.tensor.values=[1,3]"]
     )
-    out = shown.output.replace("\n", "")
+    out = unfolded(shown.output)
     assert shown.exit_code == 2, out
     assert "smoke.yaml: knobs.mesh.tensor: value 3 can never run on the 8 devices" in out, out
     assert "8 devices are not divisible" in out and "<space>" not in out
@@ -294,7 +295,7 @@ def test_malformed_spaces_exit_2_naming_file_and_field(tmp_path, case):
     if kind == "override" and result.exit_code == 0:
         return  # e.g. --set trial.steps=abc is caught, but --set devices= may be legal-ish
     assert result.exit_code == 2, result.output
-    assert str(path) in result.output.replace("\n", "") or "--set" in result.output
+    assert str(path) in unfolded(result.output) or "--set" in result.output
 
 
 @pytest.mark.parametrize("content", ["{", "", "[]", '{"pending": []}', "\xff\xfe"])

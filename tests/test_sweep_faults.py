@@ -42,9 +42,14 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def _wait_for(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
+    """Reads the sweep's lines until one says `text`: a line folded to the terminal's width
+    (its rest indented below it) is read as one."""
     for line in proc.stdout:
-        lines.append(line)
-        if text in line:
+        if line.startswith("  ") and lines:
+            lines[-1] = f"{lines[-1].rstrip()} {line.strip()}\n"
+        else:
+            lines.append(line)
+        if text in lines[-1]:
             return
     raise AssertionError(f"sweep ended before {text!r}:\n" + "".join(lines[-40:]))
 
@@ -157,7 +162,7 @@ def test_a_driver_killed_while_the_best_point_is_measured_again_resumes_that_mea
 
     done = _finished("resume", sweep_dir.name, "--results-dir", str(tmp_path), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    said = done.stdout + done.stderr
+    said = " ".join((done.stdout + done.stderr).split())  # unfolded
     assert f"again {original}: " in said and f"by {cut}" in said, said[-3000:]
     # One run per point, the second measurement on the first's run; none for the repeat.
     runs = {r.data.tags["sweeper.trial_id"]: r for r in _children(client, "smoke")}

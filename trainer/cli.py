@@ -131,7 +131,13 @@ def _tiles(config: TrialConfig, limits: str, maxtext: str | None = None) -> None
     from trainer.compile.aot import topology_devices  # imports JAX: after the environment
     from trainer.compile.tiles.search import per_vmem
 
-    for record in per_vmem(config, kib, topology_devices(config.compile_target), untaken):
+    def told(limit: int, done: int, total: int, kernel: str) -> None:  # `sweeper tiles` shows it
+        said = {"event": "tuning", "limit": limit, "limits": len(kib), "done": done,
+                "total": total, "kernel": kernel}  # fmt: skip
+        print(json.dumps(said), flush=True)
+
+    devices = topology_devices(config.compile_target)
+    for record in per_vmem(config, kib, devices, untaken, told):
         print(json.dumps(record), flush=True)
 
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from sweeper.answer.fold import say
 from sweeper.answer.notes import UNPINNED
 from sweeper.answer.streams import terminal
 from sweeper.answer.table import constant_knobs, in_rank_order, searched
@@ -223,9 +224,9 @@ def print_sweep(manifest: SweepManifest, frame: pd.DataFrame, sweep_dir: Path) -
         console.print(escape(line))
     console.print(sweep_table(manifest, frame, width=console.width))
     for note in manifest.ending.notes:
-        console.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
+        say(console, note, "[yellow]note[/yellow] ")
     for line in where(manifest, sweep_dir):
-        console.print(escape(line), soft_wrap=True)  # paths and URLs whole, to copy
+        say(console, line)  # paths, URLs and commands whole, to copy
 
 
 def sweeps_table(found: list[Found]) -> Table:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweeper.answer.fold import folded
 from sweeper.record.manifest import Found, results_dir_of, sweeper_command
 from sweeper.record.row import REMEASURED, Column, TrialRow, knob_columns, missing, ranking_of
 from sweeper.space.checks import static_check
@@ -24,10 +25,8 @@ from trainer.trial.maxtext import MaxTextProgram, program_settings, to_maxtext
 FORMATS = ("maxtext", "env", "trial")
 # MaxText 0.2.5's pip package: its training entry point, and where its base config is.
 MAXTEXT_TRAIN = "maxtext.trainers.pre_train.train"
-MAXTEXT_BASE = (
-    "\"$(python3 -c 'import maxtext, os; print(os.path.join(os.path.dirname(maxtext.__file__),"
-    ' "configs", "base.yml"))\')"'
-)
+MAXTEXT_BASE = "\"$(python3 -c 'import maxtext;print(*maxtext.__path__)')/configs/base.yml\""
+WIDTH = 80  # the export's lines, its comments folded to it (a shell word may run past it)
 
 
 def trial_config(
@@ -67,7 +66,7 @@ def export(
     `maxtext`: a MaxText sweep's program and the trial's `maxtext.*` knobs (its settings)."""
     if fmt == "trial":
         return config.to_json() + "\n"
-    comments = "".join(f"# {line}\n" for line in header)
+    comments = "".join(f"# {line}\n" for said in header for line in folded(said, WIDTH - 2))
     if fmt == "env":
         flags = " ".join(config.xla.libtpu_init_args())
         return (
@@ -89,12 +88,32 @@ def export(
     ]
     if settings.unmapped:
         lines.append("# Not carried over: MaxText has no setting for")
-        lines += [f"#   {u.field} = {json.dumps(u.value)}: {u.why}" for u in settings.unmapped]
-    lines.append(f"export LIBTPU_INIT_ARGS={shlex.quote(' '.join(settings.libtpu_init_args))}")
-    command = [f"python3 -m {MAXTEXT_TRAIN} {MAXTEXT_BASE}", "run_name=sweeper-export"]
+        for u in settings.unmapped:
+            said = folded(f"{u.field} = {json.dumps(u.value)}: {u.why}", WIDTH - 4)
+            lines += [f"#   {line}" for line in said]
+    lines.append(f"export LIBTPU_INIT_ARGS={flag_words(settings.libtpu_init_args)}")
+    command = [f"python3 -m {MAXTEXT_TRAIN}", MAXTEXT_BASE, "run_name=sweeper-export"]
     command += [shlex.quote(arg) for arg in settings.argv()]
     lines.append(" \\\n  ".join(command))
     return "\n".join(lines) + "\n"
+
+
+def settings_words(settings: dict[str, Any]) -> str:
+    """`name=value` words (a string as it is, other values as JSON writes them)."""
+    return " ".join(
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in settings.items()
+    )
+
+
+def flag_words(flags: list[str]) -> str:
+    """LIBTPU_INIT_ARGS's value for a shell: quoted on one line where that fits WIDTH, else
+    a flag a line inside double quotes (bash drops each backslash-newline: one value)."""
+    quoted = shlex.quote(" ".join(flags))
+    if len(f"export LIBTPU_INIT_ARGS={quoted}") <= WIDTH or any(
+        c in f for f in flags for c in '"$`\\'
+    ):
+        return quoted
+    return '"\\\n' + " \\\n".join(flags) + '"'
 
 
 def sampled(knob: Knob, cell: Any) -> Any:
@@ -150,8 +169,8 @@ def export_trial(found: Found, frame: pd.DataFrame, trial_id: str | None, fmt: s
         f"trial {trial_id} of sweep {manifest.sweep_id} ({space.name}): {metric} {shown}, "
         f"status {row[Column.STATUS]}, fidelity {row.get('fidelity') or '-'} on "
         f"{row.get('hardware') or '-'}",
-        f"knobs: {json.dumps(point)}",
-        *([f"kernel tiles as kernels.tune chose them: {json.dumps(tuned)}"] if tuned else []),
+        f"knobs: {settings_words(point)}",
+        *([f"kernel tiles as kernels.tune chose them: {settings_words(tuned)}"] if tuned else []),
     ]
     program = (
         (space.maxtext_program(), maxtext_knobs(point)) if space.program == "maxtext" else None

@@ -10,6 +10,7 @@ from ray import tune
 from rich.console import Console
 from rich.markup import escape
 
+from sweeper.answer.fold import say
 from sweeper.answer.streams import terminal
 from sweeper.record.manifest import results_dir_of, sweeper_command
 from sweeper.record.row import ranking_of
@@ -67,23 +68,20 @@ class ProgressCallback(tune.Callback):
             "resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir)
         )
         plural = "s" if trials != 1 else ""
-        self.console.print(
-            escape(
-                f"sweep {self.sweep_id}: {trials} trial{plural} of {self.space.name}{again}, best = "
-                f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
-                f"`{resume}`"
-            ),
-            soft_wrap=True,
+        say(
+            self.console,
+            f"sweep {self.sweep_id}: {trials} trial{plural} of {self.space.name}{again}, best = "
+            f"{objective.mode} {objective.metric}; results in {self.sweep_dir}; if stopped, "
+            f"`{resume}`",
         )
 
-    def _line(self, text: str) -> None:
+    def _line(self, text: str, mark: str = "") -> None:
+        """One event: the counts, `mark` (a word in colour, markup) and `text` (plain words),
+        folded to the terminal's width."""
         running = self.started - self.done
         best = f"{self.best:,.1f}" if self.best is not None else "-"
-        self.console.print(
-            f"[dim][{self.done}/{self.planned} done, {running} running, {self.failed} failed, "
-            f"best {best}][/dim] {text}",
-            soft_wrap=True,  # one line per event, whatever the terminal's width
-        )
+        counts = f"[{self.done}/{self.planned} done, {running} running, {self.failed} failed, "
+        say(self.console, text, f"[dim]{escape(counts)}best {best}][/dim] {mark}")
 
     def _ranking_figure(self, trial_id: str) -> float:
         """As the final table ranks (table.ranking_figure): a point measured again by the mean
@@ -120,6 +118,8 @@ class ProgressCallback(tune.Callback):
         where = phase
         if "step" in result:
             where = f"step {int(result['step']) + 1} of {int(result.get('steps') or 0)}"
+        if "tuned" in result:  # kernels.tune's compiles: how many of about how many
+            where = f"tuning kernels: compile {int(result['tuned'])} of {int(result['tunes'])}"
         if phase == "finishing":
             where = "checking convergence" if self._checks else "finishing"
         changed = self.phase.get(trial_id) != phase
@@ -164,26 +164,25 @@ class ProgressCallback(tune.Callback):
                     self._rank()
                     said += f"; it ranks by their mean, {ranking_of(first, value):,.1f}"
                 said += ")" if said else ""
-                self._line(f"[green]again[/green] {again}: {shown}{said} by {trial.trial_id}")
+                self._line(f"{again}: {shown}{said} by {trial.trial_id}", "[green]again[/green] ")
                 return
             if value is not None:
                 self.values[trial.trial_id] = value
                 self._rank()
             fidelity = result.fidelity.value if result.fidelity else "?"
-            self._line(
-                f"[green]ok[/green] {trial.trial_id} {shown} ({fidelity} on {result.hardware})"
-            )
+            self._line(f"{trial.trial_id} {shown} ({fidelity} on {result.hardware})",
+                       "[green]ok[/green] ")  # fmt: skip
         elif result is not None and result.status == TrialStatus.FAILED:
             self.failed += 1
             failure = result.failure_class.value if result.failure_class else ""
-            said = escape(result.failure_message[:120])
-            self._line(f"[red]{failure}[/red] {trial.trial_id}: {said}")
+            said = result.failure_message[:120]
+            self._line(f"{trial.trial_id}: {said}", f"[red]{failure}[/red] ")
         else:
-            self._line(f"[yellow]stopped[/yellow] {trial.trial_id} (early stopping)")
+            self._line(f"{trial.trial_id} (early stopping)", "[yellow]stopped[/yellow] ")
 
     def on_trial_error(
         self, iteration: int, trials: Sequence[SweepTrial], trial: SweepTrial, **info: Any
     ) -> None:
         self.done += 1
         self.failed += 1
-        self._line(f"[red]crashed[/red] {trial.trial_id}")
+        self._line(trial.trial_id, "[red]crashed[/red] ")

@@ -22,8 +22,11 @@ class PipeSafe(io.TextIOBase):
 
     @property
     def stream(self) -> TextIO:
-        """The process's stream as it is now (a test may have replaced it)."""
-        return sys.stderr if self.stderr else sys.stdout
+        """The process's stream as it is now (a test may have replaced it); under a rich
+        progress or status (a Live), which proxies it through the console that writes here,
+        the file beneath: else each write would print itself again, without end."""
+        stream = sys.stderr if self.stderr else sys.stdout
+        return cast(TextIO, getattr(stream, "rich_proxied_file", stream))
 
     def write(self, text: str) -> int:
         if not self.gone:

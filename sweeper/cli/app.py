@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 
+from sweeper.answer.fold import say
 from sweeper.answer.streams import terminal
 from sweeper.record.manifest import Found
 from sweeper.space.errors import SpaceError
@@ -108,8 +108,8 @@ def disk_full(exc: BaseException) -> str | None:
 
 
 def fail(message: str) -> NoReturn:
-    # One line: paths whole; its words as written (`[full, minimal]` is no markup tag).
-    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    # Folded to the terminal, paths and commands whole; its words as written (no markup).
+    say(err, message, "[red]error:[/red] ")
     raise typer.Exit(2)
 
 
@@ -140,5 +140,5 @@ def frame_of(found: Found) -> pd.DataFrame:
     except SpaceError as exc:
         fail(str(exc))
     for note in said:
-        err.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
+        say(err, note, "[yellow]note[/yellow] ")
     return frame

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
+from rich import box
 from rich.table import Table
 
-from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.answer.fold import say
+from sweeper.cli.app import SetOpt, SpaceArg, TargetOpt, app, console, fail, overrides
 from sweeper.record.manifest import sweeper_command
-from sweeper.record.row import knob_columns
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
 
@@ -22,9 +22,7 @@ if TYPE_CHECKING:
 
 @app.command()
 def screen(
-    space: Annotated[
-        str, typer.Argument(help="a YAML file, or a built-in space name (a TPU target's)")
-    ],
+    space: SpaceArg,
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="screen this many random points")
     ] = None,
@@ -37,6 +35,7 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
+    from sweeper.answer.screened import screen_table
     from sweeper.search.screen import FITS, verdict_counts
     from sweeper.search.screen import screen as screen_space
 
@@ -47,26 +46,12 @@ def screen(
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     took = time.perf_counter() - started
-    knobs = knob_columns(frame.columns)
-    table = Table(title=f"{loaded.name}: {len(frame):,} points screened in {took:.2f} s "
-                  f"({verdict_counts(frame)}); fidelity estimate on {loaded.target}")  # fmt: skip
-    for col in (
-        "rank",
-        *knobs.values(),
-        "GiB/device",
-        "est tokens/s/chip",
-    ):
-        table.add_column(col, justify="right")
-    for _, row in frame.head(top).iterrows():
-        fits = row["verdict"] == FITS
-        gib = row.get("est_hbm_per_device_gib")
-        table.add_row(
-            f"{row['rank']:.0f}" if fits else row["verdict"],
-            *[str(row[k]) for k in knobs],
-            "-" if gib is None or gib != gib else f"{gib:.1f}",
-            f"{row['est_tokens_per_sec_per_chip']:,.0f}" if fits else "-",
-        )
-    console.print(table)
+    title = (f"{loaded.name}: {len(frame):,} points screened in {took:.2f} s "
+             f"({verdict_counts(frame)}); fidelity estimate on {loaded.target}")  # fmt: skip
+    if (frame["verdict"] == FITS).any():
+        console.print(screen_table(frame, title, top, console.width))
+    else:  # no row to rank: the reasons below say why
+        say(console, f"{title}: no point to rank")
     _screen_notes(frame, loaded)
     if out is not None:
         frame.to_csv(out, index=False)
@@ -81,15 +66,18 @@ def _screen_notes(frame: Any, space: Any) -> None:
     if "why" in frame:  # the commonest reasons points were left out
         why = frame.loc[(frame["verdict"] != FITS) & frame["why"].fillna("").ne(""), "why"]
         for reason, count in why.value_counts().head(3).items():
-            console.print(f"{count:,} point{'s' if count > 1 else ''}: {reason}")
+            say(console, f"{count:,} point{'s' if count > 1 else ''}: {reason}")
     unseen = unseen_knobs(frame)
     if unseen:
-        console.print(
-            f"note: the estimate does not tell the values of {', '.join(unseen)} apart "
-            "(a compile does: fidelity compile; the ladder's verify rung explores them by TPE)"
+        say(
+            console,
+            f"the estimate does not tell the values of {', '.join(unseen)} apart: a row "
+            "stands for the points that differ only in them (a compile tells them apart: "
+            "fidelity compile; the ladder's verify rung explores them by TPE)",
+            "note: ",
         )
     for caveat in caveats(space):
-        console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
+        say(console, caveat, "[yellow]note[/yellow]: ")
 
 
 @app.command()
@@ -136,7 +124,7 @@ def plan(
             "sweeper plan",
         )
         run = sweeper_command("run", str(space))
-        console.print(escape(f"wrote {space}: trial 0 is the advice (`{run}`)"), soft_wrap=True)
+        say(console, f"wrote {space}: trial 0 is the advice (`{run}`)")
     if compile_:
         _compile_advice(rec, spec, seq, target, timeout)
 
@@ -175,15 +163,12 @@ def _umask() -> int:
 
 
 def _print_advice(rec: Recommendation, target: str) -> None:
-    console.print(
-        f"[bold]{rec.workload}[/bold] on {target}: primary {rec.primary}; secondary {rec.secondary}"
-    )
-    console.print(f"advice: {rec.best.describe()}  (fidelity: estimate)")
+    say(console, f"{rec.workload} on {target}: primary {rec.primary}; secondary {rec.secondary}")
+    say(console, f"advice: {rec.best.describe()} (fidelity: estimate)")
     for reason in rec.reasons:
-        console.print(f"  - {reason}")
-    table = Table(
-        "mesh, remat, batch", "GiB/device", "tokens/s/chip", title="next that fit (estimate)"
-    )
+        say(console, reason, "  - ", indent=4)
+    table = Table("mesh, remat, batch", "GiB/device", "tokens/s/chip", box=box.SIMPLE_HEAD,
+                  title="next that fit (estimate)", title_justify="left")  # fmt: skip
     for alt in rec.alternatives[:5]:
         table.add_row(alt.describe(), f"{alt.gib:.1f}", f"{alt.tokens:,.0f}")
     console.print(table)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
+from sweeper.answer.fold import say
 from sweeper.cli.app import (
     UI_PORT,
     ResultsDirOpt,
@@ -89,7 +89,7 @@ def report(
     objective = manifest.space.objective.primary
     study, missing = study_of(found)
     for note in missing:
-        err.print(f"[yellow]note[/yellow] {escape(note)}", soft_wrap=True)
+        say(err, note, "[yellow]note[/yellow] ")
     try:
         path = reports.write_report(
             found.path,

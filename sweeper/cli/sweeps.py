@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from sweeper.answer.fold import say
 from sweeper.cli.app import (
     VERBOSE,
     ConcurrencyOpt,
@@ -46,28 +48,36 @@ def validate(
         loaded = load_space(space, overrides(trials, concurrency, fidelity, target, set_))
         pinned, notes = check_space(loaded)
     except SpaceError as exc:
-        fail(str(exc.in_file(str(resolve_path(space)))))
+        # A file that could not be found is named already; a check's fault names the file
+        # the space was read from (found, then).
+        fail(str(exc if exc.file is not None else exc.in_file(str(resolve_path(space)))))
     except ValueError as exc:
         fail(str(exc))
     points = count_points(pinned)
-    table = Table(title=f"space {pinned.name}: {pinned.description}")
-    for col in ("knob", "kind", "values", "when"):
-        table.add_column(col)
+    table = Table(title=f"space {pinned.name}: {pinned.description}", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)  # fmt: skip
+    longest = max((len(k) for k in pinned.knobs), default=4)
+    table.add_column("knob", no_wrap=True, min_width=longest)  # whole, never cut
+    table.add_column("kind")
+    table.add_column("values", ratio=3, overflow="fold")
+    if any(knob.when for knob in pinned.knobs.values()):
+        table.add_column("when", ratio=2, overflow="fold")
     for key, knob in pinned.knobs.items():
         values = (
             in_words(knob.values)
             if knob.values is not None
             else f"[{knob.low}, {knob.high}]{' log' if knob.log else ''}"
         )
-        table.add_row(key, knob.kind, escape(values), condition_words(knob.when))
+        when = [condition_words(knob.when)] if len(table.columns) > 3 else []
+        table.add_row(key, knob.kind, escape(values), *when)
     console.print(table)
     for note in notes:
-        console.print(f"[yellow]inert[/yellow] {escape(note)}")
+        say(console, note, "[yellow]inert[/yellow] ")
     if not loaded.target.is_local and loaded.fidelity in ("run", "auto"):
-        console.print(
-            f"[yellow]cluster[/yellow] fidelity {loaded.fidelity} on {loaded.target}: whether the Ray "
-            "cluster has such a slice is checked when the sweep starts (auto compiles if it has none)"
-        )
+        say(console, f"fidelity {loaded.fidelity} on {loaded.target}: whether the Ray cluster "
+            "has such a slice is checked when the sweep starts (auto compiles if it has none)",
+            "[yellow]cluster[/yellow] ")  # fmt: skip
     ladder = pinned.search.ladder
     what = (
         f"ladder: screen {ladder.screen or 'every point'} by the estimate, compile the best "
@@ -79,10 +89,9 @@ def validate(
     again = pinned.search.remeasure_count(pinned.effective_fidelity)
     if again and not ladder:
         what += f", then the best {counted(again, 'point')} measured again"
-    console.print(
-        f"ok: {counted(points, 'point') if points is not None else 'continuous (infinitely many) points'}; "
-        f"{what}; target {pinned.target}, fidelity {'screen, compile' if ladder else pinned.fidelity}"
-    )
+    many = counted(points, "point") if points is not None else "continuous (infinitely many) points"
+    fidelity = "screen, compile" if ladder else pinned.fidelity
+    say(console, f"ok: {many}; {what}; target {pinned.target}, fidelity {fidelity}")
 
 
 @app.command()
@@ -233,7 +242,7 @@ def _drive(kwargs: dict[str, Any], address: str | None, space_file: str | None =
         signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
         result = run_sweep(progress=True, verbose=VERBOSE["on"], **kwargs)
     except SweepFinished as exc:  # resume of a sweep that ended well: nothing to do
-        console.print(escape(exc.message), soft_wrap=True)
+        say(console, exc.message)
         return
     except SpaceError as exc:
         fail(str(exc.in_file(space_file) if space_file else exc))
@@ -241,11 +250,12 @@ def _drive(kwargs: dict[str, Any], address: str | None, space_file: str | None =
         fail(str(exc))
     except SweepInterrupted as exc:
         running = ", ".join(exc.running) or "none"
-        err.print(
-            f"[red]interrupted[/red]: sweep {exc.sweep_id} stopped at once (trials running: "
-            f"{running}; each is recorded as killed and runs again on resume). Finished trials "
-            f"are kept. Continue with `{_resume_command(exc.sweep_id, kwargs, address)}`",
-            soft_wrap=True,
+        say(
+            err,
+            f"sweep {exc.sweep_id} stopped at once (trials running: {running}; each is "
+            "recorded as killed and runs again on resume). Finished trials are kept. Continue "
+            f"with `{_resume_command(exc.sweep_id, kwargs, address)}`",
+            "[red]interrupted[/red]: ",
         )
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
@@ -271,13 +281,13 @@ def _print_result(result: Any, resume: str) -> None:
         )
     except KeyboardInterrupt:  # the sweep had ended: only its printing was cut
         show = sweeper_command("show", result.sweep_id, results_dir=result.sweep_dir.parents[1])
-        err.print(f"[red]interrupted[/red]: sweep {result.sweep_id} is recorded; `{show}` prints "
-                  "it", soft_wrap=True)  # fmt: skip
+        say(err, f"sweep {result.sweep_id} is recorded; `{show}` prints it",
+            "[red]interrupted[/red]: ")  # fmt: skip
         raise typer.Exit(130) from None
     if result.interrupted:
-        err.print(
-            "[red]interrupted[/red]: finished trials are kept; running ones were killed. "
-            f"Continue with `{resume}`",
-            soft_wrap=True,
+        say(
+            err,
+            f"finished trials are kept; running ones were killed. Continue with `{resume}`",
+            "[red]interrupted[/red]: ",
         )
         raise typer.Exit(130)

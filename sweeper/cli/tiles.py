@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from sweeper.cli.app import SetOpt, TargetOpt, app, console, fail, overrides
+from sweeper.answer.fold import say
+from sweeper.cli.app import SetOpt, SpaceArg, TargetOpt, app, console, fail, overrides
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
 from trainer.trial.config import ConfigError
@@ -30,7 +38,7 @@ DEFAULT_LIMITS = (16384, 32768, 49152, 65536)
 
 @app.command()
 def tiles(
-    space: Annotated[str, typer.Argument(help="a YAML file, or a built-in space name")],
+    space: SpaceArg,
     vmem: Annotated[
         str | None,
         typer.Option(
@@ -56,10 +64,42 @@ def tiles(
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     started = time.perf_counter()
-    with console.status(f"tuning {loaded.name}'s kernels for {loaded.target} under "
-                        f"{len(limits)} VMEM limits (compiles each candidate)..."):  # fmt: skip
-        found = _run(config, limits, lambda line: console.print(line), more)
+    with _progress() as bar:
+        task = bar.add_task(f"tuning under {len(limits)} VMEM limits", total=None)
+
+        def heard(said: dict[str, Any]) -> None:
+            """A compile begun, or a limit done (its record): the bar moves to it."""
+            if said.get("event") == "tuning":
+                per = said["total"]
+                bar.update(task, total=said["limits"] * per,
+                           completed=said["limit"] * per + said["done"] - 1,
+                           description=f"{limits[said['limit']]} KiB: {said['kernel']}")  # fmt: skip
+            elif bar.tasks[0].total:  # a limit's record: every compile under it done
+                limit = limits.index(said["vmem_kib"]) + 1
+                bar.update(task, completed=limit * bar.tasks[0].total / len(limits))
+
+        found = _run(config, limits, bar.console.print, more, heard)
+    if not any(record["kernels"] for record in found):  # nothing tuned: no table of refusals
+        untuned = sorted({u for r in found for u in r.get("untuned", [])})
+        why = "; ".join(untuned) or "its program has no Splash or grouped-matmul kernel"
+        say(console, f"{loaded.name}: trial 0 has no kernel the tuner tunes on "
+                     f"{loaded.target} ({why})")  # fmt: skip
+        return
     console.print(_table(loaded.name, str(loaded.target), found, time.perf_counter() - started))
+
+
+def _progress() -> Progress:
+    """The tuner's compiles begun of about how many, across the limits, and the time left."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=16),
+        MofNCompleteColumn(),
+        TextColumn("compiles,"),
+        TimeRemainingColumn(),
+        TextColumn("left"),
+        console=console,
+        transient=True,
+    )
 
 
 def _limits(space: Any, given: str | None) -> list[int]:
@@ -98,9 +138,14 @@ def _program_args(space: Any) -> list[str]:
 
 
 def _run(
-    config: dict[str, Any], limits: list[int], say: Callable[[str], None], more: list[str]
+    config: dict[str, Any],
+    limits: list[int],
+    say: Callable[[str], None],
+    more: list[str],
+    heard: Callable[[dict[str, Any]], None] = lambda said: None,
 ) -> list[dict[str, Any]]:
-    """The tuner in a child process (libtpu is loaded there), one record per limit."""
+    """The tuner in a child process (libtpu is loaded there), one record per limit; `heard`
+    is told of each compile it begins and of each record."""
     found: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sweeper-tiles-") as tmp:
         path = Path(tmp) / "trial.json"
@@ -116,6 +161,9 @@ def _run(
             if record.get("event") == "failure":  # the trial cannot be built: whose field, why
                 proc.kill()
                 fail(f"{record.get('field') or 'trial'}: {record.get('message', '')}")
+            heard(record)
+            if record.get("event") == "tuning":
+                continue
             took = "read from the cache" if record["cached"] else f"{record['seconds']:.0f} s"
             say(f"{record['vmem_kib']} KiB: {len(record['kernels'])} kernels tuned ({took})")
             found.append(record)

@@ -48,6 +48,7 @@ from trainer.trial.events import (
     Step,
     Summary,
     TrialStatus,
+    Tuning,
     parse_event,
 )
 from trainer.trial.files import trainer_command, write_json
@@ -120,12 +121,17 @@ class TrialRun:
         timed = self.step_times[skip:] or self.step_times
         return self.accepted.tokens_per_step / statistics.median(timed) / (self.accepted.chips or 1)
 
-    def on_event(self, event: Accepted | Compiled | Step | Summary, report: Report) -> None:
+    def on_event(
+        self, event: Accepted | Tuning | Compiled | Step | Summary, report: Report
+    ) -> None:
         """Keep what process 0 says, and tell Tune where the trial is: compiling, training
         (a report per step), finishing (the convergence check and the summary)."""
         if isinstance(event, Accepted):
             self.accepted = event
             report(running_report(self.objectives, "compiling"))
+        elif isinstance(event, Tuning):  # kernels.tune compiles its candidates: how far along
+            report(running_report(self.objectives, "tuning kernels", tuned=event.done,
+                                  tunes=event.total))  # fmt: skip
         elif isinstance(event, Compiled):
             self.compiled = event
             if event.kernel_tuning is not None:  # kernels.tune's candidates, with the trial

@@ -61,7 +61,9 @@ def resolve_path(spec: str | Path) -> Path:
 def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> Space:
     """Load, validate and check a space; every error names file, line and field."""
     if isinstance(spec, dict):
-        data, root, file = copy.deepcopy(spec), None, "<dict>"
+        # No file: the space is named by its name, where it has one (a pipeline's dict).
+        name = spec.get("name")
+        data, root, file = copy.deepcopy(spec), None, f"space {name!r}" if name else None
     else:
         path = resolve_path(spec)
         file = str(path)
@@ -76,7 +78,7 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     try:
         space = Space.model_validate(data)
     except ValidationError as exc:
-        loc, message = first_error(exc)
+        loc, message = first_error(exc, Space)
         dotted = join_key(*map(str, loc))
         given = next(
             (k for k in overrides or {} if dotted == k or dotted.startswith(k + KEY_SEPARATOR)),

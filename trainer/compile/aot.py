@@ -28,6 +28,7 @@ from trainer.trial.events import (
     FailureClass,
     Fidelity,
     TrialFailure,
+    Tuning,
     classify_exception,
     hbm_overflow,
 )
@@ -149,7 +150,7 @@ def compile_for_target(config: TrialConfig, emitter: Emitter) -> dict[str, Any]:
     )  # fmt: skip
     # The tuner compiles kernels alone (the trial says `compiling` meanwhile), then the
     # trial's program is built again with the blocks it chose.
-    config, tuned, tuning = tuned_blocks(config, topology, devices)
+    config, tuned, tuning = tuned_blocks(config, topology, devices, emitter=emitter)
     if tuning is not None:
         program = build_program(config, devices)
     cache = ProgramCache(cache_dir(config))
@@ -182,12 +183,14 @@ def tuned_blocks(
     devices: list[jax.Device],
     untaken: Mapping[str, str] | None = None,
     how: str = "tuned",
+    emitter: Emitter | None = None,
 ) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
     """`kernels.tune: compile`: the trial with each tunable kernel's tiles the tuner chose
     (trainer/compile/tiles/), its effect (active where it changed a tile, inert where the
     trial's own were the best or nothing could be tuned), and the tuning's record (None
     when the tuner did not run). `untaken`: kinds of kernel the program takes no tiles for
-    (MaxText's), and why; `how`: how the effect says they were tuned."""
+    (MaxText's), and why; `how`: how the effect says they were tuned; `emitter`: told of each
+    compile the tuner begins (a `tuning` event: how many of about how many)."""
     if config.kernels.tune != "compile":
         return config, {}, None
     from trainer.compile.tiles.search import applied, tune
@@ -195,8 +198,13 @@ def tuned_blocks(
 
     degrees = config.mesh.resolve(topology.devices)
     batch = global_batch_size(config, topology.devices)
+
+    def told(done: int, total: int, kernel: str) -> None:
+        if emitter is not None:
+            emitter.emit(Tuning(done=done, total=total, kernel=kernel))
+
     tuning, untuned = tune(config, batch, degrees, topology, devices[0], cache_dir(config),
-                           untaken=untaken)  # fmt: skip
+                           untaken=untaken, progress=told)  # fmt: skip
     return applied(config, tuning, untuned, how, "priced lowest")
 
 

@@ -248,7 +248,7 @@ def _why_best(
     est = best.estimate
     return [
         f"{best.describe()}: {best.gib:.1f} GiB per device of {accel.usable_hbm_per_device / GIB:.2f} "
-        f"usable, {best.tokens:,.0f} tokens/s/chip: the fastest of {len(fits)} candidates that "
+        f"usable, {best.tokens:,.0f} tokens/s/chip: the fastest of {len(fits):,} candidates that "
         f"fit (estimate)",
         f"{est['arithmetic_intensity_ici']:,.0f} FLOP per byte over each ICI link against the "
         f"hardware's ridge of {ridge:,.0f} ({accel.name}, {precision} peak); at the rate this "

@@ -221,7 +221,7 @@ def compile_trial(
     )  # fmt: skip
     # kernels.tune: the tuner compiles Splash alone (the trial says `compiling` meanwhile),
     # then MaxText compiles the trial with the blocks it chose.
-    config, tuned, tuning = tuned_for_maxtext(config, program, topology)
+    config, tuned, tuning = tuned_for_maxtext(config, program, topology, emitter)
     if tuning is not None:
         settings = program_settings(config, program, knobs, Backend.TPU)
     work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.trial.config import TrialConfig
+from trainer.trial.events import Emitter
 from trainer.trial.hardware import Backend, Topology
 from trainer.trial.maxtext import TOKAMAX_TILES_UNMAPPED, MaxTextProgram
 
@@ -36,7 +37,7 @@ HOW = "tuned as tokamax's Splash, for MaxText's sa_block_* (its compile of the t
 
 
 def tuned_for_maxtext(
-    config: TrialConfig, program: MaxTextProgram, topology: Topology
+    config: TrialConfig, program: MaxTextProgram, topology: Topology, emitter: Emitter | None = None
 ) -> tuple[TrialConfig, dict[str, dict[str, str]], dict[str, Any] | None]:
     """The trial with the Splash blocks the tuner chose (`kernels.tune: compile`), the knob's
     effect, and the tuning's record (None when the tuner did not run): our trainer's
@@ -49,7 +50,8 @@ def tuned_for_maxtext(
         return config, {"kernels.tune": {"status": "inert", "reason": why}}, None
     from trainer.compile.aot import topology_devices, tuned_blocks  # imports JAX and libtpu
 
-    return tuned_blocks(config, topology, topology_devices(topology.target), UNTAKEN, HOW)
+    devices = topology_devices(topology.target)
+    return tuned_blocks(config, topology, devices, UNTAKEN, HOW, emitter)
 
 
 def untunable(config: TrialConfig, program: MaxTextProgram) -> str:

@@ -730,5 +730,5 @@ def load_config(data: dict[str, Any]) -> TrialConfig:
     try:
         return TrialConfig.model_validate(data)
     except ValidationError as exc:
-        loc, message = first_error(exc)
+        loc, message = first_error(exc, TrialConfig)
         raise ConfigError(".".join(str(part) for part in loc) or "config", message) from None

@@ -172,6 +172,16 @@ class Compiled(_Event):
     )
 
 
+class Tuning(_Event):
+    """`kernels.tune: compile` at work: it compiles candidate `done` of about `total` (a
+    candidate the compiler refuses may cost one compile more), of `kernel`'s family."""
+
+    event: Literal["tuning"] = "tuning"
+    done: int
+    total: int
+    kernel: str
+
+
 class Step(_Event):
     event: Literal["step"] = "step"
     step: int
@@ -333,7 +343,9 @@ class Failure(_Event):
     traceback: str | None = None
 
 
-Event = Annotated[Accepted | Compiled | Step | Summary | Failure, Field(discriminator="event")]
+Event = Annotated[
+    Accepted | Tuning | Compiled | Step | Summary | Failure, Field(discriminator="event")
+]
 _EVENT = TypeAdapter(Event)
 MEASURED_METRICS = tuple(
     name

@@ -351,6 +351,8 @@ def _precision(precision: PrecisionConfig, unmapped: list[Unmapped]) -> dict[str
     quantization = {("e4m3", "e5m2"): "fp8_full", ("e4m3", "e4m3"): "fp8"}.get(
         (precision.forward_format, precision.backward_format)
     )
+    if precision.mode == "int8":  # qwix int8 for weights, activations and gradients alike
+        quantization = "int8"  # (maxtext/layers/quantizations.py, get_quantization_rule)
     if quantization is None:
         unmapped.append(
             Unmapped(
@@ -589,14 +591,16 @@ def _fold_mesh(args: dict[str, str], trial: dict[str, Any]) -> None:
 def _precision_back(args: dict[str, str]) -> dict[str, Any]:
     precision: dict[str, Any] = {"mode": "fp8", "granularity": "per_axis"}
     quantization = args.get("quantization", "")
-    if quantization not in ("fp8", "fp8_full"):
+    if quantization not in ("fp8", "fp8_full", "int8"):
         raise ConfigError(
             "quantization",
-            f"quantization={quantization}: the engine reads MaxText's qwix fp8 modes (fp8, "
-            "fp8_full) as its precision; take one of them, or import the command without "
-            "use_qwix_quantization",
+            f"quantization={quantization}: the engine reads MaxText's qwix modes fp8, "
+            "fp8_full and int8 as its precision; take one of them, or import the command "
+            "without use_qwix_quantization",
         )
-    if quantization == "fp8":
+    if quantization == "int8":
+        precision["mode"] = "int8"
+    elif quantization == "fp8":
         precision["backward_format"] = "e4m3"
     method = args.get("weight_quantization_calibration_method", "absmax")
     if method.startswith("fixed"):

@@ -3,6 +3,7 @@ results kept by what identifies them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,6 +23,8 @@ from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import Backend, Topology
 
 TILES_DIR = "tiles"
+# Told as each candidate's compile begins: compiles begun, about how many in all, the family.
+Progress = Callable[[int, int, str], None]
 VMEM_OPTION = "xla_tpu_scoped_vmem_limit_kib"
 
 
@@ -31,7 +34,8 @@ class Search:
     program takes no tiles for, each with why (`untaken`: a family's name's first word)."""
 
     def __init__(self, config, global_batch, degrees, topology: Topology, device, vmem_kib=None,
-                 untaken: Mapping[str, str] | None = None):  # fmt: skip
+                 untaken: Mapping[str, str] | None = None,
+                 progress: Progress | None = None):  # fmt: skip
         self.config, self.global_batch, self.degrees = config, global_batch, degrees
         self.topology, self.device = topology, device
         self.vmem_kib = vmem_kib
@@ -40,6 +44,8 @@ class Search:
         untaken = untaken or {}
         self.families = [f for f in found if f.kind not in untaken]
         self.untuned += [f"{f.name}: {untaken[f.kind]}" for f in found if f.kind in untaken]
+        self.progress, self.done = progress, 0
+        self.total = sum(max(len(x) for x in f.listed.values()) for f in self.families)
 
     def run(self, cache: Path) -> Tuning:
         key = kernels_key(self.families, self.vmem_kib, self.topology.accelerator.name,
@@ -66,6 +72,9 @@ class Search:
         if not any(want.values()):
             return
         trial = family.trial(self.config, pick)
+        self.done += 1
+        if self.progress is not None:  # a refusal's second compile: one more than counted
+            self.progress(self.done, max(self.total, self.done), family.name)
         try:
             calls = family.calls(trial, self.options)
         except Exception as exc:  # the compiler's refusal, and the kernel it names
@@ -172,11 +181,12 @@ def tune(
     cache: Path,
     vmem_kib: int | None = None,
     untaken: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Tuning, list[str]]:
     """This trial's kernels tuned (read from `cache` where tuned before), and why any
     kernel of its program was not (`untaken`: kinds of family the program takes no tiles
-    for, and why)."""
-    search = Search(config, global_batch, degrees, topology, device, vmem_kib, untaken)
+    for, and why; `progress`: told of each compile, as it begins)."""
+    search = Search(config, global_batch, degrees, topology, device, vmem_kib, untaken, progress)
     if not search.families:
         return Tuning([], vmem_kib=vmem_kib), search.untuned
     return search.run(cache), search.untuned
@@ -212,18 +222,21 @@ def per_vmem(
     limits: list[int],
     devices: list[jax.Device],
     untaken: Mapping[str, str] | None = None,
+    progress: Callable[[int, int, int, str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The trial's kernels tuned under each scoped VMEM limit in turn (`sweeper tiles`), for
     its target's `devices`: one record a limit, as `as_json` with the limit (`untaken`: as
-    `tune`'s). Raises ConfigError for a trial that cannot be built on its target."""
+    `tune`'s; `progress`: told of each compile, with the limit's place among them). Raises
+    ConfigError for a trial that cannot be built on its target."""
     from trainer.trial.checks import check_static, global_batch_size
     from trainer.trial.files import cache_dir
 
     topology = Topology.parse(config.compile_target or "")
     degrees = check_static(config, len(devices), Backend.TPU)
     batch = global_batch_size(config, len(devices))
-    for limit in limits:
+    for i, limit in enumerate(limits):
+        told = None if progress is None else functools.partial(progress, i)
         tuning, untuned = tune(
-            config, batch, degrees, topology, devices[0], cache_dir(config), limit, untaken
+            config, batch, degrees, topology, devices[0], cache_dir(config), limit, untaken, told
         )
         yield {"vmem_kib": limit, **as_json(tuning, untuned)}
