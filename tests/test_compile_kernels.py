@@ -370,7 +370,7 @@ def test_tokamax_tiles_reach_their_kernels_on_tpu7x(compile_once):
         assert by_name["tgmm_megablox", (8, d, mlp)] == unset, by_name
 
 
-@pytest.mark.parametrize("steps", [0, 3])
+@pytest.mark.parametrize("steps", [pytest.param(0, marks=pytest.mark.slow), 3])
 def test_dq_reduction_steps_sum_dq_in_the_splash_kernel(steps):
     """0: the fused backward writes one dQ per key/value block (float32 beyond 4) and XLA sums
     them; 3: the kernel accumulates them in 3. 2048 keys in 256-wide blocks: 8 partials."""

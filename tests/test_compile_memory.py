@@ -389,7 +389,7 @@ def test_the_unembedding_weight_is_gathered_after_the_decoder_loop_on_tpu7x():
     assert gathers and min(gathers) > loop, (gathers, loop)
 
 
-@pytest.mark.parametrize("attention", ["splash", "xla"])
+@pytest.mark.parametrize("attention", ["splash", pytest.param("xla", marks=pytest.mark.slow)])
 def test_context_parallelism_saves_each_devices_chunk_of_keys_and_values(attention):
     """Saved keys and values stay each device's chunk of the sequence (as named: before the
     gather). Broken: the gather's sharding reached back to the saved values, and the 70B at

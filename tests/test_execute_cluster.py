@@ -158,6 +158,7 @@ def test_a_crashed_process_fails_the_trial_and_leaves_no_process(tpu_cluster, tm
     assert _alive(pids) == []  # process 0 was killed too, on its own host
 
 
+@pytest.mark.slow  # a minute; a timeout's kill: the local trial-timeout test (sweep_e2e)
 def test_a_timeout_kills_every_process_of_the_trial(tpu_cluster, tmp_path):
     # Process 1 hangs, so process 0 blocks in a collective: only the engine can end them.
     space = _space(

@@ -133,6 +133,7 @@ def test_a_killed_driver_resumes_with_nothing_lost_or_repeated(tmp_path):
     assert (sweep_dir / "best.yaml").exists()
 
 
+@pytest.mark.slow  # 1.5-2.5 min; a killed driver's resume: the test before, by default
 def test_a_driver_killed_while_the_best_point_is_measured_again_resumes_that_measurement(
     tmp_path,
 ):
@@ -412,6 +413,7 @@ def test_a_cut_tune_state_is_mended_from_rays_copy_or_the_resume_is_refused(tmp_
     assert "RUNNING" not in {r.info.status for r in runs}
 
 
+@pytest.mark.slow  # a minute; records closed on a store's fault: the full-folder test
 def test_a_study_file_removed_mid_sweep_ends_it_with_every_run_closed(tmp_path):
     """optuna.db deleted while the sweep runs (SQLite: "attempt to write a readonly
     database"): the sweep ends with that error told as a store that took no more writes, no
@@ -577,6 +579,7 @@ def test_a_sweep_stopped_twice_listens_on_loopback_only_and_stays_resumable(tmp_
     assert {r["status"] for r in _summary(sweep_dir)} == {"ok"} and len(_summary(sweep_dir)) == 3
 
 
+@pytest.mark.slow  # a minute; a lost Tune state refused by name: the cut-state test
 def test_a_lost_tune_state_before_any_trial_ended_is_refused_by_name(tmp_path):
     """Tune's state cut and Ray's copy gone while no trial had ended yet: resume once started
     the experiment afresh, ran one trial and called the sweep complete; the trials cut off

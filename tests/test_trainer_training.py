@@ -34,7 +34,7 @@ def test_golden_one_step_tiny_dense():
     )
 
 
-@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
+@pytest.mark.parametrize("model", ["tiny-dense", pytest.param("tiny-moe", marks=pytest.mark.slow)])
 def test_loss_falls_on_real_corpus(model):
     losses = _losses(trial(model, steps=40, seq_len=128, learning_rate=1e-2, warmup_steps=4))
     assert all(math.isfinite(x) for x in losses)
@@ -60,7 +60,14 @@ def unsharded_losses():
     }
 
 
-@pytest.mark.parametrize("name", sorted(MESHES))
+# make test keeps one mesh of each axis; the axes combined run in make test-slow.
+COMBINED = ("context_balanced", "expert_context", "expert_tensor")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in COMBINED else n for n in sorted(MESHES)],
+)
 def test_sharded_losses_match_unsharded(name, unsharded_losses):
     model, mesh = MESHES[name]
     fill = {"fsdp": 1, **mesh}  # explicit degrees, no fill
@@ -68,6 +75,7 @@ def test_sharded_losses_match_unsharded(name, unsharded_losses):
     np.testing.assert_allclose(losses, unsharded_losses[model], rtol=2e-3)
 
 
+@pytest.mark.slow  # a minute here; capacity's kept slots: test_trainer_dispatch, by default
 def test_capacity_drops_slots_the_same_way_with_or_without_expert_parallelism():
     """Capacity is per device token group; fsdp 8 and fsdp 2 x expert 4 group tokens the same
     way (one batch row per device), so they drop the same slots and train identically, and
