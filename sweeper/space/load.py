@@ -63,7 +63,7 @@ def load_space(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     if isinstance(spec, dict):
         # No file: the space is named by its name, where it has one (a pipeline's dict).
         name = spec.get("name")
-        data, root, file = copy.deepcopy(spec), None, f"space {name!r}" if name else None
+        data, root, file = copy.deepcopy(spec), None, f"space {name!r}" if name else "the space"
     else:
         path = resolve_path(spec)
         file = str(path)
