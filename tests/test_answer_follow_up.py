@@ -113,3 +113,25 @@ def _serves(words: list[str], cwd: Path) -> None:
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+
+
+def test_a_sweep_on_a_named_ray_cluster_prints_resume_with_that_address(capsys, monkeypatch):
+    """A sweep run with `--address` printed `sweeper resume ID` without it: copied, resume
+    started a private Ray on the driver's host instead of going back to the cluster. The
+    banner, `show` and the records' notes now name the address it ran with."""
+    from sweeper.answer.console import where
+    from sweeper.answer.progress import ProgressCallback
+    from sweeper.execute import cluster
+    from sweeper.space.load import load_space
+
+    monkeypatch.setattr(cluster, "_RAY_ADDRESS", "10.1.2.3:6379")  # as `--address` leaves it
+    space = load_space("smoke", {"search.trials": 1})
+    ProgressCallback(space, SWEEP, str(V5E / "v5e_dense" / SWEEP)).setup()
+    banner = " ".join(capsys.readouterr().err.split())
+    assert f"resume {SWEEP} --results-dir" in banner and "--address 10.1.2.3:6379`" in banner
+    manifest = SweepManifest.read(V5E / "v5e_dense" / SWEEP / "sweep.json")
+    assert manifest.ray_address == ""  # run without Ray: its resume names no cluster
+    said = where(manifest.model_copy(update={"ray_address": "10.1.2.3:6379"}),
+                 V5E / "v5e_dense" / SWEEP)  # fmt: skip
+    resume = next(line for line in said if line.startswith("resume:"))
+    assert "--address 10.1.2.3:6379`" in resume, resume

@@ -204,7 +204,9 @@ def where(manifest: SweepManifest, sweep_dir: Path) -> list[str]:
         "finished": "writes the tracking records still waiting",
     }[state]
     if state != "finished" or _records_waiting(sweep_dir):
-        lines.append(f"resume: `{sweeper_command('resume', sweep_id, results_dir=folder)}` {does}")
+        again = sweeper_command("resume", sweep_id, results_dir=folder,
+                                address=manifest.ray_address or None)  # fmt: skip
+        lines.append(f"resume: `{again}` {does}")
     return lines
 
 

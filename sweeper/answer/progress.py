@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from sweeper.answer.fold import say
 from sweeper.answer.streams import terminal
+from sweeper.execute.cluster import given_address
 from sweeper.record.manifest import results_dir_of, sweeper_command
 from sweeper.record.row import ranking_of
 from sweeper.record.trial import RUNNING, SweepTrial
@@ -64,9 +65,8 @@ class ProgressCallback(tune.Callback):
             if self.again_planned
             else ""
         )
-        resume = sweeper_command(
-            "resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir)
-        )
+        resume = sweeper_command("resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir),
+                                 address=given_address())  # fmt: skip
         plural = "s" if trials != 1 else ""
         say(
             self.console,

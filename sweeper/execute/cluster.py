@@ -54,6 +54,14 @@ def place(space: Space, hosts: list[Host] | None = None) -> tuple[Space, Placeme
 TOKEN_NOTICE = "ray._private.authentication.authentication_token_setup"
 # Whether this process started the Ray it uses (a Ray it found is the caller's to stop).
 _RAY_STARTED_HERE = False
+# The Ray cluster `--address` named, once attached: `sweeper resume` must attach to it again.
+_RAY_ADDRESS: str | None = None
+
+
+def given_address() -> str | None:
+    """The Ray cluster this process attached to by `--address` (None: a private local Ray, or
+    a caller's Ray it found running): a printed `sweeper resume` names it again."""
+    return _RAY_ADDRESS
 
 
 def quiet(verbose: bool = False) -> None:
@@ -81,10 +89,10 @@ LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 def start_ray(address: str | None = None) -> None:
     """Attach to `address`, or start a private local Ray (never a stray cluster in /tmp/ray)
     that listens on loopback only: nothing of it is reachable from another host."""
-    global _RAY_STARTED_HERE
+    global _RAY_STARTED_HERE, _RAY_ADDRESS
     if ray.is_initialized():
         return
-    _RAY_STARTED_HERE = True
+    _RAY_STARTED_HERE, _RAY_ADDRESS = True, address
     if address is None:
         _loopback_only()
     try:
@@ -97,7 +105,7 @@ def start_ray(address: str | None = None) -> None:
             runtime_env=shipped_code() if address else None,
         )
     except Exception as exc:  # Ray raises bare Exception when its node does not come up
-        _RAY_STARTED_HERE = False
+        _RAY_STARTED_HERE, _RAY_ADDRESS = False, None
         refused = tcp_refused()
         why = f" ({refused})" if refused else ""
         raise SpaceError(

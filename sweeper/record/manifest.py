@@ -118,6 +118,8 @@ class SweepManifest(Frozen):
     storage: str
     # What schedules its trials: Ray Tune, or this host alone without Ray (sweeper/sweep/host.py).
     executor: Literal["ray", "host"] = "ray"
+    # The Ray cluster it ran on by `--address` ("": a private local Ray): resume attaches there.
+    ray_address: str = ""
     inert_notes: list[str] = Field(default_factory=list)
     started_at: str = ""
     ending: Ending = Ending()

@@ -31,7 +31,7 @@ from sweeper.answer.export import trial_config
 from sweeper.answer.progress import ProgressCallback
 from sweeper.answer.recover import result_of_run
 from sweeper.execute import tune_state
-from sweeper.execute.cluster import place, start_ray
+from sweeper.execute.cluster import given_address, place, start_ray
 from sweeper.execute.host import this_host
 from sweeper.execute.placement import Placement
 from sweeper.execute.trainable import TrialRuntime, run_trial
@@ -111,6 +111,7 @@ def _new_manifest(
         parent_run_id="",
         storage=storage,
         executor=executor,
+        ray_address=given_address() or "",
         inert_notes=inert_notes,
         started_at=now(),
     )

@@ -11,6 +11,7 @@ import optuna
 import pandas as pd
 
 from sweeper.answer.recover import sweep_frame
+from sweeper.execute.cluster import given_address
 from sweeper.record.manifest import (
     JOURNAL,
     SUMMARY,
@@ -36,7 +37,7 @@ class ResultsUnwritable(SpaceError):
             f"sweep {sweep_id}: the results folder {folder} took no more writes "
             f"({'; '.join(unwritten)}). The trials' records are kept where they were written "
             f"(Optuna, MLflow, the trials' folders). Free space (or make it writable), then "
-            f"`{sweeper_command('resume', sweep_id, results_dir=results_dir_of(folder))}` "
+            f"`{sweeper_command('resume', sweep_id, results_dir=results_dir_of(folder), address=given_address())}` "
             "writes the summary, best.yaml and the report",
             file=str(folder),
         )
