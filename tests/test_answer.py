@@ -18,7 +18,7 @@ import ray
 import yaml
 
 from sweeper.sweep.run import run_sweep
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, unfolded
 from trainer.trial.config import load_config
 from trainer.trial.maxtext import from_maxtext
 
@@ -94,8 +94,12 @@ def test_the_best_trial_exported_for_maxtext_parses_back_to_its_knobs(finished):
     words = shlex.split(command.replace("\\\n", " "))
     args = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith(("$", "'")))
     back = load_config(from_maxtext(args))
-    said = out.stdout.split("# knobs: ")[1].splitlines()  # folded: its lines under it
-    said = [said[0], *(line.removeprefix("#   ") for line in said[1:] if line.startswith("#   "))]
+    lines = out.stdout.split("# knobs: ")[1].splitlines()  # folded: its lines just under it
+    said = [lines[0]]
+    for line in lines[1:]:
+        if not line.startswith("#   "):
+            break
+        said.append(line.removeprefix("#   "))
     knobs = dict(word.split("=", 1) for word in " ".join(said).split())
     assert str(back.mesh.tensor) == knobs["mesh.tensor"]
     assert back.remat.policy == knobs["remat.policy"]
@@ -217,7 +221,7 @@ def test_the_optuna_dashboard_command_the_cli_prints_serves_the_study(finished):
     serves the sweep's study."""
     result, where, _ = finished
     shown = _cli("show", result.sweep_id, "--results-dir", str(where / "results"))
-    line = next(line for line in shown.stdout.splitlines() if line.startswith("Optuna study"))
+    line = unfolded(shown.stdout.split("Optuna study", 1)[1])  # its lines read as one
     command = shlex.split(line.split("(`", 1)[1].rsplit("`)", 1)[0])
     assert os.path.isabs(command[0]) and command[1] == result.manifest.optuna_storage
     port = free_port()

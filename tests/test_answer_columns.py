@@ -104,18 +104,27 @@ def test_every_command_fits_80_columns_from_a_folder_of_ones_own(tmp_path):
         ("show", SWEEP, *given),
         ("export", SWEEP, "--format", "maxtext", *given),
         ("export", SWEEP, "--format", "env", *given),
+        ("export", SWEEP, "--format", "trial", *given),
         ("report", SWEEP, *given),
         ("show", "19990101", *given),  # an error a user meets: exit 2, said in words
     ]  # fmt: skip
     transcript = []
     for args in commands:
-        done = subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
-                              text=True, cwd=here, env=env, timeout=600)  # fmt: skip
-        said = done.stdout + done.stderr
-        transcript.append(f"$ sweeper {' '.join(args)}\n{said}")
-        expected = 2 if args[1] == "19990101" else 0
-        assert done.returncode == expected, (args, said[-3000:])
-        assert "Traceback" not in said, (args, said[-3000:])
-        assert _too_wide(said) == [], (args, _too_wide(said))
+        if args[0] == "list":  # the sweep just run, ended: resumed, it says so
+            ran = next(p.name for p in (here / "sweeps" / "smoke").iterdir())
+            _say(here, env, ("resume", ran, *given), transcript)
+        _say(here, env, args, transcript, expected=2 if args[1] == "19990101" else 0)
     if os.environ.get("SWEEPER_TRANSCRIPT"):
         Path(os.environ["SWEEPER_TRANSCRIPT"]).write_text("\n".join(transcript))
+
+
+def _say(here: Path, env: dict[str, str], args: tuple[str, ...], transcript: list[str],
+         expected: int = 0) -> None:  # fmt: skip
+    """`sweeper ARGS` run from `here`: its exit as `expected`, no traceback, nothing too wide."""
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", *args], capture_output=True,
+                          text=True, cwd=here, env=env, timeout=600)  # fmt: skip
+    said = done.stdout + done.stderr
+    transcript.append(f"$ sweeper {' '.join(args)}\n{said}")
+    assert done.returncode == expected, (args, said[-3000:])
+    assert "Traceback" not in said, (args, said[-3000:])
+    assert _too_wide(said) == [], (args, _too_wide(said))

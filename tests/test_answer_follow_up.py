@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from sweeper.record.manifest import SweepManifest
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, unfolded
 
 # The v5e sweep the chip left (committed): interrupted, so `show` prints how to resume it too.
 V5E = REPO / "results" / "v5e"
@@ -69,7 +69,7 @@ def test_every_printed_follow_up_runs_as_printed_from_where_the_user_stands(tmp_
     no_trial = _sweeper(here, "export", SWEEP, "--trial", "nope", *given)
     assert no_trial.returncode == 2 and "no trial 'nope'" in no_trial.stderr
     no_sweep = _sweeper(here, "show", "19990101", *given)
-    assert no_sweep.returncode == 2 and "no sweep '19990101'" in no_sweep.stderr
+    assert no_sweep.returncode == 2 and "no sweep '19990101'" in unfolded(no_sweep.stderr)
     commands = _printed(shown.stdout + no_trial.stderr + no_sweep.stderr)
     assert sorted(map(_verb, commands)) == ["export", "list", "resume", "show", "ui"], commands
     # Resumed as printed, the sweep would train a 270M model here: ended, it says so instead

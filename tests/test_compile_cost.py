@@ -149,6 +149,7 @@ def test_mesh_follows_the_torus():
     assert sum(h > 1 for h in hops(devices)) == 3 and max(hops(devices)) == 3
 
 
+@pytest.mark.slow  # 30 s; the step model's program reading: test_fp8_program_is_estimated...
 def test_program_cost_counts_scanned_layers_by_trip_count(compile_once):
     """XLA's cost analysis counts a scanned layer once; the HLO walk counts it L times, and
     its matrix FLOPs agree with the model formula (plus full remat's recomputed forward)."""
@@ -193,6 +194,7 @@ def test_a_program_changing_vmem_limit_changes_the_estimate(compile_once):
     assert tight["summary"]["est_step_time_s"] != base["est_step_time_s"]
 
 
+@pytest.mark.slow  # 50 s; offload's placement: test_trainer_remat's custom placements
 def test_offloaded_residuals_cross_the_host_link_once_each_way(compile_once):
     """decoder_layer_input offloaded: each layer's input goes to host memory in the forward
     pass and comes back in the backward (XLA peels one iteration of each loop to overlap the

@@ -25,6 +25,7 @@ from trainer.trial.hardware import ACCELERATORS
 pytestmark = pytest.mark.tpu_compile
 
 
+@pytest.mark.slow  # 1.5 min; EP dispatch: test_compile_cost's own-tokens test
 def test_expert_parallel_program_dispatches_tokens_by_ragged_all_to_all(compile_once):
     """With an expert axis, tokens travel to their experts by ragged all-to-all (dispatch and
     combine, forward and backward); without one there is no ragged exchange."""
@@ -206,6 +207,7 @@ def test_megablox_tiles_meet_tpu7x_vmem(compile_once, tiles, code):
 
 
 @pytest.mark.xdist_group("megablox")
+@pytest.mark.slow  # 1 min; megablox tiles in the program: the megablox tuner test
 def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     """Megablox runs whole row tiles, one more for each group boundary inside a tile (its
     group metadata): 1,024 routed rows per device over 8 experts are 2 + 7 tiles of 512
@@ -245,6 +247,7 @@ def test_megablox_tiles_set_the_kernel_work_the_estimate_counts(compile_once):
     assert gap == pytest.approx(extra, rel=1e-6)
 
 
+@pytest.mark.slow  # 1 min; tokamax's kernels compiled: the tokamax-tiles tuner tests
 def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_once):
     """tokamax picks its kernel by the default device; the AOT compile makes that the
     target's TPU device, so the program is the one a TPU host runs: tokamax's Mosaic gmm
@@ -287,6 +290,7 @@ def test_tokamax_grouped_matmul_compiles_to_its_own_kernels_for_tpu7x(compile_on
     assert [s / f for s, f in zip(spent, each, strict=True)] == pytest.approx([fill] * len(each))
 
 
+@pytest.mark.slow  # 1.5 min; XLA's ragged_dot path: the default MoE compile tests
 def test_ragged_dot_runs_libtpus_ragged_dot_kernels_on_tpu7x(compile_once):
     """On TPU the trainer runs XLA's ragged_dot as libtpu's ragged-dot kernels (every TPU
     trial sets RAGGED_DOT_KERNEL): the step's 12 expert matmuls (forward and its
@@ -312,6 +316,7 @@ def test_ragged_dot_runs_libtpus_ragged_dot_kernels_on_tpu7x(compile_once):
     assert counted["dense"] - counted["kernels"] == pytest.approx(dense, rel=0.01)
 
 
+@pytest.mark.slow  # 1 min; fp8 in the TPU7x program: test_fp8_is_in_the_compiled_tpu7x_program
 def test_fp8_experts_in_tokamax_are_fp8_kernel_calls_on_tpu7x(compile_once):
     """With fp8 experts and moe_gmm tokamax, all three grouped matmuls of the step (forward,
     input and weight gradient) are tokamax kernel calls with fp8 operands, as MaxText's fp8

@@ -98,6 +98,7 @@ def test_fsdp_program_all_gathers_weights_and_reduce_scatters_gradients(remat_pa
     assert collectives["all-gather"] > 0 and collectives["reduce-scatter"] > 0
 
 
+@pytest.mark.slow  # 1 min; a real-size expert layer
 def test_capacity_factor_shrinks_expert_parallel_memory(tmp_path):
     """Dropless EP receives into expert x the device's slots; capacity 1.0 into about 1x."""
     model = {**SMALL_MOE, "num_experts": 8}
@@ -179,6 +180,7 @@ def test_a_program_over_the_spaces_memory_budget_is_oom_hbm(compile_once):
     assert "limits.device_memory_gib" in events["failure"]["message"]
 
 
+@pytest.mark.slow  # 45 s; every compile-fidelity test compiles with those stacks
 def test_compile_trials_give_the_compiler_large_stacks_and_the_same_program(tmp_path, monkeypatch):
     """Compile trials run libtpu with 32 MiB thread stacks (libtpu 0.0.42.1 overflows a
     compiler fiber's stack on qwen3-235b's MoE layer). A compiler setting, not a program

@@ -296,7 +296,7 @@ def test_settings_are_read_as_maxtext_reads_them():
         ({"per_device_batch_size": "two"}, "per_device_batch_size"),
         ({"megablox": "true", **dict.fromkeys(GMM_WI_FWD, "x")}, GMM_WI_FWD[0]),
         ({"attention": "paged"}, "attention"),
-        ({"use_qwix_quantization": "true", "quantization": "int8"}, "quantization"),
+        ({"use_qwix_quantization": "true", "quantization": "int4"}, "quantization"),
         ({"compile_topology": "tpu7x-6"}, "compile_topology"),
     ):
         with pytest.raises(ConfigError) as caught:

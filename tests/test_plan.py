@@ -205,6 +205,7 @@ def test_an_unknown_target_is_a_clear_exit_2():
 
 
 @pytest.mark.tpu_compile
+@pytest.mark.slow  # 50 s; plan's advice: its estimate tests, by default
 def test_plan_compile_holds_the_advice_against_the_compiler():
     result = CliRunner().invoke(
         app,

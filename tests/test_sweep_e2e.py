@@ -430,6 +430,7 @@ AOT = {
 
 
 @pytest.mark.tpu_compile
+@pytest.mark.slow  # 2 min; a compile-fidelity sweep: the ladder's compile rung
 def test_compile_fidelity_sweep_for_tpu7x(tmp_path):
     import ray
     from ray import tune
@@ -511,7 +512,8 @@ def test_grid_sampler_runs_the_whole_grid_once(tmp_path):
 # SIGINT in `make test-slow`: the CLI turns SIGTERM into SIGINT, so the SIGTERM case (which
 # also resumes) runs the same path.
 @pytest.mark.parametrize(
-    "sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM]
+    "sig",  # 2 min each; interrupt and resume: test_sweep_faults' Ctrl-C and killed-driver tests
+    [pytest.param(s, marks=pytest.mark.slow) for s in (signal.SIGINT, signal.SIGTERM)],
 )
 def test_an_interrupted_sweep_leaves_every_record_terminal(tmp_path, sig):
     import optuna

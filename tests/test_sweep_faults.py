@@ -218,6 +218,7 @@ def test_a_tracking_server_outage_is_journaled_and_replayed(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow  # 1.5 min; --study's reuse is tested here alone: make test-slow
 def test_a_study_continues_across_sweeps_and_measured_points_are_reused(tmp_path):
     common = ["--study", "shared", "--set", "trial.steps=3", "--set", "constraints.convergence=false",
               "--set", "search.remeasure=0",

@@ -99,10 +99,12 @@ def export(
 
 
 def settings_words(settings: dict[str, Any]) -> str:
-    """`name=value` words (a string as it is, other values as JSON writes them)."""
-    return " ".join(
-        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in settings.items()
-    )
+    """`name=value` words, one each: a string as it is, other values as JSON without spaces."""
+
+    def word(v: Any) -> str:
+        return v if isinstance(v, str) and " " not in v else json.dumps(v, separators=(",", ":"))
+
+    return " ".join(f"{k}={word(v)}" for k, v in settings.items())
 
 
 def flag_words(flags: list[str]) -> str:
