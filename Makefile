@@ -56,7 +56,8 @@ test: setup gpu-compile
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# Real-size checks (the published 70B recipe against MaxText): about 15 minutes each here.
+# What make test leaves out: real-size checks (the published 70B recipe against MaxText, about
+# 15 minutes each here) and minute-long variants whose path a default test walks.
 test-slow: setup
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
