@@ -126,7 +126,8 @@ def test_a_sweep_on_a_named_ray_cluster_prints_resume_with_that_address(capsys, 
 
     monkeypatch.setattr(cluster, "_RAY_ADDRESS", "10.1.2.3:6379")  # as `--address` leaves it
     space = load_space("smoke", {"search.trials": 1})
-    ProgressCallback(space, SWEEP, str(V5E / "v5e_dense" / SWEEP)).setup()
+    given = cluster.given_address()  # what the sweep's driver passes its progress lines
+    ProgressCallback(space, SWEEP, str(V5E / "v5e_dense" / SWEEP), given).setup()
     banner = " ".join(capsys.readouterr().err.split())
     assert f"resume {SWEEP} --results-dir" in banner and "--address 10.1.2.3:6379`" in banner
     manifest = SweepManifest.read(V5E / "v5e_dense" / SWEEP / "sweep.json")

@@ -88,7 +88,9 @@ def test_smoke_sweep_records_parent_children_steps_and_verdicts(tmp_path):
     # The best: the fastest, each point measured again ranked by the mean of both figures.
     ranks = ranking_figure(frame, "tokens_per_sec_per_chip")
     assert best["trial_id"] == frame.loc[ranks.idxmax(), "trial_id"] == result.best.trial_id
-    assert best["ranked_by_mean_of_both"] == pytest.approx(ranks.max())
+    # (a point measured once ranks by its figure: it may lead where both repeats fell back)
+    ranked_by = best.get("ranked_by_mean_of_both", best["tokens_per_sec_per_chip"])
+    assert ranked_by == pytest.approx(ranks.max())
     # The two best points ran again, each as a Tune trial of its own (not told to Optuna, no
     # run of its own): its figure on the first trial's run and row, and who measured it.
     top = frame.sort_values("tokens_per_sec_per_chip", ascending=False)["trial_id"][:2]

@@ -12,7 +12,6 @@ from rich.markup import escape
 
 from sweeper.answer.fold import say
 from sweeper.answer.streams import terminal
-from sweeper.execute.cluster import given_address
 from sweeper.record.manifest import results_dir_of, sweeper_command
 from sweeper.record.row import ranking_of
 from sweeper.record.trial import RUNNING, SweepTrial
@@ -30,9 +29,11 @@ class ProgressCallback(tune.Callback):
     and the best by the rule the final table uses (the search's own trials that ended well;
     a point measured again is shown as such, never as another best)."""
 
-    def __init__(self, space: Space, sweep_id: str = "", sweep_dir: str = ""):
+    def __init__(self, space: Space, sweep_id: str = "", sweep_dir: str = "",
+                 address: str | None = None):  # fmt: skip
         self.space = space
         self.sweep_id, self.sweep_dir = sweep_id, sweep_dir
+        self.address = address  # the Ray cluster `--address` named: resume attaches there
         # The search's trials and, at run fidelity, the best points measured again.
         search = space.search
         self.again_planned = search.remeasure_count(space.effective_fidelity)
@@ -66,7 +67,7 @@ class ProgressCallback(tune.Callback):
             else ""
         )
         resume = sweeper_command("resume", self.sweep_id, results_dir=results_dir_of(self.sweep_dir),
-                                 address=given_address())  # fmt: skip
+                                 address=self.address)  # fmt: skip
         plural = "s" if trials != 1 else ""
         say(
             self.console,

@@ -517,7 +517,8 @@ class Sweep:
         """The sweep's own callbacks (tracking, finish, optional progress), then the caller's."""
         all_callbacks: list[tune.Callback] = [self.tracking, FinishCallback(self)]
         if progress:
-            all_callbacks.append(ProgressCallback(self.space, self.sweep_id, str(self.sweep_dir)))
+            all_callbacks.append(ProgressCallback(self.space, self.sweep_id, str(self.sweep_dir),
+                                                  given_address()))  # fmt: skip
         return all_callbacks + (callbacks or [])
 
     def _runtime(self) -> TrialRuntime:
