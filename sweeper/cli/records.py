@@ -127,6 +127,6 @@ def ui(
     found = found_sweep(sweep_id, results_dir)
     assert found.manifest is not None
     try:
-        serve(found.manifest, port, lambda line: console.print(line, soft_wrap=True))
+        serve(found.manifest, port, lambda line: say(console, line))  # a URL whole, to open
     except (SpaceError, ConnectionError) as exc:
         fail(str(exc))
