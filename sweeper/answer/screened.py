@@ -24,10 +24,8 @@ def grouped(frame: pd.DataFrame) -> pd.DataFrame:
     seen = [c for c, n in knob_columns(frame.columns).items() if n not in unseen]
     figures = [c for c in ("verdict", *FIGURES) if c in frame]
     keys = frame[[*seen, *figures]].map(str)  # NaN as "nan": a value like the others
-    key = keys.apply(lambda row: "\x1f".join(row), axis=1) if len(keys.columns) else None
+    key = keys.apply(lambda row: "\x1f".join(row), axis=1)  # "verdict" is always among them
     out = frame.drop(columns=[c for c, n in knob_columns(frame.columns).items() if n in unseen])
-    if key is None:
-        return out.assign(points=1).head(1)
     counts = key.map(key.value_counts())
     return out.assign(points=counts)[~key.duplicated()]
 
