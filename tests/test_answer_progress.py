@@ -89,3 +89,17 @@ def test_a_sweep_run_without_ray_says_its_id_and_how_to_resume_first(capsys, tmp
     err = capsys.readouterr().err
     assert err.startswith("sweep 20261205-000000-abcd: 2 trials of smoke"), err
     assert "resume 20261205-000000-abcd" in err
+
+
+def test_a_trial_tuning_its_kernels_says_how_many_compiles_of_how_many(capsys):
+    """A compile trial with `kernels.tune: compile` compiles candidates for minutes: its line
+    says how far along the tuner is, not only `compiling`."""
+    from trainer.trial.result import running_report
+
+    space = load_space("smoke", {"search.trials": 1})
+    progress = ProgressCallback(space)
+    trial = _ended("t1", 1.0)
+    progress.on_trial_start(0, [trial], trial)
+    report = running_report([METRIC], "tuning kernels", tuned=3, tunes=8)
+    progress.on_trial_result(0, [trial], trial, report)
+    assert "t1 tuning kernels: compile 3 of 8" in " ".join(capsys.readouterr().err.split())

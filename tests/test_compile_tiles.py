@@ -290,6 +290,9 @@ def test_splash_under_context_parallelism_is_tuned_on_one_devices_chunk(tmp_path
              "convergence": {"enabled": False, "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
     code, events, err = _compile(tmp_path, trial, timeout=1200)
     assert code == 0, err[-3000:]
+    # Each compile the tuner begins is said (a sweep's progress shows "compile k of n").
+    told = events["tuning"]  # the last one
+    assert told["kernel"].startswith("splash") and 1 <= told["done"] <= told["total"], told
     tuning = {k["kernel"]: k for k in events["compiled"]["kernel_tuning"]["kernels"]}
     for tuned in tuning.values():
         tried = {tuple(t["blocks"]) for t in tuned["tried"]}
