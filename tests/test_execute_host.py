@@ -80,6 +80,13 @@ def test_without_tcp_a_sweep_runs_on_the_host_resumes_and_reads_elsewhere(tmp_pa
     assert manifest["executor"] == "host"
     first = json.loads((sweep_dir / "host_trials.json").read_text())[0]
     assert first["status"] == "TERMINATED"
+    # Resumed from another folder, as the chip's sweep was (copied there, then resumed): the
+    # saved searcher reaches the study where it is now, not where it was written (there
+    # SQLite made an empty file and resume ended in "Record does not exist").
+    written, results = results, tmp_path / "copied"
+    shutil.copytree(written, results)
+    shutil.rmtree(written)
+    sweep_dir = results / "smoke" / sweep_dir.name
 
     done = subprocess.run(_sweeper("resume", sweep_dir.name, "--results-dir", str(results)),
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=900)  # fmt: skip
@@ -95,6 +102,12 @@ def test_without_tcp_a_sweep_runs_on_the_host_resumes_and_reads_elsewhere(tmp_pa
     assert len(runs) == TRIALS and {r.info.status for r in runs} == {"FINISHED"}
     attempts = json.loads((sweep_dir / "mlflow_runs.json").read_text())["attempts"]
     assert attempts[cut] == 2 and attempts[first["trial_id"]] == 1  # the first did not rerun
+    # Nothing of the sweep's was written where it began (MLflow keeps artifact folders as
+    # absolute paths: they follow the folder), and every run's artifacts are here.
+    assert not any((written / name).exists() for name in ("optuna.db", "mlflow.db", "mlartifacts"))
+    for run in runs:
+        assert run.info.artifact_uri.startswith(results.resolve().as_uri() + "/mlartifacts/")
+        assert "trial.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
     # The cut trial ran again from its start: every step's loss once more, in one run.
     run_of_cut = next(r for r in runs if r.data.tags["sweeper.trial_id"] == cut)
     steps = sorted({m.step for m in client.get_metric_history(run_of_cut.info.run_id, "loss")})
@@ -122,6 +135,43 @@ def test_without_tcp_a_sweep_runs_on_the_host_resumes_and_reads_elsewhere(tmp_pa
                             capture_output=True, text=True, cwd=tmp_path, timeout=300)  # fmt: skip
     assert report.returncode == 0 and "report.html" in report.stdout, report.stderr
     assert "importance" in (moved / "smoke" / sweep_dir.name / "report.html").read_text().lower()
+
+
+def test_a_saved_searcher_restored_from_a_moved_folder_uses_the_study_there(tmp_path):
+    """Tune restores the searcher from its pickle (the Ray executor's resume): the study it
+    asks and tells is the one in the folder as it is now, not where the pickle was made."""
+    from sweeper.search.distributions import make_sampler
+    from sweeper.search.searcher import SweepSearch, moved_url
+
+    space = load_space("smoke", {"search.trials": 3})
+    metric = space.objective.primary.metric
+
+    def searcher(folder: Path) -> SweepSearch:
+        return SweepSearch(space, sweep_id="s", metric=metric, mode="max",
+                           sampler=make_sampler(space), study_name="s",
+                           storage=optuna.storages.RDBStorage(f"sqlite:///{folder}/optuna.db"))  # fmt: skip
+
+    (tmp_path / "a" / "results" / "ray").mkdir(parents=True)
+    first = searcher(tmp_path / "a" / "results")
+    first.suggest("t0")
+    first.save(str(tmp_path / "a" / "results" / "ray" / "searcher.pkl"))
+    moved = tmp_path / "b" / "chip"
+    moved.parent.mkdir()
+    shutil.move(str(tmp_path / "a" / "results"), moved)
+    restored = SweepSearch.__new__(SweepSearch)
+    restored.restore(str(moved / "ray" / "searcher.pkl"))
+    restored.suggest("t1")  # asks (and writes) the study: here, not under a/
+    assert not (tmp_path / "a" / "results").exists()
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{moved}/optuna.db")
+    assert len(study.trials) == 2
+    # Only a database under the folder that moved follows it.
+    assert moved_url("sqlite:////x/r/optuna.db", Path("/x/r/s/p.pkl"), Path("/y/q/s/p.pkl")) == (
+        "sqlite:////y/q/optuna.db"
+    )
+    assert moved_url("sqlite:////z/o.db", Path("/x/r/p.pkl"), Path("/y/r/p.pkl")) == (
+        "sqlite:////z/o.db"
+    )
+    assert moved_url("postgresql://h/db", Path("/x/p.pkl"), Path("/y/p.pkl")) == "postgresql://h/db"
 
 
 def test_auto_runs_without_ray_only_where_ray_cannot_start():

@@ -82,6 +82,21 @@ class TrackingStore(Protocol):
     def read(self, run_id: str) -> RunRecord: ...
 
 
+def relocate_artifacts(uri: str, old: str, new: str) -> None:
+    """In MLflow's SQLite store `uri`, every experiment's and run's artifact folder under the
+    folder URI `old` read under `new` instead."""
+    from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlRun
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(uri, new)
+    with store.ManagedSessionMaker(read_only=False) as session:
+        for row, column in [*((e, "artifact_location") for e in session.query(SqlExperiment)),
+                            *((r, "artifact_uri") for r in session.query(SqlRun))]:  # fmt: skip
+            value = getattr(row, column) or ""
+            if value == old or value.startswith(old + "/"):
+                setattr(row, column, new + value[len(old) :])
+
+
 class MlflowStore:
     """An MLflow tracking store: a server (`http(s)://`, artifacts in its own store) or a
     SQLite file (artifacts next to it, under the results folder)."""
@@ -128,10 +143,36 @@ class MlflowStore:
     def experiment(self, name: str, artifact_root: Path) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            self._follow_move(found.artifact_location, artifact_root)
             return found.experiment_id
         # A server keeps artifacts in its own store (the UI anywhere shows them).
         location = None if self.served else artifact_root.resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location)
+
+    def _follow_move(self, recorded: str, artifact_root: Path) -> None:
+        """A results folder moved whole (brought back from the host that ran it): MLflow
+        keeps each experiment's and run's artifact folder as an absolute path, so new runs
+        would write where the folder was and the UI would read there. Where this store's
+        SQLite file sits beside `artifact_root` (the results folder's own layout) and the
+        experiment's folder is another results folder's, every path under that folder is
+        read under this one. MLflow has no call that moves them (mlflow/store/tracking/
+        sqlalchemy_store.py: artifact_location is set once, at create_experiment): its own
+        tables are updated through its own models."""
+        here = artifact_root.resolve()
+        database = (
+            Path(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else None
+        )
+        if database is None or database.parent != here.parent or not recorded.startswith("file://"):
+            return
+        was = Path(recorded.removeprefix("file://")).parent  # the results folder it was in
+        if was == here.parent:
+            return
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
+        # A store it may not write (read-only) is read as it is: artifacts where MLflow says.
+        with contextlib.suppress(MlflowException, SQLAlchemyError):
+            relocate_artifacts(self.uri, was.as_uri(), here.parent.as_uri())
 
     def log_artifacts(self, run_id: str, local_dir: str, path: str) -> None:
         self.client.log_artifacts(run_id, local_dir, artifact_path=path)

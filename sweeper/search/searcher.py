@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import pickle
 import warnings
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -51,6 +53,47 @@ def point_key(space: Space, point: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+class _StoragePickler(pickle.Pickler):
+    """Pickles the searcher with its Optuna storage as a name: the study, and each trial,
+    refer to it; none pickles its connection."""
+
+    def persistent_id(self, obj: Any) -> str | None:
+        stored = isinstance(obj, optuna.storages.BaseStorage)  # an in-memory study is its pickle
+        return (
+            "optuna-storage"
+            if stored and not isinstance(obj, optuna.storages.InMemoryStorage)
+            else None
+        )
+
+
+class _StorageUnpickler(pickle.Unpickler):
+    """The searcher's pickle read with its storage opened at `url` (one for all its refs)."""
+
+    def __init__(self, file: Any, url: str | None):
+        super().__init__(file)
+        self._storage = optuna.storages.get_storage(url) if url else None
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid != "optuna-storage" or self._storage is None:
+            raise pickle.UnpicklingError(f"unknown reference {pid!r} in the searcher's state")
+        return self._storage
+
+
+def moved_url(url: str, saved_at: Path, now_at: Path) -> str:
+    """A SQLite `url` recorded with a file saved at `saved_at`, read with that file now at
+    `now_at`: the folder the two paths end in common moved, and a database under it with it.
+    Any other URL (a server, a file elsewhere) is as it was."""
+    if not url.startswith("sqlite:///") or saved_at == now_at:
+        return url
+    old, new = saved_at, now_at
+    while old.name == new.name and old.name:
+        old, new = old.parent, new.parent
+    path = Path(url.removeprefix("sqlite:///"))
+    if old not in path.parents:
+        return url
+    return f"sqlite:///{new / path.relative_to(old)}"
+
+
 class SweepSearch(Searcher):
     """Ray Tune's documented Searcher interface on Optuna's ask/tell.
 
@@ -81,6 +124,7 @@ class SweepSearch(Searcher):
         self._sweep_id = sweep_id
         self._define = DefineByRun(space)
         modes = mode if isinstance(mode, list) else [mode]
+        self._storage_url = storage if isinstance(storage, str) else getattr(storage, "url", None)
         self._ot_study = optuna.create_study(
             storage=storage,
             sampler=sampler,
@@ -232,14 +276,43 @@ class SweepSearch(Searcher):
             self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
 
     def save(self, checkpoint_path: str) -> None:
-        """Tune checkpoints the searcher with the experiment (the study lives in its RDB)."""
+        """Tune checkpoints the searcher with the experiment. The study lives in its RDB: the
+        pickle names it by where it was saved, never holds its storage (optuna's RDBStorage
+        connects to the URL it was made with as it is unpickled, and makes the tables of an
+        empty database there), so that a folder moved since (brought back from the host that
+        ran it) has its study read where it is now."""
         with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__.copy(), f)
+            pickle.dump(
+                {"saved_at": os.path.abspath(checkpoint_path), "storage": self._storage_url}, f
+            )
+            _StoragePickler(f).dump(self.__dict__.copy())
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+            head = pickle.load(f)
+            if "saved_at" not in head:  # saved before 2026-12-07: the state alone
+                state, url = head, None
+            else:
+                url = moved_url(head["storage"], Path(head["saved_at"]),
+                                Path(os.path.abspath(checkpoint_path)))  # fmt: skip
+                state = _StorageUnpickler(f, url).load()
+        self.__dict__.update(state)
+        self._storage_url = url or getattr(self, "_storage_url", None)
         self._closing = False  # a resumed sweep: its trials are told again
+
+    def reopen(self, storage: str) -> None:
+        """The study read from `storage` (where the sweep's manifest now says it is), its
+        trials with it: for a searcher saved before it named its study by place."""
+        if storage == self._storage_url:
+            return
+        study = optuna.load_study(study_name=self._ot_study.study_name,
+                                  storage=optuna.storages.RDBStorage(storage),
+                                  sampler=self._ot_study.sampler, pruner=self._ot_study.pruner)  # fmt: skip
+        for trial in self._ot_trials.values():
+            # A Trial writes through its study's storage (optuna/trial/_trial.py, Trial.__init__).
+            trial.study, trial.storage = study, study._storage
+        self._ot_study = study
+        self._storage_url = storage
 
     def measured(self, key: str) -> optuna.trial.FrozenTrial | None:
         """The first finished trial of the study with this point key and a stored result."""

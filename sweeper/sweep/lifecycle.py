@@ -354,8 +354,12 @@ class Sweep:
         if manifest.executor == "host":
             # Saved as the first trial starts; a driver stopped before that left none, and a
             # searcher made anew over the sweep's study asks as the first would have.
-            saved = HostRunner.has_searcher(sweep_dir)
-            sweep.searcher = HostRunner.restore_searcher(sweep_dir) if saved else sweep._searcher()
+            # Its study is read where the manifest says it is now (the folder may have moved).
+            if HostRunner.has_searcher(sweep_dir):
+                sweep.searcher = HostRunner.restore_searcher(sweep_dir)
+                sweep.searcher.reopen(manifest.optuna_storage)
+            else:
+                sweep.searcher = sweep._searcher()
             return sweep
         sweep.tuner_path()  # refuse now, not at fit(), when Tune has nothing to restore
         sweep.check_tune_state()
