@@ -526,3 +526,18 @@ def test_a_models_flops_are_maxtexts_own_count_where_the_shape_alone_misses_some
     shape = load_config({"model": gemma, "seq_len": 8192, "per_device_batch": 4})
     ours = estimate(shape, topology.accelerator, topology.devices)["model_flops_per_step"]
     assert theirs["gemma4-26b"] > ours / topology.devices / 1e12 * 1.02
+
+
+def test_a_local_target_on_an_accelerator_reads_this_hosts_devices():
+    """`target: local` runs MaxText on the chips JAX finds here (the lent v5e's run failed on
+    "unknown accelerator 'local'"): read by a child process, which holds no chip when MaxText
+    starts. On this CPU host JAX finds no TPU, and the trial says so by its target."""
+    from trainer.maxtext.driver import _devices
+    from trainer.trial.config import ConfigError, TrialConfig
+
+    config = TrialConfig.model_validate({"model": {"preset": "tiny-dense"}, "backend": "tpu"})
+    with pytest.raises(
+        ConfigError, match=r"target: MaxText trials run on TPUs; JAX here finds \d+ cpu"
+    ):
+        _devices(config, "local", cpu=False)
+    assert _devices(config, "v5e:2x2", cpu=False).devices == 4  # a named slice needs no probe

@@ -10,26 +10,18 @@ starts in the driver): what the trials will get.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import sys
 from typing import Any
 
 from sweeper.execute.placement import LABEL_ACCELERATOR, RAY_TPU_NAMES, Host
 from sweeper.space.errors import SpaceError
 from sweeper.space.schema import Space
-from trainer.trial.hardware import ACCELERATORS
+from trainer.trial.devices import DevicesUnreadable, accelerator_of
+from trainer.trial.devices import devices_seen as read_devices
 
 HOST_NODE = "host"  # the node id of this host's trials in a sweep without Ray
-PROBE_TIMEOUT_S = 180.0
-_PROBE = (
-    "import json, jax\n"
-    "d = jax.devices()\n"
-    "print(json.dumps({'platform': d[0].platform, 'device_kind': d[0].device_kind, "
-    "'count': len(d)}))\n"
-)
 
 
 def tcp_refused() -> str | None:
@@ -48,29 +40,12 @@ def devices_seen(python: str = sys.executable) -> dict[str, Any]:
     """This host's JAX devices as a trial's process sees them: platform, device kind, count.
     Raises SpaceError when JAX cannot start here."""
     try:
-        done = subprocess.run(
-            [python, "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            env=os.environ.copy(),
-        )
-    except subprocess.TimeoutExpired:
+        return read_devices(python)
+    except DevicesUnreadable as exc:
         raise SpaceError(
-            f"reading this host's devices with JAX took over {PROBE_TIMEOUT_S:.0f} s; another "
-            "program may hold the accelerator: end it, or set trial.backend: cpu",
+            f"{exc}; another program may hold the accelerator: end it, or set trial.backend: cpu",
             field="trial.backend",
         ) from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SpaceError(
-            f"JAX could not start on this host to read its devices ({' / '.join(tail)[:400]}); "
-            "another program may hold the accelerator: end it, or set trial.backend: cpu",
-            field="trial.backend",
-        )
-    seen: dict[str, Any] = json.loads(lines[-1])
-    return seen
 
 
 def _wants_devices(space: Space) -> bool:
@@ -88,11 +63,7 @@ def this_host(space: Space, python: str = sys.executable) -> Host:
     if _wants_devices(space):
         seen = devices_seen(python)
         if seen["platform"] == "tpu":
-            accel = next(
-                (a for a in ACCELERATORS.values()
-                 if a.device_kind and seen["device_kind"].startswith(a.device_kind)),
-                None,
-            )  # fmt: skip
+            accel = accelerator_of(seen["device_kind"])
             per_chip = accel.devices_per_chip if accel else 1
             resources["TPU"] = float(seen["count"] // per_chip)
             if accel and accel.topology_prefix in RAY_TPU_NAMES:

@@ -30,6 +30,7 @@ from trainer.maxtext import logs
 from trainer.maxtext.tiles import tuned_for_maxtext
 from trainer.trial.checks import global_batch_size
 from trainer.trial.config import ConfigError, TrialConfig
+from trainer.trial.devices import accelerator_of, devices_seen
 from trainer.trial.effects import tune_effect
 from trainer.trial.events import (
     Accepted,
@@ -375,6 +376,15 @@ def _devices(config: TrialConfig, target: str, cpu: bool) -> _Devices:
     if cpu:
         devices = _simulated_devices() or config.num_devices or 1
         return _Devices(f"cpu via MaxText ({devices} devices)", "cpu", devices, 1.0, devices, None)
+    if target == "local":  # this host's chips, as JAX finds them before MaxText holds them
+        seen = devices_seen()
+        accel = accelerator_of(seen["device_kind"])
+        if accel is None:
+            raise ConfigError("target", f"MaxText trials run on TPUs; JAX here finds "
+                                        f"{seen['count']} {seen['device_kind']} ({seen['platform']})")  # fmt: skip
+        count = int(seen["count"])
+        return _Devices(accel.name, accel.device_kind, count, count / accel.devices_per_chip,
+                        accel.devices_per_chip, accel)  # fmt: skip
     # A TPU slice: MaxText finds its devices and peers itself (one process per host).
     topology = Topology.parse(target)
     accel = topology.accelerator
