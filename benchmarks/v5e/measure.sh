@@ -6,6 +6,11 @@
 #   bash benchmarks/v5e/measure.sh sweep SECONDS  # `sweeper run v5e_dense` as a user types it
 #   bash benchmarks/v5e/measure.sh extras SECONDS # MaxText beside our trainer, kernels.tune,
 #                                                 # accelerator_mfu (wheels: .whl-mt too)
+#   bash benchmarks/v5e/measure.sh session SECONDS # a session's calls, each the same command:
+#       kernels.tune three ways and MaxText beside our trainer once each (MaxText's install
+#       runs beside the first), then the committed sweep (results/v5e) resumed where the chip
+#       first wrote it (results/, its paths as recorded) until done; each call packs all of it
+#       into $OUT/v5e_session.tgz
 set -u
 STAGE=$1
 SECONDS_LEFT=$2
@@ -21,6 +26,32 @@ source benchmarks/v5e/env.sh
 export SWEEPER_JAX_CACHE_DIR=$PWD/results/jax_cache
 left() { echo $(( SECONDS_LEFT - ($(date +%s) - t0) )); }
 python3 -c "import mlflow, optuna, ray.tune; from sweeper.sweep.lifecycle import Sweep; print('engine imports')" 2>&1 | tail -3
+maxtext_install() {  # MaxText 0.2.5 under /tmp/mtsite and a Python that finds it
+  MTSITE=/tmp/mtsite
+  if [ ! -f "$MTSITE/.installed" ]; then  # MaxText 0.2.5's needs: the index's, then carried
+    mt_pip() {
+      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir \
+        --no-compile --disable-pip-version-check --target "$MTSITE" --only-binary=:all: \
+        --index-url file:///opt/pypi/simple "$@" > /dev/null 2>&1
+    }
+    wanted="transformers sympy pillow tensorstore orbax-checkpoint ml-collections jinja2 regex
+      huggingface-hub tokenizers safetensors sentencepiece"
+    # (transformers from the index wants huggingface-hub < 2: the index's, not the carried 2.4)
+    mt_pip $wanted || for name in $wanted; do mt_pip "$name" || echo "not installed: $name"; done
+    PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir --no-compile \
+      --disable-pip-version-check --upgrade --target "$MTSITE" --no-index --no-deps \
+      --ignore-requires-python $(ls .whl-mt/*.whl | grep -v huggingface_hub) \
+      > /tmp/pip_mt.log 2>&1 || tail -5 /tmp/pip_mt.log
+    touch "$MTSITE/.installed"
+  fi
+  cat > /tmp/maxtext_python <<PY
+#!/bin/sh
+export PYTHONPATH=$PWD/benchmarks/v5e/maxtext_shim:$MACHINE_PYTHONPATH:$MTSITE:$SITE
+exec python3 "\$@"
+PY
+  chmod +x /tmp/maxtext_python
+  export MAXTEXT_PYTHON=/tmp/maxtext_python
+}
 case "$STAGE" in
   grid)
     python3 -m benchmarks.space_grid v5e_dense --out results/v5e_grid --cache results/cache \
@@ -44,33 +75,37 @@ case "$STAGE" in
     ls -la "$OUT"
     ;;
   extras)
-    MTSITE=/tmp/mtsite
-    if [ ! -f "$MTSITE/.installed" ]; then  # MaxText 0.2.5's needs: the index's, then carried
-      mt_pip() {
-        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir \
-          --no-compile --disable-pip-version-check --target "$MTSITE" --only-binary=:all: \
-          --index-url file:///opt/pypi/simple "$@" > /dev/null 2>&1
-      }
-      wanted="transformers sympy pillow tensorstore orbax-checkpoint ml-collections jinja2 regex
-        huggingface-hub tokenizers safetensors sentencepiece"
-      mt_pip $wanted || for name in $wanted; do mt_pip "$name" || echo "not installed: $name"; done
-      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-cache-dir --no-compile \
-        --disable-pip-version-check --upgrade --target "$MTSITE" --no-index --no-deps .whl-mt/*.whl \
-        > /tmp/pip_mt.log 2>&1 || tail -5 /tmp/pip_mt.log
-      touch "$MTSITE/.installed"
-    fi
-    cat > /tmp/maxtext_python <<PY
-#!/bin/sh
-export PYTHONPATH=$PWD/benchmarks/v5e/maxtext_shim:$MACHINE_PYTHONPATH:$MTSITE:$SITE
-exec python3 "\$@"
-PY
-    chmod +x /tmp/maxtext_python
-    export MAXTEXT_PYTHON=/tmp/maxtext_python
+    maxtext_install
     echo "== MaxText beside our trainer ($(( $(date +%s) - t0 )) s in)"
     timeout $(( $(left) - 200 )) python3 -m benchmarks.v5e.maxtext_side_by_side results/v5e_maxtext
     echo "== kernels.tune ($(( $(date +%s) - t0 )) s in)"
     timeout $(( $(left) - 60 )) python3 -m benchmarks.v5e.tune_trials run results/v5e_tune
     tar -czf "$OUT/v5e_extras.tgz" results/v5e_maxtext results/v5e_tune 2>/dev/null
+    ;;
+  session)
+    (maxtext_install > /tmp/mt_install.log 2>&1) &
+    installing=$!
+    if [ ! -f results/v5e_tune/.tried ]; then  # each tried once, whatever came of it
+      echo "== kernels.tune ($(( $(date +%s) - t0 )) s in)"
+      timeout 330 python3 -m benchmarks.v5e.tune_trials run results/v5e_tune
+      touch results/v5e_tune/.tried
+    fi
+    wait $installing; cat /tmp/mt_install.log
+    export MAXTEXT_PYTHON=/tmp/maxtext_python
+    if [ ! -f results/v5e_maxtext/.tried ] && [ "$(left)" -gt 300 ]; then
+      echo "== MaxText beside our trainer ($(( $(date +%s) - t0 )) s in)"
+      timeout $(( $(left) - 60 )) python3 -m benchmarks.v5e.maxtext_side_by_side results/v5e_maxtext
+      touch results/v5e_maxtext/.tried
+    fi
+    [ -d results/v5e_dense ] || cp -r results/v5e/. results/
+    id=$(ls results/v5e_dense | tail -1)
+    if ! grep -q '"state": "finished"' "results/v5e_dense/$id/sweep.json" && [ "$(left)" -gt 120 ]; then
+      echo "== sweeper resume $id ($(( $(date +%s) - t0 )) s in)"
+      timeout -s INT $(( $(left) - 45 )) python3 -m sweeper resume "$id" --results-dir results 2>&1 | tail -40
+    fi
+    tar -czf "$OUT/v5e_session.tgz" results/v5e_dense results/optuna.db results/mlflow.db \
+      results/mlartifacts results/ray results/v5e_tune results/v5e_maxtext 2>/dev/null
+    ls -la "$OUT"
     ;;
 esac
 echo "stage $STAGE: $(( $(date +%s) - t0 )) s"
