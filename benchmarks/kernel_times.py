@@ -8,8 +8,17 @@ then per kernel and over all: Spearman of measured against modelled, median |err
 
     python -m benchmarks.kernel_times [--space llama31_70b_8k_tuned_tpu7x] [--set k=v ...]
 
+    python -m benchmarks.kernel_times --records TIMED PRICED   # on any host, from records
+
 On a host without a TPU nothing is measured and it says so (exit 2): a CPU interprets Pallas
-TPU kernels, a GPU runs none of them. `--interpret-on-cpu` runs the whole script on this
+TPU kernels, a GPU runs none of them. `--records` reads a chip's measurement instead: the
+tuning record of a `kernels.tune: time` trial (tune-jax's time of each candidate's part
+program) against a `kernels.tune: compile` trial's (the step model's price of each
+candidate's calls in the whole layer, compiled for the same chip), each a JSON file holding
+a `tuning` (or `rows` of which one has it): benchmarks/data/v5e_dense_kernel_tune.json
+against benchmarks/data/v5e_dense_compile_tuned.json. A backward kernel's part program
+holds the forward too (at the trial's own tiles, the same in every candidate): its ranks
+compare, its times do not, and the table gives its Spearman alone. `--interpret-on-cpu` runs the whole script on this
 CPU, Splash interpreted and priced as compiled for TPU7x, to check the script itself: its
 figures are not a finding about any TPU (the table says so).
 """
@@ -20,6 +29,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--space", default="llama31_70b_8k_tuned_tpu7x")
     parser.add_argument("--set", action="append", default=[], help="override a space key")
     parser.add_argument("--interpret-on-cpu", action="store_true")
+    parser.add_argument("--records", nargs=2, metavar=("TIMED", "PRICED"))
     args = parser.parse_args(argv)
     console = Console()
+    if args.records:
+        console.print(records_table(*(Path(p) for p in args.records)))
+        return 0
     import jax
 
     device = jax.devices()[0]
@@ -127,6 +141,53 @@ def table(rows: list[dict[str, Any]], space: str, device: Any, interpret: bool) 
     median = statistics.median(errors) if errors else float("nan")
     out.caption = json.dumps({"spearman": round(rho, 3), "median_abs_error": round(median, 3),
                               "candidates": len(rows)})  # fmt: skip
+    return out
+
+
+def tuning_of(path: Path) -> dict[str, Any]:
+    """The tuning record in a file: its `tuning`, or that of the first of its `rows` with one."""
+    data = json.loads(path.read_text())
+    found = data.get("tuning") or next(
+        (r["tuning"] for r in data.get("rows", []) if r.get("tuning")), None
+    )
+    if not found:
+        raise SystemExit(f"{path}: no tuning record")
+    return found
+
+
+def records_table(timed: Path, priced: Path) -> Table:
+    """Each candidate timed on a chip beside the step model's price of it (module doc)."""
+    by_kernel = {k["kernel"]: k for k in tuning_of(priced)["kernels"]}
+    out = Table(title=f"kernel candidates: timed ({timed.name}) against priced ({priced.name})")
+    for column in ("kernel", "tiles", "timed µs", "priced µs", "priced/timed", "refused by"):
+        out.add_column(column, justify="right")
+    summary = {}
+    for kernel in tuning_of(timed)["kernels"]:
+        prices = {
+            tuple(t["blocks"]): t for t in by_kernel.get(kernel["kernel"], {}).get("tried", [])
+        }
+        pairs = []
+        forward = "forward" in kernel["kernel"]
+        for tried in kernel["tried"]:
+            price = prices.get(tuple(tried["blocks"]), {})
+            t, p = tried.get("seconds"), price.get("seconds")
+            refused = [w for w, s in (("chip", t), ("price", p)) if s is None]
+            ratio = f"{p / t:.3f}" if t and p and forward else ""
+            out.add_row(kernel["kernel"], "x".join(map(str, tried["blocks"])),
+                        f"{t * 1e6:,.0f}" if t else "-", f"{p * 1e6:,.0f}" if p else "-", ratio,
+                        " and ".join(refused))  # fmt: skip
+            if t and p:
+                pairs.append((t, p))
+        rho = _spearman([t for t, _ in pairs], [p for _, p in pairs])
+        chosen = {
+            "timed": kernel["chosen"],
+            "priced": by_kernel.get(kernel["kernel"], {}).get("chosen"),
+        }
+        summary[kernel["kernel"]] = {"spearman": round(rho, 2), "candidates": len(pairs), **chosen}
+        if forward:
+            errors = [abs(p / t - 1) for t, p in pairs]
+            summary[kernel["kernel"]]["median_abs_error"] = round(statistics.median(errors), 3)
+    out.caption = json.dumps(summary)
     return out
 
 

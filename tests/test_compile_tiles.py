@@ -338,3 +338,30 @@ def test_a_priced_tie_goes_to_the_trials_own_tiles_else_the_largest():
     assert chosen(family, "fwd", tried).chosen == (2048, 4096, 4096)
     tied = [*tried[1:], Tried((2048, 2048, 512), 94.35)]
     assert chosen(family, "fwd", tied).chosen == (2048, 2048, 512)
+
+
+def test_a_chips_timed_tiles_are_set_beside_the_step_models_prices(tmp_path):
+    """benchmarks.kernel_times --records: each candidate tune-jax timed on a chip beside the
+    price the compile tuner gave it, the refusals of either named, Spearman per kernel."""
+    import json
+
+    from benchmarks.kernel_times import records_table
+
+    def record(name, times, chosen):
+        tried = [
+            {"blocks": list(b), "seconds": s, "failure": "" if s else "VMEM"} for b, s in times
+        ]
+        kernel = {"kernel": "splash forward", "knobs": [], "given": [1, 1, 1], "chosen": chosen,
+                  "tried": tried}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps({"rows": [{"tuning": {"kernels": [kernel]}}]}))
+        return tmp_path / name
+
+    timed = record("t.json", [((1, 1, 1), 3e-3), ((2, 2, 2), 1e-3), ((4, 4, 4), 2e-3), ((8, 8, 8), 4e-3)],
+                   [2, 2, 2])  # fmt: skip
+    priced = record("p.json", [((1, 1, 1), 1.5e-3), ((2, 2, 2), 0.5e-3), ((4, 4, 4), 1e-3), ((8, 8, 8), None)],
+                    [2, 2, 2])  # fmt: skip
+    table = records_table(timed, priced)
+    summary = json.loads(table.caption)["splash forward"]
+    assert summary["spearman"] == 1.0 and summary["candidates"] == 3  # the refused one left out
+    assert summary["median_abs_error"] == 0.5  # priced at half the time each
+    assert list(table.columns[5].cells)[3] == "price"  # 8x8x8: the price's compile refused it
