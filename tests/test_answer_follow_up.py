@@ -5,6 +5,7 @@ did the `sweeper show` an unknown `--trial` suggests: they lacked the `--results
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from sweeper.record.manifest import SweepManifest
@@ -83,7 +85,7 @@ def test_every_printed_follow_up_runs_as_printed_from_where_the_user_stands(tmp_
         if verb == "ui":
             if not _port_free(5000):  # the default port is taken here: the one option added
                 words += ["--port", str(free_port())]
-            _serves(words, here)
+            _serves(words, here, sweeps)
             continue
         done = subprocess.run(words, capture_output=True, text=True, cwd=here, env=_env(),
                               timeout=120)  # fmt: skip
@@ -93,8 +95,10 @@ def test_every_printed_follow_up_runs_as_printed_from_where_the_user_stands(tmp_
             assert "nothing to resume" in done.stdout, done.stdout
 
 
-def _serves(words: list[str], cwd: Path) -> None:
-    """`sweeper ui` as printed serves the sweep's runs page (then it is stopped)."""
+def _serves(words: list[str], cwd: Path, sweeps: Path) -> None:
+    """`sweeper ui` as printed serves the sweep's runs page (then it is stopped), and each
+    trial's artifacts in it: the folder was brought back from the chip, where MLflow wrote
+    their absolute paths (they follow it)."""
     ui = subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           cwd=cwd, env=_env())  # fmt: skip
     try:
@@ -110,6 +114,13 @@ def _serves(words: list[str], cwd: Path) -> None:
         ended = not lines or not lines[-1].startswith("http")
         stderr = ui.communicate(timeout=30)[1] if ended else ""
         assert any(x.startswith("http://127.0.0.1:") for x in lines), (lines, stderr[-2000:])
+        base = re.match(r"http://127\.0\.0\.1:\d+", lines[-1])[0]
+        runs = json.loads((sweeps / "v5e_dense" / SWEEP / "mlflow_runs.json").read_text())["runs"]
+        for run_id in list(runs.values())[:3]:
+            url = f"{base}/api/2.0/mlflow/artifacts/list?run_id={run_id}"
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                files = [f["path"] for f in json.load(answer).get("files", [])]
+            assert "trial.json" in files, (run_id, files)
     finally:
         ui.terminate()
         ui.wait(timeout=30)

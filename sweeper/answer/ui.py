@@ -13,11 +13,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import IO
 
 from sweeper.record.manifest import SweepManifest
 from sweeper.record.mlflow_view import runs_url
-from sweeper.record.stores import MEMORY_SCHEME
+from sweeper.record.stores import MEMORY_SCHEME, MlflowStore
 from sweeper.space.errors import SpaceError
 
 HOST = "127.0.0.1"
@@ -37,6 +38,8 @@ def serve(manifest: SweepManifest, port: int, say: Callable[[str], None]) -> Non
     if uri.startswith(("http://", "https://")):
         say(runs_url(uri, manifest.experiment_id, manifest.sweep_id))
         return
+    # A folder brought back from the host that ran it: MLflow's artifact paths follow it.
+    MlflowStore(uri).experiment(manifest.space.name, Path(manifest.storage) / "mlartifacts")
     # One worker and no job runner: a page for one person, up in seconds (`mlflow ui`'s
     # defaults started 4 uvicorn workers and a huey job runner, 12 processes, 3.4 GB).
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
