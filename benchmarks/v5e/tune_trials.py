@@ -77,10 +77,15 @@ def run(folder: Path) -> None:
         summary = next((e for e in got if e["event"] == "summary"), {})
         compiled = next((e for e in got if e["event"] == "compiled"), {})
         failure = next((e for e in got if e["event"] == "failure"), {})
+        ran = dict(config["kernels"])
+        if compiled.get("kernel_tuning"):  # tune time: the blocks it timed fastest ran
+            from trainer.compile.tiles.record import Tuning
+
+            ran.update(Tuning.from_json(compiled["kernel_tuning"], cached=False).settings())
         row = {"way": name, "tokens_per_sec_per_chip": summary.get("tokens_per_sec_per_chip"),
                "low": summary.get("tokens_per_sec_per_chip_low"),
                "high": summary.get("tokens_per_sec_per_chip_high"),
-               "blocks": {k: v for k, v in config["kernels"].items() if k.startswith("block_")},
+               "blocks": {k: v for k, v in ran.items() if k.startswith("block_")},
                "tuning": compiled.get("kernel_tuning"), "effects": compiled.get("effects"),
                "failure": failure.get("message", "")[:300],
                "wall_s": got[-1]["seconds"]}  # fmt: skip
