@@ -54,8 +54,13 @@ def test_importances_resting_on_one_trial_are_said_in_words_not_warned(tmp_path)
     assert found.manifest is not None
     study = optuna.load_study(study_name=found.manifest.study_name,
                               storage=found.manifest.optuna_storage)  # fmt: skip
-    importances = importances_of(study, found.sweep_id)
+    # The sweep as it was after its first 5 trials (seq_minor had run once), in memory.
+    early = optuna.create_study(study_name=study.study_name, directions=study.directions)
+    early.add_trials([t for t in study.trials if t.number < 5])
+    frame = sweep_frame(found)[0]
+    frame = frame[frame["optuna_trial"].astype(int) < 5]
+    importances = importances_of(early, found.sweep_id)
     assert "kernels.q_layout" in importances
-    words = importance_words(sweep_frame(found)[0], importances)
+    words = importance_words(frame, importances)
     assert "kernels.q_layout (seq_minor)" in words, words
-    assert importance_words(sweep_frame(found)[0], {}) == ""
+    assert importance_words(frame, {}) == ""
