@@ -45,6 +45,18 @@ def test_every_point_of_the_70b_space_gets_a_verdict_and_the_fitting_ones_a_rank
     assert frame.loc[frame["verdict"] != FITS, "rank"].isna().all()
 
 
+def test_a_long_screen_says_how_far_it_has_come(monkeypatch):
+    """An imported recipe's space holds a million points (about 25 minutes at 1.5 ms each):
+    the screen reports every PROGRESS_EVERY points judged, and the end, for the CLI's bar."""
+    from sweeper.search import screen as screening
+
+    monkeypatch.setattr(screening, "PROGRESS_EVERY", 100)
+    heard: list[tuple[int, int]] = []
+    frame = screen(load_space("llama31_70b_8k_tpu7x"),
+                   progress=lambda done, of: heard.append((done, of)))  # fmt: skip
+    assert heard == [(i, 576) for i in range(0, 576, 100)] + [(576, 576)] and len(frame) == 576
+
+
 def test_knobs_the_estimate_cannot_see_are_named():
     frame = screen(load_space("llama31_70b_8k_tpu7x"))
     # Splash layouts and the scoped VMEM limit change the compiled program, not the formulas.

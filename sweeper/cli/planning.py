@@ -35,6 +35,14 @@ def screen(
     estimate): valid or not, fits the target's memory or not, est. tokens/s and rank."""
     import time
 
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     from sweeper.answer.screened import screen_table
     from sweeper.search.screen import FITS, verdict_counts
     from sweeper.search.screen import screen as screen_space
@@ -42,7 +50,12 @@ def screen(
     try:
         loaded = load_space(space, overrides(None, None, None, target, set_))
         started = time.perf_counter()
-        frame = screen_space(loaded, sample)
+        with Progress(TextColumn("screening"), BarColumn(bar_width=16), MofNCompleteColumn(),
+                      TextColumn("points,"), TimeRemainingColumn(), TextColumn("left"),
+                      console=console, transient=True) as bar:  # fmt: skip
+            task = bar.add_task("screen", total=None)
+            frame = screen_space(loaded, sample,
+                                 progress=lambda done, of: bar.update(task, completed=done, total=of))  # fmt: skip
     except (SpaceError, ValueError) as exc:
         fail(str(exc))
     took = time.perf_counter() - started

@@ -8,6 +8,7 @@ measurement (the estimate's held-out memory error is in benchmarks.memory_model)
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -27,16 +28,26 @@ VERDICT_WORDS = {FITS: "fit", OVER_HBM: "over HBM", INVALID: "invalid"}
 ENUMERATE_AT_MOST = 1_000_000
 
 
+PROGRESS_EVERY = 1000  # points judged between progress reports
+
+
 def verdict_counts(frame: pd.DataFrame) -> str:
     """How many screened points each verdict has, in words: `464 fit, 112 over HBM`."""
     counts = frame["verdict"].value_counts() if "verdict" in frame else pd.Series(dtype=int)
     return ", ".join(f"{n:,} {VERDICT_WORDS.get(str(v), str(v))}" for v, n in counts.items())
 
 
-def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFrame:
+def screen(
+    space: Space,
+    sample: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> pd.DataFrame:
     """One row a point: its knobs, verdict, estimated memory per device, est. tokens/s per
     chip and rank among the points that fit (1 is the best; by the space's objective when
-    it is an estimate, else by est. tokens/s). `sample`: that many points drawn at random."""
+    it is an estimate, else by est. tokens/s). `sample`: that many points drawn at random.
+    `progress(judged, of)` hears every PROGRESS_EVERY points (an imported recipe's space
+    holds a million: about 1.5 ms each)."""
     if not space.is_tpu_target:
         raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
     topology = space.target.tpu
@@ -44,7 +55,13 @@ def screen(space: Space, sample: int | None = None, seed: int = 0) -> pd.DataFra
     if sample is not None and sample < len(chosen):
         chosen = random.Random(seed).sample(chosen, sample)
     limit = memory_limit_gib(space)
-    rows = [_judge(space, point, topology, limit) for point in chosen]
+    rows = []
+    for i, point in enumerate(chosen):
+        if progress is not None and i % PROGRESS_EVERY == 0:
+            progress(i, len(chosen))
+        rows.append(_judge(space, point, topology, limit))
+    if progress is not None:
+        progress(len(chosen), len(chosen))
     frame = pd.DataFrame(rows)
     if "est_tokens_per_sec_per_chip" not in frame:  # no point valid: nothing to rank
         return frame.assign(rank=float("nan"))
