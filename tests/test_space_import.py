@@ -391,3 +391,22 @@ def test_a_model_maxtext_0_2_5_lacks_is_refused_naming_which_maxtext_has_it(tmp_
         command = f"python3 -m MaxText.train base.yml model_name={name} max_target_length=8192"
         result = _run("import", command, "-o", str(tmp_path / "x.yaml"), "--target", "tpu7x:2x2x2")
         assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+
+
+def test_a_kept_recipe_is_predicted_as_the_screen_judges_its_trial_0():
+    """benchmarks.recipe_rows: each kept command's trial 0 by the estimate (what is frozen
+    before its published figure is compared), or the importer's refusal of it."""
+    from benchmarks.recipe_rows import predict
+    from sweeper.search.screen import screen
+    from sweeper.space.command import load_text, read_command, space_of
+    from sweeper.space.load import load_space
+
+    path = "training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+    row = predict(path)
+    assert (row["model"], row["target"], row["chips"]) == ("llama3.1-70b", "tpu7x:4x4x4", 64)
+    space = load_space(space_of(read_command(load_text(str(RECIPES / path))[0]), "row", None))
+    first = screen(space.model_copy(update={"knobs": {}}))  # trial 0 alone, as the screen reads it
+    assert row["status"] == first["verdict"][0]
+    assert row["est_tokens_per_sec_per_chip"] == first["est_tokens_per_sec_per_chip"][0]
+    refused = predict(next(p for p in REFUSED))
+    assert refused["status"] == "refused" and refused["why"]

@@ -83,6 +83,11 @@ def memory_limit_gib(space: Space) -> float:
     return min(limit, budget) if budget else limit
 
 
+def judge(space: Space, point: dict[str, Any]) -> dict[str, Any]:
+    """One point of a TPU space judged as the screen judges each (its row)."""
+    return _judge(space, point, space.target.tpu, memory_limit_gib(space))
+
+
 def _judge(
     space: Space, point: dict[str, Any], topology: Topology, limit_gib: float
 ) -> dict[str, Any]:
