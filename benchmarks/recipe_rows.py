@@ -2,13 +2,19 @@
 before its published figure is compared with it.
 
     python -m benchmarks.recipe_rows freeze   # benchmarks/data/recipe_predictions.csv
+    python -m benchmarks.recipe_rows compare  # the frozen predictions against the published
 
 `freeze` imports each kept command as `sweeper import` does and judges its trial 0 (the
 recipe as published) by the analytic estimate for its topology: verdict, est. tokens/s per
 chip, step time, memory per device, MFU. The file is committed before any published figure
 of these rows enters the repository; the compile fidelity of each row (MaxText's
-train_compile) and the comparison with the published table come after, in later commits.
-Fidelity: estimate, TPU7x (never a measurement).
+train_compile) comes after. `compare` reads the published table (tpu-recipes'
+training/ironwood/README.md, kept verbatim in benchmarks/data/published/) and sets each
+published row beside the frozen predictions of the kept files that run it, by family
+(dense 8k; long context; MoE), split as calibration splits them: `fit` (the rows the
+estimate's constants were fitted on: benchmarks/calibration.py FIT), `seen` (rows whose
+figure was in the repository before the freeze: its PUBLISHED), `held out` (the rest).
+Fidelity: estimate, TPU7x (never a measurement), against published runs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,15 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+TABLE = (
+    REPO / "benchmarks" / "data" / "published" / "tpu-recipes_c8cfe2f_training_ironwood_README.md"
+)
+# The table's model ids, where a kept file's model_name differs.
+TABLE_MODEL = {
+    "deepseek3-671b": "deepseek-v3",
+    "gemma4-e2b": "gemma4-2b",
+    "gemma4-e4b": "gemma4-4b",
+}
 RECIPES = REPO / "tests" / "data" / "tpu_recipes"
 PREDICTIONS = REPO / "benchmarks" / "data" / "recipe_predictions.csv"
 MODEL_FILES = ("trainer/estimate", "trainer/compile/step_model.py", "trainer/trial/hardware.py")
@@ -78,7 +93,106 @@ def freeze() -> Path:
     return PREDICTIONS
 
 
+def published() -> dict[tuple[str, int, int, str], dict[str, Any]]:
+    """The published table's rows by (model, chips, sequence, precision)."""
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or not cells[1].isdigit():
+            continue
+        model, chips, gbs, seq, precision, step, _tflops, tokens = cells
+        figure = None if tokens == "N/A" else float(tokens.replace(",", ""))
+        rows[(model, int(chips), int(seq), "fp8" if "fp8" in precision else "bf16")] = {
+            "step_s": float(step), "tokens_per_sec_per_chip": figure, "gbs": int(gbs)}  # fmt: skip
+    return rows
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def family(row: dict[str, str]) -> str:
+    """dense 8k, long context (over 8k tokens), MoE; from the kept file's own model."""
+    from sweeper.space.checks import static_check
+    from sweeper.space.command import load_text, read_command, space_of
+    from sweeper.space.load import load_space
+    from sweeper.space.points import first_point
+
+    command = read_command(load_text(str(RECIPES / row["path"]))[0])
+    space = load_space(space_of(command, "row", None))
+    if static_check(space, first_point(space), space.target.tpu.devices).model.num_experts:
+        return "MoE"
+    return "long context" if int(row["seq"]) > 8192 else "dense 8k"
+
+
+def split(key: tuple[str, int, int, str]) -> str:
+    from benchmarks.calibration import FIT, PUBLISHED
+
+    model, chips, seq, precision = key
+    name = f"{model} {seq // 1024}k {precision} {chips} chips"
+    if name in FIT:
+        return "fit"
+    return "seen" if name in PUBLISHED else "held out"
+
+
+def compare() -> Any:
+    import statistics
+
+    from rich.table import Table
+
+    table = published()
+    joined: dict[tuple, dict[str, Any]] = {}
+    for row in _read(PREDICTIONS):
+        if row["status"] == "refused":
+            continue
+        precision = "fp8" if row["quantization"] == "fp8_full" else "bf16"
+        key = (
+            TABLE_MODEL.get(row["model"], row["model"]),
+            int(row["chips"]),
+            int(row["seq"]),
+            precision,
+        )
+        if key not in table or table[key]["tokens_per_sec_per_chip"] is None:
+            continue
+        entry = joined.setdefault(
+            key, {"files": 0, "est": set(), "status": set(), "family": family(row)}
+        )
+        entry["files"] += 1
+        entry["est"].add(round(float(row["est_tokens_per_sec_per_chip"]), 1))
+        entry["status"].add(row["status"])
+    out = Table(title="Published Ironwood rows against the estimate frozen before (tokens/s/chip)")
+    for column in ("row", "family", "split", "files", "published", "estimate", "error", "fits"):
+        out.add_column(
+            column,
+            justify="right" if column in ("files", "published", "estimate", "error") else "left",
+        )
+    errors: dict[tuple[str, str], list[float]] = {}
+    for key, entry in sorted(joined.items(), key=lambda kv: (kv[1]["family"], kv[0])):
+        figure = table[key]["tokens_per_sec_per_chip"]
+        est = statistics.median(entry["est"])
+        error = est / figure - 1
+        where = split(key)
+        errors.setdefault((entry["family"], where), []).append(error)
+        out.add_row(f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}", entry["family"], where,
+                    str(entry["files"]), f"{figure:,.0f}", f"{est:,.0f}", f"{error:+.1%}",
+                    "yes" if entry["status"] == {"fits"} else "no: " + ",".join(sorted(entry["status"] - {"fits"})))  # fmt: skip
+    for key, row in table.items():  # a published run no kept file imports (refused by name)
+        if key not in joined and row["tokens_per_sec_per_chip"] is not None:
+            out.add_row(f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}", "", "", "0",
+                        f"{row['tokens_per_sec_per_chip']:,.0f}", "-", "", "not imported")  # fmt: skip
+    summary = "; ".join(f"{f} {w}: median |error| {statistics.median(abs(e) for e in es):.1%} "
+                        f"({len(es)} rows)" for (f, w), es in sorted(errors.items()))  # fmt: skip
+    out.caption = summary
+    return out
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["freeze"]:
+    if sys.argv[1:] == ["freeze"]:
+        print(freeze())
+    elif sys.argv[1:] == ["compare"]:
+        from rich.console import Console
+
+        Console().print(compare())
+    else:
         raise SystemExit(__doc__)
-    print(freeze())
