@@ -138,3 +138,12 @@ def test_a_program_libtpu_compiles_fits_whatever_its_memory_analysis_says():
                                limits={"device_memory_gib": 16.0}))  # fmt: skip
     with pytest.raises(TrialFailure, match=r"limits\.device_memory_gib"):
         compile_summary(budget, 16, degrees, Topology.parse("v5e:1x1"), record)
+
+
+@pytest.mark.parametrize("target", ["tpu7x:9x9", "v5e:4", "tpu7x:2x2x2x2x2"])
+def test_a_topology_of_the_wrong_rank_is_refused_naming_the_shape_it_wants(target):
+    """`plan --target tpu7x:9x9` was accepted: 81 chips of a 2-D shape for a 3-D torus."""
+    from trainer.trial.hardware import Topology
+
+    with pytest.raises(ValueError, match=r"-D torus \((tpu7x:2x2x1|v5e:2x1)\)"):
+        Topology.parse(target)

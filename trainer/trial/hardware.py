@@ -276,6 +276,12 @@ class Topology:
         rank = known[prefix].torus_rank
         if rank and len(sizes) == rank + 1:
             return cls(target, known[prefix], sizes[:-1], sizes[-1])
+        if rank and len(sizes) != rank:
+            example = "x".join(["2"] * (rank - 1) + ["1"])
+            raise ValueError(
+                f"target {target!r}: a {known[prefix].name} slice is a {rank}-D torus "
+                f"({prefix}:{example}); one more factor counts slices ({prefix}:{example}x2)"
+            )
         return cls(target, known[prefix], sizes)
 
     @property
