@@ -3,6 +3,7 @@ before its published figure is compared with it.
 
     python -m benchmarks.recipe_rows freeze   # benchmarks/data/recipe_predictions.csv
     python -m benchmarks.recipe_rows compare  # the frozen predictions against the published
+    python -m benchmarks.recipe_rows compile PATH  # one kept file's trial 0 through MaxText
 
 `freeze` imports each kept command as `sweeper import` does and judges its trial 0 (the
 recipe as published) by the analytic estimate for its topology: verdict, est. tokens/s per
@@ -15,6 +16,13 @@ published row beside the frozen predictions of the kept files that run it, by fa
 estimate's constants were fitted on: benchmarks/calibration.py FIT), `seen` (rows whose
 figure was in the repository before the freeze: its PUBLISHED), `held out` (the rest).
 Fidelity: estimate, TPU7x (never a measurement), against published runs.
+
+`compile PATH` imports one kept file and runs its trial 0 at compile fidelity (`sweeper
+run SPACE --trials 1`: MaxText 0.2.5's train_compile for the recipe's topology, about 20
+minutes on a 2-core host; needs `make maxtext`), then adds the compiler's memory and the
+compile estimate to benchmarks/data/recipe_compiles.csv with the sweep's id. These came
+after the published table entered the repository: a compile row is `seen`, its memory a
+compiler's fact.
 """
 
 from __future__ import annotations
@@ -187,8 +195,69 @@ def compare() -> Any:
     return out
 
 
+COMPILES = REPO / "benchmarks" / "data" / "recipe_compiles.csv"
+COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
+                  "est_tokens_per_sec_per_chip", "est_step_time_s", "est_mfu", "compile_s",
+                  "published_tokens_per_sec_per_chip", "error")  # fmt: skip
+
+
+def compile_row(path: str, results: Path = REPO / "results" / "recipe_rows") -> dict[str, Any]:
+    """One kept file's trial 0 compiled through MaxText by the engine, as a user would."""
+    results.mkdir(parents=True, exist_ok=True)
+    space = results / (path.replace("/", "_").removesuffix(".sh").removesuffix(".yaml") + ".yaml")
+    sweeper = [sys.executable, "-m", "sweeper"]
+    subprocess.run(
+        [*sweeper, "import", str(RECIPES / path), "-o", str(space)], check=True, cwd=REPO
+    )
+    subprocess.run([*sweeper, "run", str(space), "--trials", "1", "--set", "search.remeasure=0",
+                    "--results-dir", str(results)], check=True, cwd=REPO)  # fmt: skip
+    return record(
+        path, max(results.glob("*/*/summary.csv"), key=lambda p: p.stat().st_mtime).parent
+    )
+
+
+def record(path: str, sweep_dir: Path) -> dict[str, Any]:
+    """A compile sweep's trial 0 added to benchmarks/data/recipe_compiles.csv."""
+    with (sweep_dir / "summary.csv").open() as f:
+        trial = next(csv.DictReader(f))
+    row = next(r for r in _read(PREDICTIONS) if r["path"] == path)
+    precision = "fp8" if row["quantization"] == "fp8_full" else "bf16"
+    key = (
+        TABLE_MODEL.get(row["model"], row["model"]),
+        int(row["chips"]),
+        int(row["seq"]),
+        precision,
+    )
+    figure = published().get(key, {}).get("tokens_per_sec_per_chip")
+    est = float(trial["est_tokens_per_sec_per_chip"] or "nan")
+    out = {"path": path, "sweep_id": sweep_dir.name, "status": trial["status"],
+           "hbm_per_device_gib": round(float(trial["hbm_per_device_gib"]), 2),
+           "usable_hbm_gib": round(float(trial["usable_hbm_per_device"]) / 2**30, 2),
+           "est_tokens_per_sec_per_chip": round(est, 1),
+           "est_step_time_s": round(float(trial["est_step_time_s"]), 3),
+           "est_mfu": round(float(trial["est_mfu"]), 4), "compile_s": round(float(trial["compile_s"])),
+           "published_tokens_per_sec_per_chip": figure or "",
+           "error": f"{est / figure - 1:+.4f}" if figure else ""}  # fmt: skip
+    new = not COMPILES.exists()
+    with COMPILES.open("a", newline="") as f:
+        if new:
+            f.write("# Kept Ironwood recipes' trial 0 compiled through MaxText 0.2.5's train_compile "
+                    "(libtpu 0.0.52) on a 2-core CPU host by python -m benchmarks.recipe_rows compile; "
+                    "fidelity compile, TPU7x. Compiled after the published table entered the "
+                    "repository: seen, not held out.\n")  # fmt: skip
+        writer = csv.DictWriter(f, fieldnames=COMPILE_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow(out)
+    return out
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["freeze"]:
+    if sys.argv[1:2] == ["compile"] and len(sys.argv) == 3:
+        print(compile_row(sys.argv[2]))
+    elif sys.argv[1:2] == ["record"] and len(sys.argv) == 4:  # a compile sweep run by hand
+        print(record(sys.argv[2], Path(sys.argv[3])))
+    elif sys.argv[1:] == ["freeze"]:
         print(freeze())
     elif sys.argv[1:] == ["compare"]:
         from rich.console import Console
