@@ -229,15 +229,23 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
         precision,
     )
     figure = published().get(key, {}).get("tokens_per_sec_per_chip")
-    est = float(trial["est_tokens_per_sec_per_chip"] or "nan")
-    out = {"path": path, "sweep_id": sweep_dir.name, "status": trial["status"],
-           "hbm_per_device_gib": round(float(trial["hbm_per_device_gib"]), 2),
-           "usable_hbm_gib": round(float(trial["usable_hbm_per_device"]) / 2**30, 2),
-           "est_tokens_per_sec_per_chip": round(est, 1),
-           "est_step_time_s": round(float(trial["est_step_time_s"]), 3),
-           "est_mfu": round(float(trial["est_mfu"]), 4), "compile_s": round(float(trial["compile_s"])),
+
+    def number(name: str, digits: int, scale: float = 1.0) -> float | str:
+        return round(float(trial[name]) / scale, digits) if trial.get(name) else ""
+
+    est = number("est_tokens_per_sec_per_chip", 1)
+    status = (
+        trial["status"]
+        if trial["status"] == "ok"
+        else f"{trial['status']}: {trial['failure_class']}"
+    )
+    out = {"path": path, "sweep_id": sweep_dir.name, "status": status,
+           "hbm_per_device_gib": number("hbm_per_device_gib", 2),
+           "usable_hbm_gib": number("usable_hbm_per_device", 2, 2**30),
+           "est_tokens_per_sec_per_chip": est, "est_step_time_s": number("est_step_time_s", 3),
+           "est_mfu": number("est_mfu", 4), "compile_s": number("compile_s", 0),
            "published_tokens_per_sec_per_chip": figure or "",
-           "error": f"{est / figure - 1:+.4f}" if figure else ""}  # fmt: skip
+           "error": f"{est / figure - 1:+.4f}" if figure and est != "" else ""}  # fmt: skip
     new = not COMPILES.exists()
     with COMPILES.open("a", newline="") as f:
         if new:
