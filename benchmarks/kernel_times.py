@@ -104,12 +104,11 @@ def modelled_seconds(family, trial, kernel, batch, degrees) -> float:
     from trainer.compile.step_model import calls_seconds, kernel_flops
     from trainer.program.hlo import parse
     from trainer.program.kernels import compiled_hlo
-    from trainer.trial.hardware import ACCELERATORS
+    from trainer.trial.devices import accelerator_of
 
-    kind = family.device.device_kind
-    accel = next(
-        a for a in ACCELERATORS.values() if a.device_kind and kind.startswith(a.device_kind)
-    )
+    accel = accelerator_of(family.device.device_kind)
+    if accel is None:
+        raise ValueError(f"no datasheet for {family.device.device_kind}")
     layer = family.layer(trial, family.parts[kernel])
     calls = program_cost(parse(compiled_hlo(layer, family.device)))["kernel_calls"]
     flops = kernel_flops(trial, batch, 1, 1, calls, degrees["expert"], accel.mxu_width)

@@ -115,6 +115,22 @@ def published() -> dict[tuple[str, int, int, str], dict[str, Any]]:
     return rows
 
 
+def table_key(row: dict[str, str]) -> tuple[str, int, int, str]:
+    """A frozen prediction's published row: (model, chips, sequence, precision)."""
+    precision = "fp8" if row["quantization"] == "fp8_full" else "bf16"
+    return (
+        TABLE_MODEL.get(row["model"], row["model"]),
+        int(row["chips"]),
+        int(row["seq"]),
+        precision,
+    )
+
+
+def label(key: tuple[str, int, int, str]) -> str:
+    """A published row as the table names it: `llama3.1-70b 8k bf16 x64`."""
+    return f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}"
+
+
 def _read(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
@@ -154,13 +170,7 @@ def compare() -> Any:
     for row in _read(PREDICTIONS):
         if row["status"] == "refused":
             continue
-        precision = "fp8" if row["quantization"] == "fp8_full" else "bf16"
-        key = (
-            TABLE_MODEL.get(row["model"], row["model"]),
-            int(row["chips"]),
-            int(row["seq"]),
-            precision,
-        )
+        key = table_key(row)
         if key not in table or table[key]["tokens_per_sec_per_chip"] is None:
             continue
         entry = joined.setdefault(
@@ -182,12 +192,12 @@ def compare() -> Any:
         error = est / figure - 1
         where = split(key)
         errors.setdefault((entry["family"], where), []).append(error)
-        out.add_row(f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}", entry["family"], where,
+        out.add_row(label(key), entry["family"], where,
                     str(entry["files"]), f"{figure:,.0f}", f"{est:,.0f}", f"{error:+.1%}",
                     "yes" if entry["status"] == {"fits"} else "no: " + ",".join(sorted(entry["status"] - {"fits"})))  # fmt: skip
     for key, row in table.items():  # a published run no kept file imports (refused by name)
         if key not in joined and row["tokens_per_sec_per_chip"] is not None:
-            out.add_row(f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}", "", "", "0",
+            out.add_row(label(key), "", "", "0",
                         f"{row['tokens_per_sec_per_chip']:,.0f}", "-", "", "not imported")  # fmt: skip
     summary = "; ".join(f"{f} {w}: median |error| {statistics.median(abs(e) for e in es):.1%} "
                         f"({len(es)} rows)" for (f, w), es in sorted(errors.items()))  # fmt: skip
@@ -221,13 +231,7 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
     with (sweep_dir / "summary.csv").open() as f:
         trial = next(csv.DictReader(f))
     row = next(r for r in _read(PREDICTIONS) if r["path"] == path)
-    precision = "fp8" if row["quantization"] == "fp8_full" else "bf16"
-    key = (
-        TABLE_MODEL.get(row["model"], row["model"]),
-        int(row["chips"]),
-        int(row["seq"]),
-        precision,
-    )
+    key = table_key(row)
     figure = published().get(key, {}).get("tokens_per_sec_per_chip")
 
     def number(name: str, digits: int, scale: float = 1.0) -> float | str:

@@ -4,9 +4,8 @@
 # warm, carried back otherwise). Results come back under $OUT as archives.
 #   bash benchmarks/v5e/measure.sh grid  SECONDS  # v5e_dense's every point (space_grid)
 #   bash benchmarks/v5e/measure.sh sweep SECONDS  # `sweeper run v5e_dense` as a user types it
-#   bash benchmarks/v5e/measure.sh extras SECONDS # MaxText beside our trainer, kernels.tune,
-#                                                 # accelerator_mfu (wheels: .whl-mt too)
-#   bash benchmarks/v5e/measure.sh session SECONDS # a session's calls, each the same command:
+#   bash benchmarks/v5e/measure.sh session SECONDS # a session's calls, each the same command
+#       (wheels: .whl-mt too):
 #       kernels.tune three ways and MaxText beside our trainer once each (MaxText's install
 #       runs beside the first), then the committed sweep (results/v5e) resumed where the chip
 #       first wrote it (results/, its paths as recorded) until done; each call packs all of it
@@ -73,14 +72,6 @@ case "$STAGE" in
     tar -czf "$OUT/v5e_sweep.tgz" --exclude=results/jax_cache --exclude=results/v5e_grid \
       --exclude='*.npy' results
     ls -la "$OUT"
-    ;;
-  extras)
-    maxtext_install
-    echo "== MaxText beside our trainer ($(( $(date +%s) - t0 )) s in)"
-    timeout $(( $(left) - 200 )) python3 -m benchmarks.v5e.maxtext_side_by_side results/v5e_maxtext
-    echo "== kernels.tune ($(( $(date +%s) - t0 )) s in)"
-    timeout $(( $(left) - 60 )) python3 -m benchmarks.v5e.tune_trials run results/v5e_tune
-    tar -czf "$OUT/v5e_extras.tgz" results/v5e_maxtext results/v5e_tune 2>/dev/null
     ;;
   session)
     (maxtext_install > /tmp/mt_install.log 2>&1) &
