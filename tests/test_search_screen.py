@@ -67,6 +67,15 @@ def test_knobs_the_estimate_cannot_see_are_named():
     }
 
 
+def test_a_sample_names_unseen_only_knobs_it_compared():
+    """A sample's points differ in several knobs at once: a knob no two of them compare is
+    not called unseen (every knob was, precision included, before)."""
+    space = load_space("llama31_70b_8k_tpu7x")
+    full = set(unseen_knobs(screen(space)))
+    sampled = unseen_knobs(screen(space, sample=6))
+    assert set(sampled) <= full and "precision.mode" not in sampled
+
+
 def test_a_sample_screens_that_many_points_and_the_cli_says_its_fidelity(tmp_path):
     space = load_space("llama31_70b_8k_tpu7x")
     assert len(screen(space, sample=50)) == 50

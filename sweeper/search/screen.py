@@ -138,7 +138,9 @@ def caveats(space: Space) -> list[str]:
 
 def unseen_knobs(frame: pd.DataFrame) -> list[str]:
     """Knobs whose value changes no estimated figure of any screened point (the other knobs
-    held): the estimate cannot tell their values apart; only a compile can."""
+    held): the estimate cannot tell their values apart; only a compile can. A knob no two
+    screened points compare (a sample: every other knob differs too) is not named: nothing
+    shows it unseen."""
     knobs = list(knob_columns(frame.columns))
     judged = frame[frame["verdict"] != INVALID]
     if "est_tokens_per_sec_per_chip" not in judged:  # no valid point: nothing estimated
@@ -149,10 +151,11 @@ def unseen_knobs(frame: pd.DataFrame) -> list[str]:
         figures = judged[[*others, knob, "est_tokens_per_sec_per_chip", "est_hbm_per_device_gib"]]
         figures = figures.astype({k: str for k in [*others, knob]})
         groups = figures.groupby(others, dropna=False) if others else [(None, figures)]
-        if judged[knob].nunique() > 1 and all(
+        compared = [g for _, g in groups if g[knob].nunique() > 1]
+        if compared and all(
             g["est_tokens_per_sec_per_chip"].round(6).nunique() <= 1
             and g["est_hbm_per_device_gib"].round(6).nunique() <= 1
-            for _, g in groups
+            for g in compared
         ):
             unseen.append(knob_columns([knob])[knob])
     return unseen
