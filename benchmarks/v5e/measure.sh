@@ -10,6 +10,9 @@
 #       runs beside the first), then the committed sweep (results/v5e) resumed where the chip
 #       first wrote it (results/, its paths as recorded) until done; each call packs all of it
 #       into $OUT/v5e_session.tgz
+#   bash benchmarks/v5e/measure.sh moe SECONDS    # v5e_moe's every point (space_grid, resumed
+#       from results/v5e_moe_grid), then kernels.tune on its trial 0 (Megablox) once; packs
+#       both into $OUT/v5e_moe.tgz. Its predictions are committed before this runs.
 set -u
 STAGE=$1
 SECONDS_LEFT=$2
@@ -96,6 +99,18 @@ case "$STAGE" in
     fi
     tar -czf "$OUT/v5e_session.tgz" results/v5e_dense results/optuna.db results/mlflow.db \
       results/mlartifacts results/ray results/v5e_tune results/v5e_maxtext 2>/dev/null
+    ls -la "$OUT"
+    ;;
+  moe)
+    python3 -m benchmarks.space_grid v5e_moe --out results/v5e_moe_grid --cache results/cache \
+      --resume --budget $(( $(left) - 60 )) 2>&1 | grep -v "UserWarning\|warnings.warn" | tail -40
+    if [ ! -f results/v5e_moe_tune/.tried ] && [ "$(left)" -gt 300 ]; then
+      echo "== kernels.tune, v5e_moe ($(( $(date +%s) - t0 )) s in)"
+      timeout $(( $(left) - 30 )) python3 -m benchmarks.v5e.tune_trials run results/v5e_moe_tune v5e_moe
+      touch results/v5e_moe_tune/.tried
+    fi
+    tar -czf "$OUT/v5e_moe.tgz" results/v5e_moe_grid/grid.csv results/v5e_moe_grid/*.log \
+      results/v5e_moe_tune 2>/dev/null
     ls -la "$OUT"
     ;;
 esac
