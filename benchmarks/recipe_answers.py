@@ -36,7 +36,7 @@ COMPILED = REPO / "benchmarks" / "data" / "recipe_answer_compiles.csv"
 # fp8 recipes are rows of their own), not a setting found faster.
 PINNED = ("precision.mode",)
 CLAIM = 0.05  # a best this far above its recipe is compiled before it is believed
-FIELDS = ("path", "target", "points", "screened", "recipe_est", "best_est", "gain",
+FIELDS = ("path", "target", "points", "screened", "recipe_est", "recipe_fits_est", "best_est", "gain",
           "best_changes", "best_fits_est", "best_hbm_gib_est")  # fmt: skip
 COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
                   "est_tokens_per_sec_per_chip", "point")  # fmt: skip
@@ -83,7 +83,9 @@ def answer(path: str, sample: int) -> dict[str, Any] | None:
     knobs = [c for c in frame.columns if c.startswith("knob:")]
     row: dict[str, Any] = {"path": path, "target": str(space.target),
                            "points": count_points(space) or "", "screened": len(frame),
-                           "recipe_est": recipe.get("est_tokens_per_sec_per_chip")}  # fmt: skip
+                           "recipe_est": recipe.get("est_tokens_per_sec_per_chip"),
+                           "recipe_fits_est": "yes" if recipe["verdict"] == FITS
+                           else recipe["verdict"]}  # fmt: skip
     if fits.empty or recipe["verdict"] == "invalid":
         return {**row, "best_fits_est": "no point fits" if fits.empty else ""}
     changed = sum(fits[k].astype(str) != str(start.get(k.removeprefix("knob:"), "nan"))
@@ -205,19 +207,28 @@ def show() -> Any:
     from rich.table import Table
 
     compiled = {r["path"]: r for r in _read(COMPILED)} if COMPILED.exists() else {}
-    out = Table(title="The screen's best against each recipe (est. tokens/s/chip, TPU7x)")
-    for column in ("recipe", "recipe est.", "best est.", "gain", "fits"):
-        out.add_column(column, justify="left" if column in ("recipe", "fits") else "right")
+    from rich import box
+
+    out = Table(title="The screen's best against each recipe: est. tokens/s/chip, TPU7x",
+                box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+    for column in ("recipe", "trial 0", "best", "gain", "best fits"):
+        left = column in ("recipe", "best fits")
+        out.add_column(column, justify="left" if left else "right", no_wrap=True,
+                       max_width=32 if column == "recipe" else None,
+                       min_width=12 if column == "best fits" else None if left else 7)  # fmt: skip
+    out.caption = ("trial 0: the recipe as published; * over HBM by the estimate (its best is the "
+                   "best that fits). best fits: by the estimate, or as compiled by MaxText")  # fmt: skip
     for row in _read(ANSWERS):
-        recipe = row["path"].removeprefix("training/ironwood/").split("/")
+        recipe = row["path"].removeprefix("training/ironwood/").replace("-tpu7x", "").split("/")
         gain = float(row["gain"]) if row["gain"] else None
-        fits = row["best_fits_est"] + " (est.)"
+        fits = row["best_fits_est"]
         if row["path"] in compiled:
             fits = f"{compiled[row['path']]['status']} (compiled)"
         elif gain is not None and gain > CLAIM:
-            fits += ", not compiled yet"
+            fits += "; compile"
+        over = "" if row["recipe_fits_est"] == "yes" else "*"
         out.add_row(f"{recipe[0]} {recipe[1]}",
-                    f"{float(row['recipe_est']):,.0f}" if row["recipe_est"] else "-",
+                    f"{float(row['recipe_est']):,.0f}{over}" if row["recipe_est"] else "-",
                     f"{float(row['best_est']):,.0f}" if row["best_est"] else "-",
                     f"{gain:+.1%}" if gain is not None else "-", fits)  # fmt: skip
     return out
@@ -239,7 +250,7 @@ def main() -> None:
         table(args.sample)
     elif args.command == "compile":
         print(compile_best(args.path))
-    Console(width=100).print(show())
+    Console(width=80).print(show())
 
 
 if __name__ == "__main__":
