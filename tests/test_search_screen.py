@@ -119,3 +119,21 @@ def test_a_screen_that_cannot_judge_says_why():
     )
     assert invalid.exit_code == 0, invalid.output
     assert "(288 invalid)" in invalid.output and "cannot fill" in invalid.output
+
+
+def test_a_sample_of_a_space_of_millions_draws_from_all_of_it():
+    """A sample is drawn from the whole space, not from its first million points: the
+    published llama3.1-70b 8k fp8 recipe's space holds 1.89 million, its first knob the
+    batch (2, 1, 4), and a sample of the first million held no point at batch 4."""
+    from sweeper.space.command import load_text, read_command, space_of
+    from sweeper.space.points import count_points
+
+    path = (
+        "tests/data/tpu_recipes/training/ironwood/llama3.1-70b/8k-fp8-tpu7x-4x4x4/xpk/run_recipe.sh"
+    )
+    space = load_space(space_of(read_command(load_text(path)[0]), "row", None))
+    assert count_points(space) > 1_000_000
+    frame = screen(space, sample=120)
+    knobs = [c for c in frame.columns if c.startswith("knob:")]
+    assert len(frame) == 120 and not frame.duplicated(knobs).any()
+    assert set(frame["knob:per_device_batch"]) == {1, 2, 4}

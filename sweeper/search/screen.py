@@ -15,7 +15,7 @@ import pandas as pd
 
 from sweeper.record.row import knob_column, knob_columns
 from sweeper.space.checks import static_check
-from sweeper.space.points import maxtext_knobs, points
+from sweeper.space.points import count_points, maxtext_knobs, points, sample_points
 from sweeper.space.schema import Space
 from trainer.estimate.analytic import estimate
 from trainer.trial.config import ConfigError
@@ -51,9 +51,13 @@ def screen(
     if not space.is_tpu_target:
         raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
     topology = space.target.tpu
-    chosen = points(space, ENUMERATE_AT_MOST)
-    if sample is not None and sample < len(chosen):
-        chosen = random.Random(seed).sample(chosen, sample)
+    # (count_points is None where a knob is a continuous range: drawn, never enumerated)
+    if sample is not None and (count_points(space) or ENUMERATE_AT_MOST + 1) > ENUMERATE_AT_MOST:
+        chosen = sample_points(space, sample, seed)  # drawn from all of it, not its first million
+    else:
+        chosen = points(space, ENUMERATE_AT_MOST)
+        if sample is not None and sample < len(chosen):
+            chosen = random.Random(seed).sample(chosen, sample)
     limit = memory_limit_gib(space)
     rows = []
     for i, point in enumerate(chosen):

@@ -4,6 +4,7 @@ carries in a Ray Tune trial's config besides its knobs."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from typing import Any
 
@@ -126,6 +127,35 @@ def points(space: Space, limit: int) -> list[dict[str, Any]]:
 
     walk(0, {})
     return found
+
+
+def sample_points(space: Space, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` distinct points drawn at random from the whole space, never enumerated (a space
+    of millions): each knob's value drawn in turn where the knob is active. Fewer where the
+    space holds fewer."""
+    rng = random.Random(seed)
+    keys, found = list(space.knobs), dict[str, dict[str, Any]]()
+    for _ in range(n * 20):
+        if len(found) >= n:
+            break
+        point: dict[str, Any] = {}
+        for key in keys:
+            knob = space.knobs[key]
+            if not active(knob, point):
+                continue
+            values = knob.candidates()
+            if values is None:
+                low, high = knob.bounds
+                value = (
+                    rng.randint(int(low), int(high))
+                    if knob.kind == "int"
+                    else rng.uniform(low, high)
+                )
+            else:
+                value = rng.choice(values)
+            point[key] = int(value) if knob.kind == "int" else value
+        found.setdefault(in_words(point), point)
+    return list(found.values())
 
 
 def count_points(space: Space) -> int | None:
