@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.recipe_rows import RECIPES, REPO, _git, _read
+from benchmarks.recipe_rows import RECIPES, REPO, _git, _read, recipe_paths
 
 ANSWERS = REPO / "benchmarks" / "data" / "recipe_answers.csv"
 COMPILED = REPO / "benchmarks" / "data" / "recipe_answer_compiles.csv"
@@ -40,17 +40,6 @@ FIELDS = ("path", "target", "points", "screened", "recipe_est", "recipe_fits_est
           "best_changes", "best_fits_est", "best_hbm_gib_est")  # fmt: skip
 COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
                   "est_tokens_per_sec_per_chip", "point")  # fmt: skip
-
-
-def recipe_paths() -> list[str]:
-    """One kept file a recipe: its xpk run_recipe.sh where it has one, else its k8s manifest."""
-    commands = yaml.safe_load((RECIPES / "index.yaml").read_text())["commands"]
-    by_recipe: dict[str, str] = {}
-    for path in (c["path"] for c in commands):
-        recipe = "/".join(path.split("/")[:4])
-        if recipe not in by_recipe or path.endswith("run_recipe.sh"):
-            by_recipe[recipe] = path
-    return sorted(by_recipe.values())
 
 
 def imported(path: str) -> Any:

@@ -4,6 +4,7 @@ before its published figure is compared with it.
     python -m benchmarks.recipe_rows freeze   # benchmarks/data/recipe_predictions.csv
     python -m benchmarks.recipe_rows compare  # the frozen predictions against the published
     python -m benchmarks.recipe_rows compile PATH  # one kept file's trial 0 through MaxText
+    python -m benchmarks.recipe_rows compile-all SECONDS  # each recipe's in turn, resumed
 
 `freeze` imports each kept command as `sweeper import` does and judges its trial 0 (the
 recipe as published) by the analytic estimate for its topology: verdict, est. tokens/s per
@@ -211,6 +212,37 @@ COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hb
                   "published_tokens_per_sec_per_chip", "error")  # fmt: skip
 
 
+def recipe_paths() -> list[str]:
+    """One kept file a recipe: its xpk run_recipe.sh where it has one, else its k8s manifest."""
+    commands = yaml.safe_load((RECIPES / "index.yaml").read_text())["commands"]
+    by_recipe: dict[str, str] = {}
+    for path in (c["path"] for c in commands):
+        recipe = "/".join(path.split("/")[:4])
+        if recipe not in by_recipe or path.endswith("run_recipe.sh"):
+            by_recipe[recipe] = path
+    return sorted(by_recipe.values())
+
+
+def compile_rows(budget_s: float) -> None:
+    """Every recipe's trial 0 compiled in turn, those in COMPILES (or refused by the importer)
+    skipped, none started past `budget_s`: each call goes on where the last one stopped."""
+    import time
+
+    start = time.monotonic()
+    done = {r["path"] for r in _read(COMPILES)} if COMPILES.exists() else set()
+    refused = {r["path"] for r in _read(PREDICTIONS) if r["status"] == "refused"}
+    for path in recipe_paths():
+        if path in done or path in refused:
+            continue
+        if time.monotonic() - start > budget_s:
+            print(f"budget spent: {path} and after left for the next call", flush=True)
+            return
+        try:
+            print(compile_row(path), flush=True)
+        except subprocess.CalledProcessError as exc:  # a refusal the engine said: the next row
+            print(f"{path}: {exc}", flush=True)
+
+
 def compile_row(path: str, results: Path = REPO / "results" / "recipe_rows") -> dict[str, Any]:
     """One kept file's trial 0 compiled through MaxText by the engine, as a user would."""
     results.mkdir(parents=True, exist_ok=True)
@@ -267,6 +299,8 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["compile"] and len(sys.argv) == 3:
         print(compile_row(sys.argv[2]))
+    elif sys.argv[1:2] == ["compile-all"] and len(sys.argv) == 3:
+        compile_rows(float(sys.argv[2]))
     elif sys.argv[1:2] == ["record"] and len(sys.argv) == 4:  # a compile sweep run by hand
         print(record(sys.argv[2], Path(sys.argv[3])))
     elif sys.argv[1:] == ["freeze"]:

@@ -3,7 +3,8 @@ best point the screen finds in the recipe's imported space, beside the recipe it
 
 from __future__ import annotations
 
-from benchmarks.recipe_answers import answer, imported, recipe_paths
+from benchmarks.recipe_answers import answer, imported
+from benchmarks.recipe_rows import recipe_paths
 from sweeper.search.screen import FITS, judge
 from sweeper.space.points import first_point
 
