@@ -102,6 +102,10 @@ case "$STAGE" in
     ls -la "$OUT"
     ;;
   moe)
+    if [ ! -f results/v5e_moe_grid/grid.csv ] && [ -f benchmarks/data/v5e_moe_grid.csv ]; then
+      mkdir -p results/v5e_moe_grid  # the points committed so far: the grid resumes from them
+      grep -v '^#' benchmarks/data/v5e_moe_grid.csv > results/v5e_moe_grid/grid.csv
+    fi
     python3 -m benchmarks.space_grid v5e_moe --out results/v5e_moe_grid --cache results/cache \
       --resume --budget $(( $(left) - 60 )) 2>&1 | grep -v "UserWarning\|warnings.warn" | tail -40
     if [ ! -f results/v5e_moe_tune/.tried ] && [ "$(left)" -gt 300 ]; then
