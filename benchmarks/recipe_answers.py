@@ -36,6 +36,9 @@ COMPILED = REPO / "benchmarks" / "data" / "recipe_answer_compiles.csv"
 # fp8 recipes are rows of their own), not a setting found faster.
 PINNED = ("precision.mode",)
 CLAIM = 0.05  # a best this far above its recipe is compiled before it is believed
+KEY = ("trial 0: the recipe as published (*: over HBM by the estimate, so its best is the best "
+       "that fits). compiled: the best's estimate through MaxText's compile. fits: the best, "
+       "by that compile, else by the estimate (compile: a gain over +5%, to compile).")  # fmt: skip
 FIELDS = ("path", "target", "points", "screened", "recipe_est", "recipe_fits_est", "best_est", "gain",
           "best_changes", "best_fits_est", "best_hbm_gib_est")  # fmt: skip
 COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
@@ -200,26 +203,26 @@ def show() -> Any:
 
     out = Table(title="The screen's best against each recipe: est. tokens/s/chip, TPU7x",
                 box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
-    for column in ("recipe", "trial 0", "best", "gain", "best fits"):
-        left = column in ("recipe", "best fits")
+    for column in ("recipe", "trial 0", "best", "gain", "compiled", "fits"):
+        left = column in ("recipe", "fits")
         out.add_column(column, justify="left" if left else "right", no_wrap=True,
-                       max_width=32 if column == "recipe" else None,
-                       min_width=12 if column == "best fits" else None if left else 7)  # fmt: skip
-    out.caption = ("trial 0: the recipe as published; * over HBM by the estimate (its best is the "
-                   "best that fits). best fits: by the estimate, or as compiled by MaxText")  # fmt: skip
+                       max_width=28 if column == "recipe" else None,
+                       min_width=None if left else 8)  # fmt: skip
     for row in _read(ANSWERS):
         recipe = row["path"].removeprefix("training/ironwood/").replace("-tpu7x", "").split("/")
         gain = float(row["gain"]) if row["gain"] else None
-        fits = row["best_fits_est"]
+        fits, compiled_est = row["best_fits_est"], "-"
         if row["path"] in compiled:
-            fits = f"{compiled[row['path']]['status']} (compiled)"
+            fits = compiled[row["path"]]["status"]
+            figure = compiled[row["path"]]["est_tokens_per_sec_per_chip"]
+            compiled_est = f"{float(figure):,.0f}" if figure else "-"
         elif gain is not None and gain > CLAIM:
-            fits += "; compile"
+            fits += ", compile"
         over = "" if row["recipe_fits_est"] == "yes" else "*"
         out.add_row(f"{recipe[0]} {recipe[1]}",
                     f"{float(row['recipe_est']):,.0f}{over}" if row["recipe_est"] else "-",
                     f"{float(row['best_est']):,.0f}" if row["best_est"] else "-",
-                    f"{gain:+.1%}" if gain is not None else "-", fits)  # fmt: skip
+                    f"{gain:+.1%}" if gain is not None else "-", compiled_est, fits)  # fmt: skip
     return out
 
 
@@ -239,7 +242,9 @@ def main() -> None:
         table(args.sample)
     elif args.command == "compile":
         print(compile_best(args.path))
-    Console(width=80).print(show())
+    console = Console(width=80)
+    console.print(show())
+    console.print(KEY, highlight=False)
 
 
 if __name__ == "__main__":
