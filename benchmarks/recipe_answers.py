@@ -36,9 +36,9 @@ COMPILED = REPO / "benchmarks" / "data" / "recipe_answer_compiles.csv"
 # fp8 recipes are rows of their own), not a setting found faster.
 PINNED = ("precision.mode",)
 CLAIM = 0.05  # a best this far above its recipe is compiled before it is believed
-KEY = ("trial 0: the recipe as published (*: over HBM by the estimate, so its best is the best "
-       "that fits). compiled: the best's estimate through MaxText's compile. fits: the best, "
-       "by that compile, else by the estimate (compile: a gain over +5%, to compile).")  # fmt: skip
+KEY = ("recipe: its trial 0, the command as published (*: over HBM by the estimate, so its best is the best "
+       "that fits). MaxText: the best's estimate through MaxText's compile. fits: the best, "
+       "by that compile, else by the estimate (compile: it fits by the estimate, and a gain over +5% waits for a compile).")  # fmt: skip
 FIELDS = ("path", "target", "points", "screened", "recipe_est", "recipe_fits_est", "best_est", "gain",
           "best_changes", "best_fits_est", "best_hbm_gib_est")  # fmt: skip
 COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
@@ -203,11 +203,10 @@ def show() -> Any:
 
     out = Table(title="The screen's best against each recipe: est. tokens/s/chip, TPU7x",
                 box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
-    for column in ("recipe", "trial 0", "best", "gain", "compiled", "fits"):
-        left = column in ("recipe", "fits")
-        out.add_column(column, justify="left" if left else "right", no_wrap=True,
-                       max_width=28 if column == "recipe" else None,
-                       min_width=None if left else 8)  # fmt: skip
+    widths = {"row": 30, "recipe": 8, "best": 7, "gain": 7, "MaxText": 7, "fits": 8}
+    for column, width in widths.items():
+        left = column in ("row", "fits")
+        out.add_column(column, justify="left" if left else "right", no_wrap=True, width=width)
     for row in _read(ANSWERS):
         recipe = row["path"].removeprefix("training/ironwood/").replace("-tpu7x", "").split("/")
         gain = float(row["gain"]) if row["gain"] else None
@@ -217,7 +216,7 @@ def show() -> Any:
             figure = compiled[row["path"]]["est_tokens_per_sec_per_chip"]
             compiled_est = f"{float(figure):,.0f}" if figure else "-"
         elif gain is not None and gain > CLAIM:
-            fits += ", compile"
+            fits = "compile" if fits == "yes" else fits
         over = "" if row["recipe_fits_est"] == "yes" else "*"
         out.add_row(f"{recipe[0]} {recipe[1]}",
                     f"{float(row['recipe_est']):,.0f}{over}" if row["recipe_est"] else "-",
