@@ -20,7 +20,8 @@ from pathlib import Path
 from sweeper.record.manifest import SweepManifest
 from tests.helpers import REPO, free_port, unfolded
 
-# The v5e sweep the chip left (committed): interrupted, so `show` prints how to resume it too.
+# The v5e sweep the chip left (committed), finished; read as interrupted (as it stood for a day
+# between calls), `show` prints how to resume it too.
 V5E = REPO / "results" / "v5e"
 SWEEP = "20261206-180103-144f"
 
@@ -63,6 +64,10 @@ def _port_free(port: int) -> bool:
 def test_every_printed_follow_up_runs_as_printed_from_where_the_user_stands(tmp_path):
     sweeps = tmp_path / "sweeps"
     shutil.copytree(V5E, sweeps)
+    path = sweeps / "v5e_dense" / SWEEP / "sweep.json"
+    manifest = SweepManifest.read(path)
+    cut = manifest.ending.model_copy(update={"state": "interrupted"})
+    manifest.model_copy(update={"ending": cut}).write(path)
     here = tmp_path / "elsewhere"  # the user's folder: no results of its own
     here.mkdir()
     given = ("--results-dir", str(sweeps))
@@ -143,7 +148,8 @@ def test_a_sweep_on_a_named_ray_cluster_prints_resume_with_that_address(capsys, 
     assert f"resume {SWEEP} --results-dir" in banner and "--address 10.1.2.3:6379`" in banner
     manifest = SweepManifest.read(V5E / "v5e_dense" / SWEEP / "sweep.json")
     assert manifest.ray_address == ""  # run without Ray: its resume names no cluster
-    said = where(manifest.model_copy(update={"ray_address": "10.1.2.3:6379"}),
+    cut = manifest.ending.model_copy(update={"state": "interrupted"})  # resumable, as it was
+    said = where(manifest.model_copy(update={"ray_address": "10.1.2.3:6379", "ending": cut}),
                  V5E / "v5e_dense" / SWEEP)  # fmt: skip
     resume = next(line for line in said if line.startswith("resume:"))
     assert "--address 10.1.2.3:6379`" in resume, resume

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import optuna
+import pandas as pd
 
 from sweeper.answer.report import importances_of
 
@@ -58,7 +59,7 @@ def test_importances_resting_on_one_trial_are_said_in_words_not_warned(tmp_path)
     early = optuna.create_study(study_name=study.study_name, directions=study.directions)
     early.add_trials([t for t in study.trials if t.number < 5])
     frame = sweep_frame(found)[0]
-    frame = frame[frame["optuna_trial"].astype(int) < 5]
+    frame = frame[pd.to_numeric(frame["optuna_trial"], errors="coerce") < 5]  # not repeats
     importances = importances_of(early, found.sweep_id)
     assert "kernels.q_layout" in importances
     words = importance_words(frame, importances)
