@@ -174,10 +174,11 @@ def compile_best(path: str, results: Path = REPO / "results" / "recipe_answers")
     out = {"path": path, "sweep_id": sweep.name,
            "status": trial["status"] if trial["status"] == "ok"
            else f"{trial['status']}: {trial['failure_class']}",
-           "hbm_per_device_gib": round(float(trial["hbm_per_device_gib"]), 2)
-           if trial.get("hbm_per_device_gib") else "",
+           # what the compiler said it needed, where it refused the program (oom_hbm)
+           "hbm_per_device_gib": round(float(trial.get("hbm_per_device_gib") or trial["needed_gib"]), 2)
+           if trial.get("hbm_per_device_gib") or trial.get("needed_gib") else "",
            "usable_hbm_gib": round(float(trial["usable_hbm_per_device"]) / gib, 2)
-           if trial.get("usable_hbm_per_device") else "",
+           if trial.get("usable_hbm_per_device") else trial.get("budget_gib", ""),
            "est_tokens_per_sec_per_chip": round(float(trial["est_tokens_per_sec_per_chip"]), 1)
            if trial.get("est_tokens_per_sec_per_chip") else "",
            "point": row["best_changes"]}  # fmt: skip
@@ -212,7 +213,7 @@ def show() -> Any:
         gain = float(row["gain"]) if row["gain"] else None
         fits, compiled_est = row["best_fits_est"], "-"
         if row["path"] in compiled:
-            fits = compiled[row["path"]]["status"]
+            fits = compiled[row["path"]]["status"].split(": ")[-1]  # ok, or its failure class
             figure = compiled[row["path"]]["est_tokens_per_sec_per_chip"]
             compiled_est = f"{float(figure):,.0f}" if figure else "-"
         elif gain is not None and gain > CLAIM:
