@@ -153,3 +153,16 @@ def test_a_sweep_on_a_named_ray_cluster_prints_resume_with_that_address(capsys, 
                  V5E / "v5e_dense" / SWEEP)  # fmt: skip
     resume = next(line for line in said if line.startswith("resume:"))
     assert "--address 10.1.2.3:6379`" in resume, resume
+
+
+def test_a_folder_brought_back_says_its_notes_paths_where_they_now_are(tmp_path):
+    """The chip's sweep noted its best's profile at the path the chip wrote it; read from the
+    folder brought back, the note names the profile where it now is (it named the chip's)."""
+    from sweeper.record.manifest import find_sweep
+
+    shutil.copytree(V5E, tmp_path / "v5e")
+    found = find_sweep(SWEEP, tmp_path / "v5e")
+    assert found.manifest is not None
+    profile = next(n for n in found.manifest.ending.notes if n.startswith("profile:"))
+    traced = Path(profile.split("traced its last steps: ")[1].split(" (")[0])
+    assert traced.is_dir() and (tmp_path / "v5e") in traced.parents, profile

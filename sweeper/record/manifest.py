@@ -14,7 +14,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -135,13 +135,16 @@ class SweepManifest(Frozen):
         written = Path(self.optuna_storage.removeprefix("sqlite:///")).parent
         if written == results_dir:
             return self
-        update = {}
+        update: dict[str, Any] = {}
         for field in ("tracking_uri", "optuna_storage", "storage"):
             value = getattr(self, field)
             prefix = "sqlite:///" if value.startswith("sqlite:///") else ""
             path = Path(value.removeprefix(prefix))
             if path == written or written in path.parents:
                 update[field] = f"{prefix}{results_dir / path.relative_to(written)}"
+        # the notes' paths too (the best's profile): said where the folder now is
+        notes = [n.replace(f"{written}/", f"{results_dir}/") for n in self.ending.notes]
+        update["ending"] = self.ending.model_copy(update={"notes": notes})
         return self.model_copy(update=update)
 
     @classmethod
