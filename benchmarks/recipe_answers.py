@@ -21,14 +21,20 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.recipe_rows import RECIPES, REPO, _git, _read, recipe_paths
+from benchmarks.recipe_rows import (
+    RECIPES,
+    REPO,
+    _git,
+    _read,
+    append_row,
+    compile_sweep,
+    recipe_paths,
+)
 
 ANSWERS = REPO / "benchmarks" / "data" / "recipe_answers.csv"
 COMPILED = REPO / "benchmarks" / "data" / "recipe_answer_compiles.csv"
@@ -154,20 +160,7 @@ def compile_best(path: str, results: Path = REPO / "results" / "recipe_answers")
     """The row's best point compiled through MaxText by the engine (`sweeper run` of the
     imported space with that point as its one trial), its memory added to COMPILED."""
     row = next(r for r in _read(ANSWERS) if r["path"] == path)
-    results.mkdir(parents=True, exist_ok=True)
-    name = path.replace("/", "_").removesuffix(".sh").removesuffix(".yaml")
-    space_file = results / f"{name}.yaml"
-    sweeper = [sys.executable, "-m", "sweeper"]
-    subprocess.run([*sweeper, "import", str(RECIPES / path), "-o", str(space_file)],
-                   check=True, cwd=REPO, capture_output=True)  # fmt: skip
-    doc = yaml.safe_load(space_file.read_text())
-    start = doc["search"]["warm_start"][0]
-    point = {**start, **yaml.safe_load(row["best_changes"])}
-    doc["search"].update(warm_start=[point], trials=1, remeasure=0)
-    space_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    subprocess.run([*sweeper, "run", str(space_file), "--results-dir", str(results)],
-                   check=True, cwd=REPO)  # fmt: skip
-    sweep = max(results.glob("*/*/summary.csv"), key=lambda p: p.stat().st_mtime).parent
+    sweep = compile_sweep(path, results, yaml.safe_load(row["best_changes"]))
     with (sweep / "summary.csv").open() as f:
         trial = next(csv.DictReader(f))
     gib = 2**30
@@ -182,25 +175,18 @@ def compile_best(path: str, results: Path = REPO / "results" / "recipe_answers")
            "est_tokens_per_sec_per_chip": round(float(trial["est_tokens_per_sec_per_chip"]), 1)
            if trial.get("est_tokens_per_sec_per_chip") else "",
            "point": row["best_changes"]}  # fmt: skip
-    new = not COMPILED.exists()
-    with COMPILED.open("a", newline="") as f:
-        if new:
-            f.write("# The best point of a recipe's space (recipe_answers.csv) compiled through "
-                    "MaxText 0.2.5's train_compile on a CPU host: fidelity compile, TPU7x. "
-                    "python -m benchmarks.recipe_answers compile PATH.\n")  # fmt: skip
-        writer = csv.DictWriter(f, fieldnames=COMPILE_FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(out)
+    append_row(COMPILED, "The best point of a recipe's space (recipe_answers.csv) compiled "
+               "through MaxText 0.2.5's train_compile on a CPU host: fidelity compile, TPU7x. "
+               "python -m benchmarks.recipe_answers compile PATH.", COMPILE_FIELDS, out)  # fmt: skip
     return out
 
 
 def show() -> Any:
     """The answer-vs-recipe table: row, recipe est., best est., gain, fits."""
+    from rich import box
     from rich.table import Table
 
     compiled = {r["path"]: r for r in _read(COMPILED)} if COMPILED.exists() else {}
-    from rich import box
 
     out = Table(title="The screen's best against each recipe: est. tokens/s/chip, TPU7x",
                 box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip

@@ -144,8 +144,9 @@ def family(row: dict[str, str]) -> str:
     from sweeper.space.load import load_space
     from sweeper.space.points import first_point
 
-    command = read_command(load_text(str(RECIPES / row["path"]))[0])
-    space = load_space(space_of(command, "row", None))
+    space = load_space(
+        space_of(read_command(load_text(str(RECIPES / row["path"]))[0]), "row", None)
+    )
     if static_check(space, first_point(space), space.target.tpu.devices).model.num_experts:
         return "MoE"
     return "long context" if int(row["seq"]) > 8192 else "dense 8k"
@@ -245,17 +246,38 @@ def compile_rows(budget_s: float) -> None:
 
 def compile_row(path: str, results: Path = REPO / "results" / "recipe_rows") -> dict[str, Any]:
     """One kept file's trial 0 compiled through MaxText by the engine, as a user would."""
+    return record(path, compile_sweep(path, results))
+
+
+def compile_sweep(path: str, results: Path, changes: dict[str, Any] | None = None) -> Path:
+    """`sweeper import` of a kept file, then `sweeper run` of its space for one trial (trial 0
+    with `changes` made, measured once; MaxText's train_compile for the recipe's topology):
+    the sweep's folder."""
     results.mkdir(parents=True, exist_ok=True)
     space = results / (path.replace("/", "_").removesuffix(".sh").removesuffix(".yaml") + ".yaml")
     sweeper = [sys.executable, "-m", "sweeper"]
     subprocess.run(
         [*sweeper, "import", str(RECIPES / path), "-o", str(space)], check=True, cwd=REPO
     )
-    subprocess.run([*sweeper, "run", str(space), "--trials", "1", "--set", "search.remeasure=0",
-                    "--results-dir", str(results)], check=True, cwd=REPO)  # fmt: skip
-    return record(
-        path, max(results.glob("*/*/summary.csv"), key=lambda p: p.stat().st_mtime).parent
-    )
+    doc = yaml.safe_load(space.read_text())
+    start = doc["search"]["warm_start"][0]
+    doc["search"].update(warm_start=[{**start, **(changes or {})}], trials=1, remeasure=0)
+    space.write_text(yaml.safe_dump(doc, sort_keys=False))
+    subprocess.run([*sweeper, "run", str(space), "--results-dir", str(results)], check=True,
+                   cwd=REPO)  # fmt: skip
+    return max(results.glob("*/*/summary.csv"), key=lambda p: p.stat().st_mtime).parent
+
+
+def append_row(path: Path, header: str, fields: tuple[str, ...], row: dict[str, Any]) -> None:
+    """A row added to a results CSV, the file begun with its `# header` line and field names."""
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        if new:
+            f.write(f"# {header}\n")
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 def record(path: str, sweep_dir: Path) -> dict[str, Any]:
@@ -282,17 +304,11 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
            "est_mfu": number("est_mfu", 4), "compile_s": number("compile_s", 0),
            "published_tokens_per_sec_per_chip": figure or "",
            "error": f"{est / figure - 1:+.4f}" if figure and est != "" else ""}  # fmt: skip
-    new = not COMPILES.exists()
-    with COMPILES.open("a", newline="") as f:
-        if new:
-            f.write("# Kept Ironwood recipes' trial 0 compiled through MaxText 0.2.5's train_compile "
-                    "(libtpu 0.0.52) on a 2-core CPU host by python -m benchmarks.recipe_rows compile; "
-                    "fidelity compile, TPU7x. Compiled after the published table entered the "
-                    "repository: seen, not held out.\n")  # fmt: skip
-        writer = csv.DictWriter(f, fieldnames=COMPILE_FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(out)
+    append_row(COMPILES, "Kept Ironwood recipes' trial 0 compiled through MaxText 0.2.5's "
+               "train_compile (libtpu 0.0.52) on a 2-core CPU host by python -m "
+               "benchmarks.recipe_rows compile; fidelity compile, TPU7x. Compiled after the "
+               "published table entered the repository: seen, not held out.",
+               COMPILE_FIELDS, out)  # fmt: skip
     return out
 
 
