@@ -186,10 +186,11 @@ def measured_of(space_name: str, grid: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-# The split the step model is mended on (docs/calibration.md, "TPU v5e"): its constants are
-# fitted on the points at batch 8 and held to those at batch 16, which they were not shaped on
-# (a point's twin in layout alone, a near copy of it, stays on its side).
-SPLITS = {"fit (batch 8)": 8, "held out (batch 16)": 16}
+# The split the step model is mended on, by space (docs/calibration.md, "TPU v5e"): its
+# constants are fitted on v5e_dense's points at batch 8 and held to those at batch 16, which
+# they were not shaped on (a point's twin in layout alone, a near copy of it, stays on its
+# side). A space not here was held out whole: the mend saw none of its points.
+SPLITS = {"v5e_dense": {"fit (batch 8)": 8, "held out (batch 16)": 16}}
 
 
 def _batch(key: str) -> int:
@@ -215,9 +216,7 @@ def compare(
     for col in ("fidelity, points", "n", "Spearman", "median |error|", "memory |error|",
                 "OOM caught", "OOM said, ran"):  # fmt: skip
         table.add_column(col, justify="right")
-    # v5e_dense's halves are those the mend was fitted on and held to; every other space was
-    # held out whole (the mend saw none of its points).
-    splits = SPLITS if space_name == "v5e_dense" else {}
+    splits = SPLITS.get(space_name, {})
     for split, batch in {"all" if splits else "all (held out)": None, **splits}.items():
         keys = [k for k in both if batch is None or _batch(k) == batch]
         summary[split] = _compare_rows(predictions, measured, keys, table, split)
@@ -400,7 +399,7 @@ def fit(space_name: str, grid: Path, console: Console) -> dict[str, float]:
     from scipy.optimize import least_squares
 
     measured = measured_of(space_name, grid)
-    batch = SPLITS["fit (batch 8)"]
+    batch = SPLITS[space_name]["fit (batch 8)"]
     keys = [k for k, r in measured.items() if r["status"] == "ok" and _batch(k) == batch]
     truth = np.log([float(measured[k]["tokens_per_sec_per_chip"]) for k in keys])
 

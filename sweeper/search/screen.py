@@ -51,8 +51,8 @@ def screen(
     if not space.is_tpu_target:
         raise ValueError("screening estimates for a TPU target: give a space with target tpu7x:...")
     topology = space.target.tpu
-    # (count_points is None where a knob is a continuous range: drawn, never enumerated)
-    if sample is not None and (count_points(space) or ENUMERATE_AT_MOST + 1) > ENUMERATE_AT_MOST:
+    size = count_points(space) if sample is not None else 0  # None: a continuous range
+    if sample is not None and (size is None or size > ENUMERATE_AT_MOST):
         chosen = sample_points(space, sample, seed)  # drawn from all of it, not its first million
     else:
         chosen = points(space, ENUMERATE_AT_MOST)
