@@ -186,15 +186,20 @@ def measured_of(space_name: str, grid: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-# The split the step model is mended on, by space (docs/calibration.md, "TPU v5e"): its
-# constants are fitted on v5e_dense's points at batch 8 and held to those at batch 16, which
-# they were not shaped on (a point's twin in layout alone, a near copy of it, stays on its
-# side). A space not here was held out whole: the mend saw none of its points.
-SPLITS = {"v5e_dense": {"fit (batch 8)": 8, "held out (batch 16)": 16}}
+# The split the step model is mended on, by space (docs/calibration.md, "TPU v5e"): the knob
+# that splits it and, by side, its value. v5e_dense's constants are fitted on its points at
+# batch 8 and held to those at batch 16, which they were not shaped on (a point's twin in
+# layout alone, a near copy of it, stays on its side); v5e_moe's routing constant on its
+# points at full remat, held to those at minimal remat. A space not here is held out whole.
+SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
+    "v5e_dense": ("per_device_batch", {"fit (batch 8)": 8, "held out (batch 16)": 16}),
+    "v5e_moe": ("remat.policy", {"fit (remat full)": "full", "held out (minimal)": "minimal"}),
+}
 
 
-def _batch(key: str) -> int:
-    return int(json.loads(key).get("per_device_batch", 0))
+def _side(space_name: str, key: str) -> Any:
+    """The value of the knob that splits `space_name`'s points, at the point `key`."""
+    return json.loads(key).get(SPLITS[space_name][0])
 
 
 def predicted_oom(row: dict[str, str], fidelity: str) -> bool:
@@ -216,9 +221,9 @@ def compare(
     for col in ("fidelity, points", "n", "Spearman", "median |error|", "memory |error|",
                 "OOM caught", "OOM said, ran"):  # fmt: skip
         table.add_column(col, justify="right")
-    splits = SPLITS.get(space_name, {})
-    for split, batch in {"all" if splits else "all (held out)": None, **splits}.items():
-        keys = [k for k in both if batch is None or _batch(k) == batch]
+    splits = SPLITS[space_name][1] if space_name in SPLITS else {}
+    for split, side in {"all" if splits else "all (held out)": None, **splits}.items():
+        keys = [k for k in both if side is None or _side(space_name, k) == side]
         summary[split] = _compare_rows(predictions, measured, keys, table, split)
     console.print(table)
     return summary
@@ -366,17 +371,24 @@ def replay(space_name: str, grid: Path, seeds: int, console: Console) -> dict[st
     return out
 
 
-FITTED = ("score_passes", "mxu_efficiency", "int8_mxu_efficiency", "fp8_mxu_efficiency",
-          "layer_passes", "saved_passes")  # fmt: skip
+# The estimate's constants each space's mend fits (trainer/estimate/analytic.py), with
+# where least squares starts and its bounds.
+FITS: dict[str, dict[str, tuple[float, float, float]]] = {
+    "v5e_dense": {"score_passes": (2.0, 0, 20), "mxu_efficiency": (0.77, 0.3, 1),
+                  "int8_mxu_efficiency": (0.77, 0.3, 1), "fp8_mxu_efficiency": (0.72, 0.3, 1),
+                  "layer_passes": (4.039, 0, 20), "saved_passes": (8.153, 0, 40)},
+    "v5e_moe": {"routing": (1.0, 0, 50)},
+}  # fmt: skip
 
 
 def _set_constants(values: dict[str, float]) -> None:
     """The analytic estimate's fitted constants (trainer/estimate/analytic.py), in place."""
     from trainer.estimate import analytic
 
-    analytic.STEP_CONSTANTS["score_passes"] = values["score_passes"]
+    if "score_passes" in values:  # XLA's program's, not the chip's: every accelerator's
+        analytic.STEP_CONSTANTS["score_passes"] = values["score_passes"]
     analytic.ACCELERATOR_CONSTANTS["v5e"].update(
-        {k: values[k] for k in FITTED if k != "score_passes"}
+        {k: v for k, v in values.items() if k != "score_passes"}
     )
 
 
@@ -393,26 +405,26 @@ def _estimates_of(space_name: str, keys: list[str]) -> list[float]:
 
 
 def fit(space_name: str, grid: Path, console: Console) -> dict[str, float]:
-    """The estimate's v5e constants (FITTED) by least squares of log tokens/s on the fit
+    """The estimate's v5e constants (FITS) by least squares of log tokens/s on the fit
     split's measured points; the held-out split is not read."""
     import numpy as np
     from scipy.optimize import least_squares
 
     measured = measured_of(space_name, grid)
-    batch = SPLITS[space_name]["fit (batch 8)"]
-    keys = [k for k, r in measured.items() if r["status"] == "ok" and _batch(k) == batch]
+    label, side = next(iter(SPLITS[space_name][1].items()))
+    keys = [k for k, r in measured.items()
+            if r["status"] == "ok" and _side(space_name, k) == side]  # fmt: skip
     truth = np.log([float(measured[k]["tokens_per_sec_per_chip"]) for k in keys])
+    names = list(FITS[space_name])
 
     def residuals(theta: Any) -> Any:
-        _set_constants(dict(zip(FITTED, theta, strict=True)))
+        _set_constants(dict(zip(names, theta, strict=True)))
         return np.log(_estimates_of(space_name, keys)) - truth
 
-    start = [2.0, 0.77, 0.77, 0.72, 4.039, 8.153]
-    found = least_squares(
-        residuals, start, bounds=([0, 0.3, 0.3, 0.3, 0, 0], [20, 1, 1, 1, 20, 40])
-    )
-    values = dict(zip(FITTED, (float(v) for v in found.x), strict=True))
-    console.print(f"fitted on {len(keys)} points at batch {batch}: "
+    start, low, high = zip(*FITS[space_name].values(), strict=True)
+    found = least_squares(residuals, start, bounds=(low, high))
+    values = dict(zip(names, (float(v) for v in found.x), strict=True))
+    console.print(f"fitted on {len(keys)} points, {label}: "
                   f"{json.dumps({k: round(v, 4) for k, v in values.items()})}; "
                   f"rms log error {float(np.sqrt(np.mean(found.fun**2))):.4f}")  # fmt: skip
     return values

@@ -147,3 +147,45 @@ def test_a_topology_of_the_wrong_rank_is_refused_naming_the_shape_it_wants(targe
 
     with pytest.raises(ValueError, match=r"-D torus \((tpu7x:2x2x1|v5e:2x1)\)"):
         Topology.parse(target)
+
+
+def test_the_estimate_prices_tokamax_at_the_tiles_its_own_tables_pick(monkeypatch):
+    """With a tokamax that carries its tuned tables (0.0.12, the chip's), unset tiles are
+    tokamax's own choice: its table's entry for the shape, else its Config's 128 x 128 x 128.
+    The estimate prices those (their grid steps, the forward's twice under full remat), so
+    on v5e tokamax's kernel reads far slower than Megablox's 512 x 1024 x 1024 tiles, as the
+    chip measured (v5e_moe: 24,166 against 83,960 tokens/s); with MaxText's tiles it would
+    read the same as Megablox."""
+    from sweeper.space.checks import static_check
+    from sweeper.space.load import load_space
+    from trainer.estimate.analytic import estimate, expert_tiles, recomputed, routed_rows
+    from trainer.model import grouped_matmul
+    from trainer.trial.config import TokamaxTiles
+
+    tables = {"fwd": {(4096, 1024, 1024, 8, False): ((256, 1024, 512), 2)}, "dlhs": {},
+              "drhs": {}}  # fmt: skip
+    monkeypatch.setattr(grouped_matmul, "_TOKAMAX_TILE_TABLES", tables)
+    monkeypatch.setattr(grouped_matmul, "_UNSET_TILES", None)
+    unset = TokamaxTiles()
+    assert grouped_matmul.tokamax_tpu_tiles((4096, 1024, 1024), 8, "wi", unset, False) == {
+        "fwd": (256, 1024, 512), "dlhs": (128, 128, 128), "drhs": (128, 128, 128)}  # fmt: skip
+    given = TokamaxTiles(wi_dlhs="512x512x512")
+    assert grouped_matmul.tokamax_tpu_tiles((4096, 1024, 1024), 8, "wi", given, False)[
+        "dlhs"] == (512, 512, 512)  # fmt: skip
+
+    space = load_space("v5e_moe")
+    point = {"kernels.moe_gmm": "tokamax", "xla.scoped_vmem_kib": 16384,
+             "kernels.block_q": 512, "remat.policy": "full"}  # fmt: skip
+    config = static_check(space, point, 1)
+    degrees = config.mesh.resolve(1)
+    rows = routed_rows(config, degrees, config.seq_len * config.per_device_batch)
+    full = expert_tiles(config, degrees, rows, 128, None, recomputed(config))[1]
+    once = expert_tiles(config, degrees, rows, 128, None, None)[1]
+    assert 1.2 < full / once < 1.5  # each weight's forward again: a third more steps
+    v5e = ACCELERATORS["v5e"]
+    own = estimate(config, v5e, 1)["est_tokens_per_sec_per_chip"]
+    megablox = estimate(static_check(space, {**point, "kernels.moe_gmm": "megablox"}, 1), v5e,
+                        1)["est_tokens_per_sec_per_chip"]  # fmt: skip
+    assert own < 0.4 * megablox
+    monkeypatch.setattr(grouped_matmul, "_UNSET_TILES", "512x1024x1024")
+    assert estimate(config, v5e, 1)["est_tokens_per_sec_per_chip"] > 0.9 * megablox

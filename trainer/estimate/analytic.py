@@ -12,7 +12,7 @@ from typing import Any
 
 from trainer.trial.capacity import receive_buffer_groups
 from trainer.trial.checks import check_static, global_batch_size
-from trainer.trial.config import GMM_PASSES, MAXTEXT_TILES, TrialConfig
+from trainer.trial.config import GMM_PASSES, TrialConfig
 from trainer.trial.flops import training_flops_by_kind
 from trainer.trial.hardware import Accelerator, Backend
 from trainer.trial.mxu import (
@@ -284,6 +284,7 @@ def expert_tiles(
     rows: float,
     mxu_width: int = 0,
     slowdown: dict[str, float] | None = None,
+    again: dict[str, bool] | None = None,
 ) -> tuple[float, float]:
     """(The MXU work of an MoE layer's expert matmuls over their FLOPs; the tiles, the
     kernels' grid steps, of one layer's forward and backward), as the grouped-matmul
@@ -291,10 +292,12 @@ def expert_tiles(
     from a compiled program): whole (tm, tk, tn) tiles over at most rows/tm + G - 1 row tiles
     (a tile two experts share runs for each), the other dims padded to whole tiles, over the
     MXU share the held tile fills (`mxu_width`, the chip's; 0: not counted). `rows`: routed
-    rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's knob or MaxText's defaults;
-    1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program).
+    rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's as this host's tokamax runs
+    them (`tokamax_tpu_tiles`: the knob's, MaxText's defaults where tokamax has no tables, else
+    its own: its table's entry or 128 x 128 x 128); 1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program).
     `slowdown`: per pass, the layers' MXU efficiency over the pass's kernel's own
-    (`_kernel_slowdowns`; none: 1)."""
+    (`_kernel_slowdowns`; none: 1). `again`: per weight, whether the policy recomputes its
+    forward (`recomputed`), whose grid steps then run twice."""
     m = config.model
     kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
     if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax") or rows < 1:
@@ -308,8 +311,11 @@ def expert_tiles(
     computed = useful = steps = 0.0
     for weight, passes in shapes.items():
         dims = {p: (round(r), round(k), round(n)) for p, (r, k, n) in passes.items()}
-        if kernels.moe_gmm == "tokamax":
-            tiles = kernels.tokamax_tiles.of(weight, dims, default=MAXTEXT_TILES)
+        if kernels.moe_gmm == "tokamax":  # as this host's tokamax builds the kernel
+            from trainer.model.grouped_matmul import tokamax_tpu_tiles
+
+            fp8 = config.fp8_experts_in_tokamax(Backend.TPU)
+            tiles = tokamax_tpu_tiles(dims["fwd"], groups, weight, kernels.tokamax_tiles, fp8)
         else:
             tiles = {p: (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn) for p in GMM_PASSES}
         for name in GMM_PASSES:
@@ -321,7 +327,7 @@ def expert_tiles(
             slower = (slowdown or {}).get(name, 1.0)
             computed += times * count * tm * tk * tn / mxu_fill(mxu_width, *held) * slower
             useful += times * r * k * n
-            steps += times * count
+            steps += times * count * (1 + (again or {}).get(weight, False) * (name == "fwd"))
     return computed / useful, steps
 
 
@@ -349,6 +355,7 @@ def expert_waits(config: TrialConfig, degrees: dict[str, int], again: dict[str, 
 SCORE_PASSES = 5.69
 V5E_MXU, V5E_INT8_MXU, V5E_FP8_MXU = 0.837, 0.935, 0.971
 V5E_LAYER_PASSES, V5E_SAVED_PASSES = 0.817, 5.012
+V5E_ROUTING = 7.574
 STEP_CONSTANTS: dict[str, float] = {
     # Splash grid steps at GRID_STEP_S (trainer.trial.mxu, the step model's too): the
     # share not hidden under the kernels' own work.
@@ -363,6 +370,10 @@ STEP_CONSTANTS: dict[str, float] = {
     "saved_passes": 8.153,
     # FP8: quantizing the layers' matmul inputs (scales, casts), as passes over their tensors.
     "fp8_passes": 2.51,
+    # MoE routing's gathers and combines (`routing_bytes`), as passes over their bytes at the
+    # rate of the engine that runs them (TPU7x's SparseCores; HBM on a chip without): not
+    # fitted on TPU7x (1); ACCELERATOR_CONSTANTS["v5e"] holds the lent v5e's.
+    "routing": 1.0,
     # The first layer's weights gathered and the last reduce-scatter: nothing to hide under.
     "edge_gathers": 1.638,
     # FP8 with the model sharded over `tensor`: the share of the row-parallel outputs'
@@ -383,7 +394,11 @@ STEP_CONSTANTS: dict[str, float] = {
 # of log tokens/s) on the lent chip's 18 points of v5e_dense at batch 8 (fidelity run,
 # benchmarks/data/v5e_dense_grid.csv), its 18 at batch 16 held out (docs/calibration.md,
 # "TPU v5e"); the frozen estimate had read every Splash point 21-37% slow there, its XLA
-# attention within 8%, and int8 as bf16. TPU7x's constants are as they were.
+# attention within 8%, and int8 as bf16. Its `routing`: fitted by `... fit v5e_moe` (run
+# with the chip's tokamax 0.0.12) on v5e_moe's 12 points at full remat, its 12 at minimal
+# remat held out: v5e has no SparseCores, and its TensorCore moves the routing's rows at
+# some 1/7.6 of HBM's rate (the frozen estimate read every Megablox and ragged_dot point
+# 27-45% fast). TPU7x's constants are as they were.
 ACCELERATOR_CONSTANTS: dict[str, dict[str, float]] = {
     "v5e": {
         "mxu_efficiency": V5E_MXU,
@@ -391,6 +406,7 @@ ACCELERATOR_CONSTANTS: dict[str, dict[str, float]] = {
         "fp8_mxu_efficiency": V5E_FP8_MXU,
         "layer_passes": V5E_LAYER_PASSES,
         "saved_passes": V5E_SAVED_PASSES,
+        "routing": V5E_ROUTING,
     }
 }
 
@@ -436,7 +452,7 @@ def _terms(
     fp8 = config.precision.mode == "fp8"
     int8 = config.precision.mode == "int8"
     slowdown, splash_fwd, splash_bwd = _kernel_slowdowns(config, accel, degrees["context"], mxu)
-    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown)
+    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown, again)
     matmuls = {k: f * (3 + again[k]) for k, f in per_token.items() if k != "attention"}
     experts = (matmuls["wi"] + matmuls["wo"]) * waste if m.is_moe else 0.0
     dense = sum(matmuls.values()) - (matmuls["wi"] + matmuls["wo"] if m.is_moe else 0.0)

@@ -87,24 +87,53 @@ _TOKAMAX_TILE_TABLES: dict[str, dict] = {
 _UNSET_TILES = None if any(_TOKAMAX_TILE_TABLES.values()) else MAXTEXT_TILES
 
 
-def tokamax_tpu_configs(
-    x_MxK, w_GxKxN, weight: str, tiles: TokamaxTiles, fp8: bool
-) -> dict[str, tokamax_tpu.Config | None]:
-    """The tile config of tokamax's TPU kernel for each pass: the knob's (clamped to the
-    pass's dims); where tokamax has no tables, MaxText's defaults; else, for fp8 operands
-    where tokamax's table has no fp8 entry, its bf16 one for the shape (tokamax would take
-    128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles take half the VMEM of bf16 ones);
-    else None, tokamax's own choice."""
-    (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
-    dims = {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)}
-    chosen = tiles.of(weight, dims, default=_UNSET_TILES)
-    configs: dict[str, tokamax_tpu.Config | None] = {}
+def _tokamax_tpu_picks(
+    dims: tuple[int, int, int], groups: int, weight: str, tiles: TokamaxTiles, fp8: bool
+) -> dict[str, tuple[tuple[int, ...] | None, int]]:
+    """(tiles, input buffers) of each pass for a forward of `dims` (m, k, n) over `groups`
+    experts: the knob's (clamped to the pass's dims); where tokamax has no tables, MaxText's
+    defaults; else, for fp8 operands where tokamax's table has no fp8 entry, its bf16 one for
+    the shape (tokamax would take 128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles take
+    half the VMEM of bf16 ones); else None, tokamax's own choice."""
+    m, k, n = dims
+    chosen = tiles.of(weight, {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)},
+                      default=_UNSET_TILES)  # fmt: skip
+    picks: dict[str, tuple[tuple[int, ...] | None, int]] = {}
     for name in GMM_PASSES:
         table, buffers = _TOKAMAX_TILE_TABLES[name], 2
         tuned = table.get((m, k, n, groups, False))
         if not chosen[name] and fp8 and (m, k, n, groups, True) not in table and tuned:
             chosen[name], buffers = tuned
-        picked = chosen[name]
+        picks[name] = (chosen[name], buffers)
+    return picks
+
+
+def tokamax_tpu_tiles(
+    dims: tuple[int, int, int], groups: int, weight: str, tiles: TokamaxTiles, fp8: bool
+) -> dict[str, tuple[int, ...]]:
+    """The (tm, tk, tn) each pass of tokamax's TPU kernel runs with for a forward of `dims`
+    (m, k, n) over `groups` experts, as this host's tokamax builds it: `_tokamax_tpu_picks`,
+    and where that leaves the choice to tokamax, its own (`_get_heuristics_config` of
+    tokamax 0.0.12: its table's entry for the forward's shape, else its Config's default,
+    128 x 128 x 128). The analytic estimate prices these (trainer/estimate/analytic.py)."""
+    m, k, n = dims
+    own = tokamax_tpu.Config()
+    out = {}
+    for name, (picked, _) in _tokamax_tpu_picks(dims, groups, weight, tiles, fp8).items():
+        entry = _TOKAMAX_TILE_TABLES[name].get((m, k, n, groups, fp8))
+        out[name] = picked or (entry[0] if entry else (own.tile_m, own.tile_k, own.tile_n))
+    return out
+
+
+def tokamax_tpu_configs(
+    x_MxK, w_GxKxN, weight: str, tiles: TokamaxTiles, fp8: bool
+) -> dict[str, tokamax_tpu.Config | None]:
+    """The tile config of tokamax's TPU kernel for each pass (`_tokamax_tpu_picks`); None:
+    tokamax's own choice."""
+    (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
+    configs: dict[str, tokamax_tpu.Config | None] = {}
+    for name, (picked, buffers) in _tokamax_tpu_picks((m, k, n), groups, weight, tiles,
+                                                      fp8).items():  # fmt: skip
         if picked:
             tm, tk, tn = picked
             configs[name] = tokamax_tpu.Config(
