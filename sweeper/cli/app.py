@@ -19,7 +19,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Performance sweeps for JAX training on TPU7x."
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    help="Performance sweeps for JAX training on TPU7x.",
 )
 VERBOSE = {"on": False}  # -v: the libraries' own output too (Ray, Tune, Optuna, MLflow)
 
