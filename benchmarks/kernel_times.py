@@ -158,8 +158,8 @@ def records_table(timed: Path, priced: Path) -> Table:
     """Each candidate timed on a chip beside the step model's price of it (module doc)."""
     by_kernel = {k["kernel"]: k for k in tuning_of(priced)["kernels"]}
     out = Table(title=f"kernel candidates: timed ({timed.name}) against priced ({priced.name})")
-    for column in ("kernel", "tiles", "timed µs", "priced µs", "priced/timed", "refused by"):
-        out.add_column(column, justify="right")
+    for column in ("kernel", "tiles", "time µs", "price µs", "ratio", "refused"):
+        out.add_column(column, justify="right", no_wrap=column in ("kernel", "tiles"))
     summary = {}
     for kernel in tuning_of(timed)["kernels"]:
         prices = {
@@ -174,7 +174,7 @@ def records_table(timed: Path, priced: Path) -> Table:
             ratio = f"{p / t:.3f}" if t and p and forward else ""
             out.add_row(kernel["kernel"], "x".join(map(str, tried["blocks"])),
                         f"{t * 1e6:,.0f}" if t else "-", f"{p * 1e6:,.0f}" if p else "-", ratio,
-                        " and ".join(refused))  # fmt: skip
+                        ", ".join(refused))  # fmt: skip
             if t and p:
                 pairs.append((t, p))
         rho = _spearman([t for t, _ in pairs], [p for _, p in pairs])
