@@ -32,14 +32,16 @@ $(GPU_COMPILE)/.installed: constraints.txt $(VENV)/.installed
 gpu-compile: $(GPU_COMPILE)/.installed
 
 # MaxText 0.2.5, the trial program of `program: maxtext` spaces: its own environment (it needs
-# Python >= 3.12 and pins its own JAX and libtpu; never imported by the engine). About 3.5
-# minutes. MAXTEXT_PYTHON: a Python 3.12 (default: the one the venv is built with).
+# Python >= 3.12 and pins libtpu 0.0.52; never imported by the engine). About 3.5 minutes.
+# JAX is pinned to 0.12.0.1, the engine's: MaxText 0.2.5 admits 0.12.1, whose jnp.dot hands
+# qwix 0.1.8's dot_general a `reduction_order` it does not take, so every fp8 recipe failed
+# to compile (seen 2026-12-07). MAXTEXT_PYTHON: a Python 3.12 (default: the venv's).
 MAXTEXT := .maxtext
 MAXTEXT_PYTHON ?= $(PYTHON)
 $(MAXTEXT)/.installed:
 	test -x $(MAXTEXT)/bin/python || $(MAXTEXT_PYTHON) -m venv $(MAXTEXT)
 	$(MAXTEXT)/bin/pip install --quiet --upgrade pip
-	$(MAXTEXT)/bin/pip install --quiet 'maxtext[tpu]==0.2.5'
+	$(MAXTEXT)/bin/pip install --quiet 'maxtext[tpu]==0.2.5' 'jax==0.12.0.1' 'jaxlib==0.12.0.1'
 	touch $@
 
 maxtext: $(MAXTEXT)/.installed

@@ -78,15 +78,17 @@ PUBLISHED = {
     "llama3.1-70b 8k fp8 re-tuned 256 chips": ("llama31_70b_8k_tpu7x", "fp8", "tpu7x:4x8x8", 7.95, 4121.02),
 }  # fmt: skip
 # The published rows read again on the program they ran: MaxText's own (the rows above
-# compile ours; the llama3.1-70b 64-chip rows the fit's, on another program here), compiled by MaxText 0.2.5's train_compile (its libtpu) from the warm start
-# of a space (`--recompile --only NAME` compiles one again; needs `make maxtext`). A split of
-# their own: another program, another compiler than the fit rows'.
-# name: (space, warm start, target, published step s, published tokens/s/chip)
+# compile ours; the llama3.1-70b 64-chip rows the fit's, on another program here), compiled by
+# MaxText 0.2.5's train_compile (its libtpu) from the recipe's file as published, kept under
+# tests/data/tpu_recipes/ (`sweeper import` of it: trial 0; `--recompile --only NAME`
+# compiles one again; needs `make maxtext`). A split of their own: another program, another
+# compiler than the fit rows'.
+# name: (kept file, target, published step s, published tokens/s/chip)
 MAXTEXT = {
-    "llama3.1-70b 8k bf16 64 chips on MaxText": ("llama31_70b_8k_maxtext", 0, "tpu7x:4x4x4", 12.20, 2686.98),
-    "llama3.1-70b 8k fp8 64 chips on MaxText": ("llama31_70b_8k_maxtext", 1, "tpu7x:4x4x4", 8.38, 3911.90),
-    "qwen3-235b-a22b 4k bf16 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 0, "tpu7x:4x8x8", 31.58, 4150.78),
-    "qwen3-235b-a22b 4k fp8 256 chips on MaxText": ("qwen3_235b_4k_maxtext", 1, "tpu7x:4x8x8", 27.67, 4736.72),
+    "llama3.1-70b 8k bf16 64 chips on MaxText": ("training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh", "tpu7x:4x4x4", 12.20, 2686.98),
+    "llama3.1-70b 8k fp8 64 chips on MaxText": ("training/ironwood/llama3.1-70b/8k-fp8-tpu7x-4x4x4/xpk/run_recipe.sh", "tpu7x:4x4x4", 8.38, 3911.90),
+    "qwen3-235b-a22b 4k bf16 256 chips on MaxText": ("training/ironwood/qwen3-235b-a22b/4k-bf16-tpu7x-4x8x8/xpk/run_recipe.sh", "tpu7x:4x8x8", 31.58, 4150.78),
+    "qwen3-235b-a22b 4k fp8 256 chips on MaxText": ("training/ironwood/qwen3-235b-a22b/4k-fp8-tpu7x-4x8x8/run_recipe.sh", "tpu7x:4x8x8", 27.67, 4736.72),
 }  # fmt: skip
 # Rows whose published figure is not entered until the model's prediction for them is frozen
 # (`--freeze`, committed with the commit that made it): name: (space, precision, target).
@@ -163,9 +165,12 @@ def compile_row(name: str) -> None:
 def maxtext_recipe(name: str) -> tuple[dict, dict, Any]:
     """A MaxText row's trial (as our trainer's config, which the step model's kernel count
     reads), its maxtext.* knobs, and its space's MaxText program."""
-    space_name, index, target = MAXTEXT[name][:3]
-    space = load_space(f"spaces/{space_name}.yaml")
-    point = space.search.warm_start[index]
+    from benchmarks.recipe_rows import imported
+
+    path, target = MAXTEXT[name][:2]
+    space = imported(path)[1]
+    assert str(space.target) == target, f"{path} runs on {space.target}, not {target}"
+    point = space.search.warm_start[0]
     config = {**assemble(space, point), "compile_target": target}
     return config, maxtext_knobs(point), space.maxtext_program()
 
@@ -232,7 +237,7 @@ def estimate_rows(
     listed: dict[str, tuple] = {n: (*row[:3], row[3], row[4]) for n, row in PUBLISHED.items()}
     if pending:
         listed |= {n: (*row, None, None) for n, row in PENDING.items()}
-    listed |= MAXTEXT
+    listed |= {n: (row[0], None, *row[1:]) for n, row in MAXTEXT.items()}
     rows = {}
     for name, (_, _, target, step, tokens) in listed.items():
         if only and only not in name and name not in FIT:

@@ -18,8 +18,11 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
 - ours as published (loss untiled, as MaxText's default; AdamW first moment in bf16);
 - ours with the loss in 8 vocabulary tiles (`vocab_tiling: 8`);
 - ours with a float32 first moment (the trainer's default before `mu_dtype`);
-- MaxText 0.2.5's own `train_compile` of the same recipe, when `--maxtext-python` names
-  the Python of a MaxText environment; where that environment's JAX or libtpu is not ours
+- ours with Splash's query and key layouts seq_minor, as the published file sets them
+  (ours as published keeps the trainer space's head_dim_minor);
+- MaxText 0.2.5's own `train_compile` of the recipe's file as published (kept under
+  tests/data/tpu_recipes/, imported: trial 0 as a MaxText trial of that space is given it),
+  when `--maxtext-python` names the Python of a MaxText environment; where that environment's JAX or libtpu is not ours
   (ours pinned 0.10.2 and 0.0.42.1 until 2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now
   ours too), ours as published compiled in that environment as well, so that one pair
   differs only in the trainer; without one, the figure recorded on this host kind
@@ -62,14 +65,15 @@ from trainer.maxtext import logs
 from trainer.maxtext.driver import maxtext_env, package_dir
 from trainer.trial.config import TrialConfig
 from trainer.trial.hardware import GIB, Topology
-from trainer.trial.maxtext import TRAIN_COMPILE, MaxTextSettings, to_maxtext
+from trainer.trial.maxtext import TRAIN_COMPILE, MaxTextSettings, program_settings
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
 
 @dataclass(frozen=True)
 class Recipe:
-    space: Path  # its trial 0 is the recipe
+    space: Path  # our trainer's: its trial 0 is the recipe
+    published: str  # the recipe's file as published (tests/data/tpu_recipes/): MaxText's side
     recorded: dict  # MaxText 0.2.5's train_compile on this host kind (libtpu 0.0.52)
     variants: dict[str, dict]  # our rows: changes to the recipe
 
@@ -77,15 +81,20 @@ class Recipe:
 RECIPES = {
     "8k": Recipe(
         SPACES / "llama31_70b_8k_tpu7x.yaml",
+        "training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh",
         {"argument": 5_525_434_368, "temp": 86_750_150_656, "compile_s": 132.0},  # 2026-12-01
         {
             "ours: as published": {},
+            "ours: Splash layouts seq_minor": {
+                "kernels": {"q_layout": "seq_minor", "k_layout": "seq_minor"}
+            },
             "ours: vocab_tiling 8": {"vocab_tiling": 8},
             "ours: mu_dtype float32": {"mu_dtype": "float32"},
         },
     ),
     "128k": Recipe(
         SPACES / "llama31_70b_128k_tpu7x.yaml",
+        "training/ironwood/llama3.1-70b/128k-bf16-tpu7x-4x8x8/xpk/run_recipe.sh",
         {"argument": 1_672_031_744, "temp": 82_882_297_856, "compile_s": 397.0},  # 2026-12-02
         {
             "ours: as published": {},
@@ -110,16 +119,24 @@ def changed(trial: dict, change: dict) -> dict:
     return out
 
 
-def maxtext_settings(trial: dict, target: str) -> MaxTextSettings:
-    """The recipe in MaxText's terms: the engine's one mapping (`to_maxtext`, as a MaxText trial
-    and `sweeper export --format maxtext` take it), compiled for `target`."""
-    config = TrialConfig.model_validate({**trial, "compile_target": target})
-    return to_maxtext(config, "tpu")
+def maxtext_settings(published: str) -> tuple[MaxTextSettings, str]:
+    """The published recipe in MaxText's terms, as a MaxText trial of its imported space's
+    trial 0 is given it (`program_settings`: the engine's one mapping, over the file's own
+    settings), and its target."""
+    from benchmarks.recipe_rows import imported
+
+    space = imported(published)[1]
+    point = space.search.warm_start[0]
+    target = str(space.target)
+    config = TrialConfig.model_validate({**assemble(space, point), "compile_target": target})
+    knobs = {k: v for k, v in point.items() if k.startswith("maxtext.")}
+    return program_settings(config, space.maxtext_program(), knobs), target
 
 
-def maxtext_compile(python: str, trial: dict, target: str) -> dict:
-    """MaxText's train_compile in its own environment; memory from its memory analysis."""
-    settings = maxtext_settings(trial, target)
+def maxtext_compile(python: str, published: str) -> dict:
+    """MaxText's train_compile of the published file in its own environment; memory from its
+    memory analysis."""
+    settings = maxtext_settings(published)[0]
     for unmapped in settings.unmapped:  # e.g. our corpus: MaxText runs its synthetic data
         print(f"not in MaxText's run: {unmapped.field}={unmapped.value} ({unmapped.why})")
     base = package_dir(python) / "configs" / "base.yml"
@@ -250,7 +267,7 @@ def main() -> None:
                 rows.append(
                     ("ours: as published, MaxText's JAX", "compile (this run)", _row(*same))
                 )
-            theirs = maxtext_compile(args.maxtext_python, trial, target)
+            theirs = maxtext_compile(args.maxtext_python, chosen.published)
             rows.append(("MaxText 0.2.5", "compile (this run)", theirs))
         else:
             rows.append(("MaxText 0.2.5", "compile (recorded)", chosen.recorded))

@@ -59,19 +59,26 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
 
 
+def imported(path: str, name: str = "row") -> tuple[Any, Any]:
+    """A kept file (its path under tests/data/tpu_recipes) as `sweeper import` reads it: (the
+    command, the space it makes, trial 0 the command). SpaceError where it cannot."""
+    from sweeper.space.command import load_text, read_command, space_of
+    from sweeper.space.load import load_space
+
+    text, _ = load_text(str(RECIPES / path))
+    command = read_command(text)
+    return command, load_space(space_of(command, name, None))
+
+
 def predict(path: str) -> dict[str, Any]:
     """A kept command's trial 0 judged by the estimate; or why it cannot be imported."""
     from sweeper.search.screen import judge
-    from sweeper.space.command import load_text, read_command, space_of
     from sweeper.space.errors import SpaceError
-    from sweeper.space.load import load_space
     from sweeper.space.points import first_point
 
     row: dict[str, Any] = {"path": path}
     try:
-        text, _ = load_text(str(RECIPES / path))
-        command = read_command(text)
-        space = load_space(space_of(command, "row", None))
+        command, space = imported(path)
     except SpaceError as exc:
         return {**row, "status": "refused", "why": " ".join(str(exc).split())[:300]}
     settings = command.settings
