@@ -156,21 +156,29 @@ def test_the_estimate_prices_tokamax_at_the_tiles_its_own_tables_pick(monkeypatc
     on v5e tokamax's kernel reads far slower than Megablox's 512 x 1024 x 1024 tiles, as the
     chip measured (v5e_moe: 24,166 against 83,960 tokens/s); with MaxText's tiles it would
     read the same as Megablox."""
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu
+
     from sweeper.space.checks import static_check
     from sweeper.space.load import load_space
     from trainer.estimate.analytic import estimate, expert_tiles, recomputed, routed_rows
-    from trainer.model import grouped_matmul
+    from trainer.trial import tokamax_tiles
     from trainer.trial.config import TokamaxTiles
+
+    # read from tokamax's source without importing it, they are tokamax's own (this host's)
+    for name, table in tokamax_tiles.TABLE_NAMES.items():
+        assert tokamax_tiles.TABLES[name] == getattr(pallas_mosaic_tpu, table, {})
+    own = pallas_mosaic_tpu.Config()
+    assert (own.tile_m, own.tile_k, own.tile_n) == tokamax_tiles.OWN_DEFAULT
 
     tables = {"fwd": {(4096, 1024, 1024, 8, False): ((256, 1024, 512), 2)}, "dlhs": {},
               "drhs": {}}  # fmt: skip
-    monkeypatch.setattr(grouped_matmul, "_TOKAMAX_TILE_TABLES", tables)
-    monkeypatch.setattr(grouped_matmul, "_UNSET_TILES", None)
+    monkeypatch.setattr(tokamax_tiles, "TABLES", tables)
+    monkeypatch.setattr(tokamax_tiles, "UNSET", None)
     unset = TokamaxTiles()
-    assert grouped_matmul.tokamax_tpu_tiles((4096, 1024, 1024), 8, "wi", unset, False) == {
+    assert tokamax_tiles.run_tiles((4096, 1024, 1024), 8, "wi", unset, False) == {
         "fwd": (256, 1024, 512), "dlhs": (128, 128, 128), "drhs": (128, 128, 128)}  # fmt: skip
     given = TokamaxTiles(wi_dlhs="512x512x512")
-    assert grouped_matmul.tokamax_tpu_tiles((4096, 1024, 1024), 8, "wi", given, False)[
+    assert tokamax_tiles.run_tiles((4096, 1024, 1024), 8, "wi", given, False)[
         "dlhs"] == (512, 512, 512)  # fmt: skip
 
     space = load_space("v5e_moe")
@@ -187,5 +195,5 @@ def test_the_estimate_prices_tokamax_at_the_tiles_its_own_tables_pick(monkeypatc
     megablox = estimate(static_check(space, {**point, "kernels.moe_gmm": "megablox"}, 1), v5e,
                         1)["est_tokens_per_sec_per_chip"]  # fmt: skip
     assert own < 0.4 * megablox
-    monkeypatch.setattr(grouped_matmul, "_UNSET_TILES", "512x1024x1024")
+    monkeypatch.setattr(tokamax_tiles, "UNSET", "512x1024x1024")
     assert estimate(config, v5e, 1)["est_tokens_per_sec_per_chip"] > 0.9 * megablox

@@ -5,8 +5,8 @@ it (tests/test_layering.py holds the code to that, and to having no import cycle
 
 - trial/     what a trial is, with no JAX: the typed configuration and its checks, the remat
              tensor table, model presets, LIBTPU flag bundles, accelerators and topologies,
-             what the MXU makes of a kernel's tiles, knob effects, the event protocol and the
-             typed trial result, shared files.
+             what the MXU makes of a kernel's tiles (tokamax's own read from its source),
+             knob effects, the event protocol and the typed trial result, shared files.
 - estimate/  the analytic step model (formulas and a datasheet) and the planner; no JAX.
 - parallel/  meshes, logical-axis rules, context-parallel load balancing, multi-host joins.
 - model/     the transformer: attention and grouped-matmul kernels, MoE routing, fp8, loss.

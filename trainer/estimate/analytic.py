@@ -26,6 +26,7 @@ from trainer.trial.mxu import (
     whole_tiles,
 )
 from trainer.trial.remat import Tensor, placements
+from trainer.trial.tokamax_tiles import run_tiles
 
 BF16, F32 = 2, 4
 
@@ -293,8 +294,9 @@ def expert_tiles(
     (a tile two experts share runs for each), the other dims padded to whole tiles, over the
     MXU share the held tile fills (`mxu_width`, the chip's; 0: not counted). `rows`: routed
     rows per device. Tiles: Megablox's `gmm_tm/tk/tn`; tokamax's as this host's tokamax runs
-    them (`tokamax_tpu_tiles`: the knob's, MaxText's defaults where tokamax has no tables, else
-    its own: its table's entry or 128 x 128 x 128); 1 for XLA's ragged_dot (libtpu's lowering states its tiles only in a compiled program).
+    them (`run_tiles`: the knob's, MaxText's defaults where tokamax has no tables, else its
+    own: its table's entry or 128 x 128 x 128); 1 for XLA's ragged_dot (libtpu's lowering
+    states its tiles only in a compiled program).
     `slowdown`: per pass, the layers' MXU efficiency over the pass's kernel's own
     (`_kernel_slowdowns`; none: 1). `again`: per weight, whether the policy recomputes its
     forward (`recomputed`), whose grid steps then run twice."""
@@ -312,10 +314,8 @@ def expert_tiles(
     for weight, passes in shapes.items():
         dims = {p: (round(r), round(k), round(n)) for p, (r, k, n) in passes.items()}
         if kernels.moe_gmm == "tokamax":  # as this host's tokamax builds the kernel
-            from trainer.model.grouped_matmul import tokamax_tpu_tiles
-
             fp8 = config.fp8_experts_in_tokamax(Backend.TPU)
-            tiles = tokamax_tpu_tiles(dims["fwd"], groups, weight, kernels.tokamax_tiles, fp8)
+            tiles = run_tiles(dims["fwd"], groups, weight, kernels.tokamax_tiles, fp8)
         else:
             tiles = {p: (kernels.gmm_tm, kernels.gmm_tk, kernels.gmm_tn) for p in GMM_PASSES}
         for name in GMM_PASSES:

@@ -15,13 +15,8 @@ from tokamax._src.ops.ragged_dot import base as ragged_dot_base
 from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
 from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
-from trainer.trial.config import (
-    GMM_PASSES,
-    MAXTEXT_TILES,
-    KernelsConfig,
-    PrecisionConfig,
-    TokamaxTiles,
-)
+from trainer.trial import tokamax_tiles
+from trainer.trial.config import GMM_PASSES, KernelsConfig, PrecisionConfig, TokamaxTiles
 from trainer.trial.hardware import Backend
 
 # tokamax's grouped-matmul kernels for NVIDIA GPUs, in tokamax's own order of preference.
@@ -71,69 +66,20 @@ def experts_run_as(moe_gmm: str, platform: str, device: jax.Device) -> str:
     return f"tokamax {kernel}" if kernel else f"ragged_dot ({'; '.join(failures.values())})"
 
 
-# tokamax's tuned tiles for its TPU kernels, by (m, k, n, groups, quantized): m routed rows,
-# k the input's features, n the output's; one table per pass (see TokamaxTiles). tokamax
-# 0.0.12 has these tables; 0.0.17 has none: its kernel picks tiles for the shape by its own
-# VMEM budget (`_get_heuristics_config`, fp8 operands included), which can exceed libtpu's
-# default scoped VMEM limit (1024x2048x1024 for a bf16 weight gradient at [8, 2048, 1024]
-# took 35.37 MiB, over 32: seen with libtpu 0.0.52). So without tables the unset passes take
-# MaxText's configured default tiles (MAXTEXT_TILES; MaxText 0.2.5's own tokamax path passes
-# none, so there the two default programs differ).
-_TOKAMAX_TILE_TABLES: dict[str, dict] = {
-    "fwd": getattr(tokamax_tpu, "GMM_TILING_TUNED_LUT", {}),
-    "dlhs": getattr(tokamax_tpu, "GMM_RHS_TRANSPOSE_TILING_TUNED_LUT", {}),
-    "drhs": getattr(tokamax_tpu, "TGMM_TILING_TUNED_LUT", {}),
-}
-_UNSET_TILES = None if any(_TOKAMAX_TILE_TABLES.values()) else MAXTEXT_TILES
-
-
-def _tokamax_tpu_picks(
-    dims: tuple[int, int, int], groups: int, weight: str, tiles: TokamaxTiles, fp8: bool
-) -> dict[str, tuple[tuple[int, ...] | None, int]]:
-    """(tiles, input buffers) of each pass for a forward of `dims` (m, k, n) over `groups`
-    experts: the knob's (clamped to the pass's dims); where tokamax has no tables, MaxText's
-    defaults; else, for fp8 operands where tokamax's table has no fp8 entry, its bf16 one for
-    the shape (tokamax would take 128 x 128 x 128, a quarter of TPU7x's MXU; fp8 tiles take
-    half the VMEM of bf16 ones); else None, tokamax's own choice."""
-    m, k, n = dims
-    chosen = tiles.of(weight, {"fwd": (m, k, n), "dlhs": (m, n, k), "drhs": (m, k, n)},
-                      default=_UNSET_TILES)  # fmt: skip
-    picks: dict[str, tuple[tuple[int, ...] | None, int]] = {}
-    for name in GMM_PASSES:
-        table, buffers = _TOKAMAX_TILE_TABLES[name], 2
-        tuned = table.get((m, k, n, groups, False))
-        if not chosen[name] and fp8 and (m, k, n, groups, True) not in table and tuned:
-            chosen[name], buffers = tuned
-        picks[name] = (chosen[name], buffers)
-    return picks
-
-
-def tokamax_tpu_tiles(
-    dims: tuple[int, int, int], groups: int, weight: str, tiles: TokamaxTiles, fp8: bool
-) -> dict[str, tuple[int, ...]]:
-    """The (tm, tk, tn) each pass of tokamax's TPU kernel runs with for a forward of `dims`
-    (m, k, n) over `groups` experts, as this host's tokamax builds it: `_tokamax_tpu_picks`,
-    and where that leaves the choice to tokamax, its own (`_get_heuristics_config` of
-    tokamax 0.0.12: its table's entry for the forward's shape, else its Config's default,
-    128 x 128 x 128). The analytic estimate prices these (trainer/estimate/analytic.py)."""
-    m, k, n = dims
-    own = tokamax_tpu.Config()
-    out = {}
-    for name, (picked, _) in _tokamax_tpu_picks(dims, groups, weight, tiles, fp8).items():
-        entry = _TOKAMAX_TILE_TABLES[name].get((m, k, n, groups, fp8))
-        out[name] = picked or (entry[0] if entry else (own.tile_m, own.tile_k, own.tile_n))
-    return out
+# tokamax's tuned tile tables, read from its source (trainer/trial/tokamax_tiles.py, which
+# says when each version has them); the same objects the estimate prices.
+_TOKAMAX_TILE_TABLES = tokamax_tiles.TABLES
 
 
 def tokamax_tpu_configs(
     x_MxK, w_GxKxN, weight: str, tiles: TokamaxTiles, fp8: bool
 ) -> dict[str, tokamax_tpu.Config | None]:
-    """The tile config of tokamax's TPU kernel for each pass (`_tokamax_tpu_picks`); None:
+    """The tile config of tokamax's TPU kernel for each pass (`tokamax_tiles.picks`); None:
     tokamax's own choice."""
     (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
     configs: dict[str, tokamax_tpu.Config | None] = {}
-    for name, (picked, buffers) in _tokamax_tpu_picks((m, k, n), groups, weight, tiles,
-                                                      fp8).items():  # fmt: skip
+    for name, (picked, buffers) in tokamax_tiles.picks((m, k, n), groups, weight, tiles,
+                                                       fp8).items():  # fmt: skip
         if picked:
             tm, tk, tn = picked
             configs[name] = tokamax_tpu.Config(
@@ -154,7 +100,7 @@ def tokamax_tpu_gmm(x_MxK, w_GxKxN, group_sizes_G, weight: str, tiles: TokamaxTi
     """tokamax.ragged_dot on TPU with the knob's tiles for each pass (tokamax's own VJP, its
     gradient kernels given their tiles); without any, tokamax's default (its table's tiles,
     tokamax 0.0.12) or MaxText's (tokamax 0.0.17)."""
-    if tiles.is_default and _UNSET_TILES is None:
+    if tiles.is_default and tokamax_tiles.UNSET is None:
         return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, tiles, fp8=False)
     dlhs, drhs = (tokamax_tpu.PallasMosaicTpuRaggedDot(config=configs[p]) for p in ("dlhs", "drhs"))
