@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweeper.space.load import load_space
-from sweeper.space.points import assemble, maxtext_knobs
+from sweeper.space.points import assemble
 from trainer.compile.cost import program_cost
 from trainer.compile.schedule import Schedule
 from trainer.compile.step_model import KernelFlops, kernel_flops, step_time
@@ -169,14 +169,12 @@ def compile_row(name: str) -> None:
 def maxtext_recipe(name: str) -> tuple[dict, dict, Any]:
     """A MaxText row's trial (as our trainer's config, which the step model's kernel count
     reads), its maxtext.* knobs, and its space's MaxText program."""
-    from benchmarks.recipe_rows import imported
+    from benchmarks.recipe_rows import recipe_trial
 
     path, target = MAXTEXT[name][:2]
-    space = imported(path)[1]
-    assert str(space.target) == target, f"{path} runs on {space.target}, not {target}"
-    point = space.search.warm_start[0]
-    config = {**assemble(space, point), "compile_target": target}
-    return config, maxtext_knobs(point), space.maxtext_program()
+    config, knobs, program = recipe_trial(path)
+    assert config["compile_target"] == target, f"{path} runs on {config['compile_target']}"
+    return config, knobs, program
 
 
 def compile_maxtext_row(name: str) -> None:

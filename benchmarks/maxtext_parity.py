@@ -22,9 +22,9 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
   (ours as published keeps the trainer space's head_dim_minor);
 - MaxText 0.2.5's own `train_compile` of the recipe's file as published (kept under
   tests/data/tpu_recipes/, imported: trial 0 as a MaxText trial of that space is given it),
-  when `--maxtext-python` names the Python of a MaxText environment; where that environment's JAX or libtpu is not ours
-  (ours pinned 0.10.2 and 0.0.42.1 until 2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now
-  ours too), ours as published compiled in that environment as well, so that one pair
+  when `--maxtext-python` names the Python of a MaxText environment; where that
+  environment's JAX or libtpu is not ours (ours pinned 0.10.2 and 0.0.42.1 until
+  2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now ours too), ours as published compiled in that environment as well, so that one pair
   differs only in the trainer; without one, the figure recorded on this host kind
   (2026-12-01, with the recipe's Splash flags; the 2026-11-30 figure (docs/facts.md), 0.44 GiB
   less temp, predates them), marked "recorded".
@@ -125,14 +125,11 @@ def maxtext_settings(published: str) -> tuple[MaxTextSettings, str]:
     """The published recipe in MaxText's terms, as a MaxText trial of its imported space's
     trial 0 is given it (`program_settings`: the engine's one mapping, over the file's own
     settings), and its target."""
-    from benchmarks.recipe_rows import imported
+    from benchmarks.recipe_rows import recipe_trial
 
-    space = imported(published)[1]
-    point = space.search.warm_start[0]
-    target = str(space.target)
-    config = TrialConfig.model_validate({**assemble(space, point), "compile_target": target})
-    knobs = {k: v for k, v in point.items() if k.startswith("maxtext.")}
-    return program_settings(config, space.maxtext_program(), knobs), target
+    config, knobs, program = recipe_trial(published)
+    settings = program_settings(TrialConfig.model_validate(config), program, knobs)
+    return settings, config["compile_target"]
 
 
 def maxtext_compile(python: str, published: str) -> dict:

@@ -70,6 +70,18 @@ def imported(path: str, name: str = "row") -> tuple[Any, Any]:
     return command, load_space(space_of(command, name, None))
 
 
+def recipe_trial(path: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """A kept file's trial 0 as a MaxText trial of its imported space runs it: the trial's
+    config (compiled for the file's target, as our trainer's config reads it), its maxtext.*
+    knobs, and the space's MaxText program."""
+    from sweeper.space.points import assemble, maxtext_knobs
+
+    space = imported(path)[1]
+    point = space.search.warm_start[0]
+    config = {**assemble(space, point), "compile_target": str(space.target)}
+    return config, maxtext_knobs(point), space.maxtext_program()
+
+
 def predict(path: str) -> dict[str, Any]:
     """A kept command's trial 0 judged by the estimate; or why it cannot be imported."""
     from sweeper.search.screen import judge

@@ -187,7 +187,9 @@ def test_the_parity_benchmark_gives_maxtext_the_published_file_as_a_maxtext_tria
     for key, value in command.settings.items():
         if key not in dropped:
             assert bench.args[key].lower() == str(value).lower(), key
-    assert bench.args["sa_q_layout"] == "SEQ_MINOR" and bench.args["compile_topology"] == "tpu7x-128"
+    assert (
+        bench.args["sa_q_layout"] == "SEQ_MINOR" and bench.args["compile_topology"] == "tpu7x-128"
+    )
 
 
 def test_a_named_model_passes_its_own_settings_as_maxtexts_model_config_has_them():
