@@ -2,7 +2,7 @@
 before its published figure is compared with it.
 
     python -m benchmarks.recipe_rows freeze   # benchmarks/data/recipe_predictions.csv
-    python -m benchmarks.recipe_rows compare  # the frozen predictions against the published
+    python -m benchmarks.recipe_rows compare  # the frozen predictions, the compiles: published
     python -m benchmarks.recipe_rows compile PATH  # one kept file's trial 0 through MaxText
     python -m benchmarks.recipe_rows compile-all SECONDS  # each recipe's in turn, resumed
 
@@ -16,7 +16,9 @@ published row beside the frozen predictions of the kept files that run it, by fa
 (dense 8k; long context; MoE), split as calibration splits them: `fit` (the rows the
 estimate's constants were fitted on: benchmarks/calibration.py FIT), `seen` (rows whose
 figure was in the repository before the freeze: its PUBLISHED), `held out` (the rest).
-Fidelity: estimate, TPU7x (never a measurement), against published runs.
+Fidelity: estimate, TPU7x (never a measurement), against published runs. A second table
+sets each compiled recipe (`compile`, below) beside its published row and its frozen
+estimate: the compile's error and its memory, every row seen.
 
 `compile PATH` imports one kept file and runs its trial 0 at compile fidelity (`sweeper
 run SPACE --trials 1`: MaxText 0.2.5's train_compile for the recipe's topology, about 20
@@ -146,9 +148,22 @@ def table_key(row: dict[str, str]) -> tuple[str, int, int, str]:
     )
 
 
-def label(key: tuple[str, int, int, str]) -> str:
-    """A published row as the table names it: `llama3.1-70b 8k bf16 x64`."""
-    return f"{key[0]} {key[2] // 1024}k {key[3]} x{key[1]}"
+def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Any:
+    """A compact table of published rows (80 columns: no vertical rules, one space apart)."""
+    from rich import box
+    from rich.table import Table
+
+    out = Table(
+        title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False, caption_justify="left"
+    )
+    for column in columns:
+        out.add_column(column, justify="left" if column in left else "right", no_wrap=True)
+    return out
+
+
+def _row_cells(key: tuple[str, int, int, str]) -> tuple[str, str]:
+    """A published row's name without its chips, and its chips."""
+    return f"{key[0]} {key[2] // 1024}k {key[3]}", str(key[1])
 
 
 def _read(path: Path) -> list[dict[str, str]]:
@@ -181,48 +196,115 @@ def split(key: tuple[str, int, int, str]) -> str:
     return "seen" if name in PUBLISHED else "held out"
 
 
-def compare() -> Any:
+def _families(rows: list[dict[str, str]]) -> dict[str, str]:
+    """Each kept file's family, read once a file."""
+    return {row["path"]: family(row) for row in rows}
+
+
+def _section(table: Any, family_name: str, last: list[str]) -> None:
+    """A family's rows begun by its name (the table stays 80 columns wide without a column
+    for it)."""
+    if last and last[0] == family_name:
+        return
+    if last:
+        table.add_section()
+    table.add_row(f"[bold]{family_name}[/bold]", end_section=False)
+    last[:] = [family_name]
+
+
+def _medians(errors: dict[tuple[str, str], list[float]]) -> str:
+    """Median |error| (rows) by family, a line a family."""
     import statistics
 
-    from rich.table import Table
+    lines: dict[str, list[str]] = {}
+    for (name, where), es in sorted(errors.items()):
+        lines.setdefault(name, []).append(
+            f"{where} {statistics.median(abs(e) for e in es):.1%} ({len(es)})"
+        )
+    return "\n".join(
+        f"median |error|, {name}: " + ", ".join(parts) for name, parts in lines.items()
+    )
+
+
+def compare() -> Any:
+    """The frozen estimate against every published row, by family and split."""
+    import statistics
 
     table = published()
+    rows = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
+    families = _families(rows)
     joined: dict[tuple, dict[str, Any]] = {}
-    for row in _read(PREDICTIONS):
-        if row["status"] == "refused":
-            continue
+    for row in rows:
         key = table_key(row)
         if key not in table or table[key]["tokens_per_sec_per_chip"] is None:
             continue
-        entry = joined.setdefault(
-            key, {"files": 0, "est": set(), "status": set(), "family": family(row)}
-        )
+        entry = joined.setdefault(key, {"files": 0, "est": set(), "status": set(),
+                                        "family": families[row["path"]]})  # fmt: skip
         entry["files"] += 1
         entry["est"].add(round(float(row["est_tokens_per_sec_per_chip"]), 1))
         entry["status"].add(row["status"])
-    out = Table(title="Published Ironwood rows against the estimate frozen before (tokens/s/chip)")
-    for column in ("row", "family", "split", "files", "published", "estimate", "error", "fits"):
-        out.add_column(
-            column,
-            justify="right" if column in ("files", "published", "estimate", "error") else "left",
-        )
+    out = _table("Published Ironwood rows against the estimate frozen before (fidelity "
+                 "estimate, TPU7x; tokens/s/chip; files: kept files that run the row)",
+                 ("row", "chips", "split", "files", "published", "estimate", "error", "fits"),
+                 ("row", "split", "fits"))  # fmt: skip
     errors: dict[tuple[str, str], list[float]] = {}
+    last: list[str] = []
     for key, entry in sorted(joined.items(), key=lambda kv: (kv[1]["family"], kv[0])):
+        _section(out, entry["family"], last)
         figure = table[key]["tokens_per_sec_per_chip"]
         est = statistics.median(entry["est"])
         error = est / figure - 1
         where = split(key)
         errors.setdefault((entry["family"], where), []).append(error)
-        out.add_row(label(key), entry["family"], where,
-                    str(entry["files"]), f"{figure:,.0f}", f"{est:,.0f}", f"{error:+.1%}",
-                    "yes" if entry["status"] == {"fits"} else "no: " + ",".join(sorted(entry["status"] - {"fits"})))  # fmt: skip
-    for key, row in table.items():  # a published run no kept file imports (refused by name)
-        if key not in joined and row["tokens_per_sec_per_chip"] is not None:
-            out.add_row(label(key), "", "", "0",
-                        f"{row['tokens_per_sec_per_chip']:,.0f}", "-", "", "not imported")  # fmt: skip
-    summary = "; ".join(f"{f} {w}: median |error| {statistics.median(abs(e) for e in es):.1%} "
-                        f"({len(es)} rows)" for (f, w), es in sorted(errors.items()))  # fmt: skip
-    out.caption = summary
+        fits = "yes" if entry["status"] == {"fits"} else ",".join(
+            sorted(s.replace("_hbm", " HBM").replace("_", " ") for s in entry["status"] - {"fits"}))  # fmt: skip
+        out.add_row(*_row_cells(key), where, str(entry["files"]), f"{figure:,.0f}",
+                    f"{est:,.0f}", f"{error:+.1%}", fits)  # fmt: skip
+    missing = [(key, row) for key, row in table.items()
+               if key not in joined and row["tokens_per_sec_per_chip"] is not None]  # fmt: skip
+    if missing:  # a published run no kept file imports (refused by name)
+        _section(out, "not imported", last)
+        for key, row in missing:
+            out.add_row(*_row_cells(key), "", "0", f"{row['tokens_per_sec_per_chip']:,.0f}",
+                        "-", "", "refused")  # fmt: skip
+    out.caption = _medians(errors)
+    return out
+
+
+def compare_compiles() -> Any:
+    """Each compiled recipe (MaxText's train_compile of its trial 0) against its published
+    row and the estimate frozen before: every compile came after the table (seen)."""
+    table = published()
+    predicted = {r["path"]: r for r in _read(PREDICTIONS)}
+    compiled = _read(COMPILES)
+    families = _families([predicted[r["path"]] for r in compiled])
+    out = _table("Compiled recipes against the published row (fidelity compile, TPU7x; "
+                 "tokens/s/chip; error: the compile's; GiB: a device's, of 94.75; seen: "
+                 "compiled after the table)",
+                 ("row", "chips", "published", "estimate", "compile", "error", "GiB", "fits"),
+                 ("row", "fits"))  # fmt: skip
+    errors: dict[tuple[str, str], list[float]] = {}
+    last: list[str] = []
+    for row in sorted(
+        compiled, key=lambda r: (families[r["path"]], table_key(predicted[r["path"]]))
+    ):
+        guess = predicted[row["path"]]
+        key = table_key(guess)
+        _section(out, families[row["path"]], last)
+        figure = (table.get(key) or {}).get("tokens_per_sec_per_chip")
+        ok = row["status"] == "ok"
+        error = float(row["est_tokens_per_sec_per_chip"]) / figure - 1 if ok and figure else None
+        if error is not None:
+            errors.setdefault((families[row["path"]], "compile"), []).append(error)
+            errors.setdefault((families[row["path"]], "estimate"), []).append(
+                float(guess["est_tokens_per_sec_per_chip"]) / figure - 1)  # fmt: skip
+        out.add_row(*_row_cells(key), f"{figure:,.0f}" if figure else "-",
+                    f"{float(guess['est_tokens_per_sec_per_chip']):,.0f}",
+                    f"{float(row['est_tokens_per_sec_per_chip']):,.0f}" if ok else "-",
+                    f"{error:+.1%}" if error is not None else "",
+                    row["hbm_per_device_gib"] or "-",
+                    "yes" if ok else row["status"].split(": ")[-1].replace("_", " "))  # fmt: skip
+    out.caption = _medians(errors) + "\n(the same rows by either fidelity)"
     return out
 
 
@@ -343,6 +425,8 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["compare"]:
         from rich.console import Console
 
-        Console().print(compare())
+        console = Console()
+        console.print(compare())
+        console.print(compare_compiles())
     else:
         raise SystemExit(__doc__)

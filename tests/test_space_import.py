@@ -419,13 +419,44 @@ def test_each_published_row_a_kept_file_runs_is_set_beside_its_frozen_estimate()
     from benchmarks.recipe_rows import compare, published
 
     table = compare()
-    rows = list(table.columns[0].cells)
+    columns = {c.header: list(c.cells) for c in table.columns}
+    rows = [f"{r} x{n}" for r, n in zip(columns["row"], columns["chips"], strict=True) if n]
     runnable = [k for k, v in published().items() if v["tokens_per_sec_per_chip"] is not None]
     assert len(rows) == len(runnable) == 21
+    # Each row under its family's name (a row of its own, without chips).
+    families = [r for r, n in zip(columns["row"], columns["chips"], strict=True) if not n]
+    assert families == ["[bold]MoE[/bold]", "[bold]dense 8k[/bold]",
+                        "[bold]long context[/bold]", "[bold]not imported[/bold]"]  # fmt: skip
+
+    def cells(name: str) -> dict[str, str]:
+        at = [f"{r} x{n}" for r, n in zip(columns["row"], columns["chips"], strict=True)]
+        return {header: values[at.index(name)] for header, values in columns.items()}
+
     # Its recipe files are refused by the importer (REFUSED): said, not left out.
-    assert list(table.columns[7].cells)[rows.index("deepseek-v3 4k fp8 x256")] == "not imported"
-    at = rows.index("llama3.1-70b 8k bf16 x64")
-    cells = {c.header: list(c.cells)[at] for c in table.columns}
-    assert (cells["split"], cells["published"]) == ("fit", "2,687")
-    est, figure = float(cells["estimate"].replace(",", "")), 2686.98
-    assert abs(float(cells["error"].rstrip("%")) / 100 - (est / figure - 1)) < 0.001
+    assert cells("deepseek-v3 4k fp8 x256")["fits"] == "refused"
+    row = cells("llama3.1-70b 8k bf16 x64")
+    assert (row["split"], row["published"]) == ("fit", "2,687")
+    est, figure = float(row["estimate"].replace(",", "")), 2686.98
+    assert abs(float(row["error"].rstrip("%")) / 100 - (est / figure - 1)) < 0.001
+
+
+def test_each_compiled_recipe_is_set_beside_its_published_row_and_frozen_estimate():
+    """benchmarks.recipe_rows compare (its second table): every row of
+    benchmarks/data/recipe_compiles.csv under its family, the compile's error against the
+    published figure, and a failed compile said by its class."""
+    from benchmarks.recipe_rows import COMPILES, _read, compare_compiles
+
+    table = compare_compiles()
+    columns = {c.header: list(c.cells) for c in table.columns}
+    recorded = _read(COMPILES)
+    assert sum(1 for n in columns["chips"] if n) == len(recorded)
+    for record in recorded:
+        figure = float(record["published_tokens_per_sec_per_chip"])
+        compiled = float(record["est_tokens_per_sec_per_chip"] or "nan")
+        rows = [i for i, v in enumerate(columns["published"]) if v == f"{figure:,.0f}"]
+        (at,) = [i for i in rows if columns["GiB"][i] == (record["hbm_per_device_gib"] or "-")]
+        if record["status"] == "ok":
+            assert columns["error"][at] == f"{compiled / figure - 1:+.1%}"
+            assert columns["fits"][at] == "yes"
+        else:
+            assert columns["fits"][at] == record["status"].split(": ")[-1].replace("_", " ")
