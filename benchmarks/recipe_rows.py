@@ -294,7 +294,7 @@ def compare_compiles() -> Any:
         figure = (table.get(key) or {}).get("tokens_per_sec_per_chip")
         ok = row["status"] == "ok"
         error = float(row["est_tokens_per_sec_per_chip"]) / figure - 1 if ok and figure else None
-        if error is not None:
+        if error is not None and figure:
             errors.setdefault((families[row["path"]], "compile"), []).append(error)
             errors.setdefault((families[row["path"]], "estimate"), []).append(
                 float(guess["est_tokens_per_sec_per_chip"]) / figure - 1)  # fmt: skip
