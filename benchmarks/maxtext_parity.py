@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -229,6 +230,48 @@ def compiler_of(python: str) -> str:
     ).stdout.strip()
 
 
+def memory_table(name: str, target: str, rows: list[tuple[str, str, dict]]) -> Table:
+    """HBM per device of each row (who, which compile, its memory record) against MaxText's
+    (the row named MaxText, else the recipe's recorded compile): 80 columns."""
+    reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECIPES[name].recorded)
+    ref_total = reference["argument"] + reference["temp"]
+    usable = Topology.parse(target).accelerator.usable_hbm_per_device
+    table = Table(
+        title=f"llama3.1-70b {name} recipe on {target}: HBM per device, GiB (usable "
+        f"{usable / GIB:.2f}; fidelity compile, TPU7x)",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        show_edge=False,
+        caption="figure: compiled by this run, or MaxText's compile as recorded; s: its compile "
+        "seconds",
+        caption_justify="left",
+    )
+    for col in ("who", "figure", "arguments", "temp", "total", "vs MaxText", "fits", "s"):
+        table.add_column(
+            col,
+            justify="left" if col == "who" else "right",
+            no_wrap=col != "who",
+            min_width=20 if col == "who" else None,
+        )
+    for name, figure, row in rows:
+        figure = figure.removeprefix("compile (").removesuffix(")")
+        if row.get("argument") is None:
+            table.add_row(name, figure, "-", "-", "-", "-", row.get("status", "-"), "-")
+            continue
+        total = row["argument"] + row["temp"]
+        table.add_row(
+            name,
+            figure,
+            f"{row['argument'] / GIB:.2f}",
+            f"{row['temp'] / GIB:.2f}",
+            f"{total / GIB:.2f}",
+            f"{total / ref_total - 1:+.1%}",
+            "yes" if total <= usable else "no",
+            f"{row['compile_s']:.0f}",
+        )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -270,40 +313,7 @@ def main() -> None:
             rows.append(("MaxText 0.2.5", "compile (this run)", theirs))
         else:
             rows.append(("MaxText 0.2.5", "compile (recorded)", chosen.recorded))
-    reference = next((r for n, _, r in rows if n.startswith("MaxText")), chosen.recorded)
-    ref_total = reference["argument"] + reference["temp"]
-    usable = Topology.parse(target).accelerator.usable_hbm_per_device
-    table = Table(
-        title=f"llama3.1-70b {args.recipe} recipe on {target}: HBM per device "
-        f"(usable {usable / GIB:.2f} GiB)"
-    )
-    for col in (
-        "who",
-        "figure",
-        "arguments GiB",
-        "temp GiB",
-        "total GiB",
-        "vs MaxText",
-        "fits",
-        "compile s",
-    ):
-        table.add_column(col, justify="right")
-    for name, figure, row in rows:
-        if row.get("argument") is None:
-            table.add_row(name, figure, "-", "-", "-", "-", row.get("status", "-"), "-")
-            continue
-        total = row["argument"] + row["temp"]
-        table.add_row(
-            name,
-            figure,
-            f"{row['argument'] / GIB:.2f}",
-            f"{row['temp'] / GIB:.2f}",
-            f"{total / GIB:.2f}",
-            f"{total / ref_total - 1:+.1%}",
-            str(total <= usable),
-            f"{row['compile_s']:.0f}",
-        )
-    Console(width=200).print(table)
+    Console().print(memory_table(args.recipe, target, rows))
 
 
 if __name__ == "__main__":

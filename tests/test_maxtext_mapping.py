@@ -307,3 +307,27 @@ def test_settings_are_read_as_maxtext_reads_them():
         with pytest.raises(ConfigError) as caught:
             from_maxtext(bad)
         assert caught.value.field == field, caught.value
+
+
+def test_the_parity_table_sets_each_compile_against_maxtexts_in_80_columns():
+    """benchmarks.maxtext_parity's table: each row's memory against MaxText's row, fits by
+    the target's usable HBM, a failed compile said, and 80 columns wide."""
+    from rich.console import Console
+
+    from benchmarks.maxtext_parity import RECIPES, memory_table
+
+    theirs = RECIPES["8k"].recorded
+    over = {**theirs, "temp": 95 * 2**30}
+    table = memory_table("8k", "tpu7x:4x4x4", [
+        ("ours: as published", "compile (this run)", {**theirs, "temp": theirs["temp"] - 2**30}),
+        ("ours: over", "compile (this run)", over),
+        ("ours: refused", "compile (this run)", {"status": "failed"}),
+        ("MaxText 0.2.5", "compile (recorded)", theirs),
+    ])  # fmt: skip
+    columns = {c.header: list(c.cells) for c in table.columns}
+    total = theirs["argument"] + theirs["temp"]
+    assert columns["vs MaxText"][0] == f"{(total - 2**30) / total - 1:+.1%}" == "-1.2%"
+    assert columns["fits"] == ["yes", "no", "failed", "yes"]
+    console = Console(width=80, record=True)
+    console.print(table)
+    assert max(len(line) for line in console.export_text().splitlines()) <= 80
