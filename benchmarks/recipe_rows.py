@@ -271,6 +271,45 @@ def compare() -> Any:
     return out
 
 
+def compare_today() -> Any:
+    """Today's estimate of each published row (every kept file predicted again) beside the
+    frozen one: what the model's mends since the freeze changed, all of it seen (the table
+    was in the repository before them)."""
+    import statistics
+
+    table = published()
+    frozen = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
+    families = _families(frozen)
+    now = {r["path"]: predict(r["path"]) for r in frozen}
+    joined: dict[tuple, dict[str, Any]] = {}
+    for row in frozen:
+        key = table_key(row)
+        if key in table and table[key]["tokens_per_sec_per_chip"] is not None:
+            entry = joined.setdefault(key, {"family": families[row["path"]], "frozen": [],
+                                            "today": [], "status": set()})  # fmt: skip
+            entry["frozen"].append(float(row["est_tokens_per_sec_per_chip"]))
+            entry["today"].append(float(now[row["path"]]["est_tokens_per_sec_per_chip"]))
+            entry["status"].add(now[row["path"]]["status"])
+    out = _table("The estimate today against the one frozen (fidelity estimate, TPU7x; "
+                 "tokens/s/chip; seen: the table was in before today's model)",
+                 ("row", "chips", "published", "frozen", "today", "error", "fits"),
+                 ("row", "fits"))  # fmt: skip
+    errors: dict[tuple[str, str], list[float]] = {}
+    last: list[str] = []
+    for key, entry in sorted(joined.items(), key=lambda kv: (kv[1]["family"], kv[0])):
+        _section(out, entry["family"], last)
+        figure = table[key]["tokens_per_sec_per_chip"]
+        was, est = statistics.median(entry["frozen"]), statistics.median(entry["today"])
+        errors.setdefault((entry["family"], "frozen"), []).append(was / figure - 1)
+        errors.setdefault((entry["family"], "today"), []).append(est / figure - 1)
+        fits = "yes" if entry["status"] == {"fits"} else ",".join(
+            sorted(s.replace("_hbm", " HBM").replace("_", " ") for s in entry["status"] - {"fits"}))  # fmt: skip
+        out.add_row(*_row_cells(key), f"{figure:,.0f}", f"{was:,.0f}", f"{est:,.0f}",
+                    f"{est / figure - 1:+.1%}", fits)  # fmt: skip
+    out.caption = _medians(errors)
+    return out
+
+
 def compare_compiles() -> Any:
     """Each compiled recipe (MaxText's train_compile of its trial 0) against its published
     row and the estimate frozen before: every compile came after the table (seen)."""
@@ -428,5 +467,6 @@ if __name__ == "__main__":
         console = Console()
         console.print(compare())
         console.print(compare_compiles())
+        console.print(compare_today())
     else:
         raise SystemExit(__doc__)

@@ -101,7 +101,8 @@ def _judge(
     ours = {k: v for k, v in point.items() if k not in maxtext_knobs(point)}
     try:
         config = static_check(space, ours, topology.devices)
-        est = estimate(config, topology.accelerator, topology.devices)
+        est = estimate(config, topology.accelerator, topology.devices,
+                       maxtext=space.program == "maxtext")  # fmt: skip
     except ConfigError as exc:
         row.update(verdict=INVALID, why=f"{exc.field}: {exc.message}")
         return row

@@ -26,7 +26,7 @@ from trainer.trial.mxu import (
     whole_tiles,
 )
 from trainer.trial.remat import Tensor, placements
-from trainer.trial.tokamax_tiles import run_tiles
+from trainer.trial.tokamax_tiles import HEURISTIC_VMEM_BYTES, heuristic_tiles, run_tiles
 
 BF16, F32 = 2, 4
 
@@ -286,6 +286,7 @@ def expert_tiles(
     mxu_width: int = 0,
     slowdown: dict[str, float] | None = None,
     again: dict[str, bool] | None = None,
+    tokamax_vmem: int | None = None,
 ) -> tuple[float, float]:
     """(The MXU work of an MoE layer's expert matmuls over their FLOPs; the tiles, the
     kernels' grid steps, of one layer's forward and backward), as the grouped-matmul
@@ -299,7 +300,9 @@ def expert_tiles(
     states its tiles only in a compiled program).
     `slowdown`: per pass, the layers' MXU efficiency over the pass's kernel's own
     (`_kernel_slowdowns`; none: 1). `again`: per weight, whether the policy recomputes its
-    forward (`recomputed`), whose grid steps then run twice."""
+    forward (`recomputed`), whose grid steps then run twice. `tokamax_vmem`: the chip's VMEM
+    where tokamax picks its own tiles for bf16 operands (MaxText's program on TPU7x:
+    `heuristic_tiles`; its tile knobs inert there); None: `run_tiles`."""
     m = config.model
     kernels = config.resolved_kernels(Backend.TPU, degrees["context"])
     if not m.is_moe or kernels.moe_gmm not in ("megablox", "tokamax") or rows < 1:
@@ -313,7 +316,9 @@ def expert_tiles(
     computed = useful = steps = 0.0
     for weight, passes in shapes.items():
         dims = {p: (round(r), round(k), round(n)) for p, (r, k, n) in passes.items()}
-        if kernels.moe_gmm == "tokamax":  # as this host's tokamax builds the kernel
+        if kernels.moe_gmm == "tokamax" and tokamax_vmem and config.precision.mode == "bf16":
+            tiles = heuristic_tiles(dims["fwd"], tokamax_vmem)
+        elif kernels.moe_gmm == "tokamax":  # as this host's tokamax builds the kernel
             fp8 = config.fp8_experts_in_tokamax(Backend.TPU)
             tiles = run_tiles(dims["fwd"], groups, weight, kernels.tokamax_tiles, fp8)
         else:
@@ -436,6 +441,7 @@ def _terms(
     degrees: dict[str, int],
     mem: dict[str, float],
     comm: dict[str, float],
+    maxtext: bool = False,
 ) -> dict[str, float]:
     m = config.model
     peak, fp8_peak = accel.peak_flops_per_device("bf16"), accel.peak_flops_per_device("fp8")
@@ -452,7 +458,10 @@ def _terms(
     fp8 = config.precision.mode == "fp8"
     int8 = config.precision.mode == "int8"
     slowdown, splash_fwd, splash_bwd = _kernel_slowdowns(config, accel, degrees["context"], mxu)
-    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown, again)
+    # MaxText 0.2.5's unquantized tokamax path passes no tiles: tokamax picks its own on TPU7x
+    vmem = HEURISTIC_VMEM_BYTES.get(accel.topology_prefix) if maxtext else None
+    waste, expert_steps = expert_tiles(config, degrees, rows, accel.mxu_width, slowdown, again,
+                                       vmem)  # fmt: skip
     matmuls = {k: f * (3 + again[k]) for k, f in per_token.items() if k != "attention"}
     experts = (matmuls["wi"] + matmuls["wo"]) * waste if m.is_moe else 0.0
     dense = sum(matmuls.values()) - (matmuls["wi"] + matmuls["wo"] if m.is_moe else 0.0)
@@ -642,7 +651,11 @@ def _intensities(
 
 
 def estimate(
-    config: TrialConfig, accel: Accelerator, num_devices: int, memory_bytes: float | None = None
+    config: TrialConfig,
+    accel: Accelerator,
+    num_devices: int,
+    memory_bytes: float | None = None,
+    maxtext: bool = False,
 ) -> dict[str, Any]:
     """Step estimate on `num_devices` devices of `accel` (fidelity: estimate).
 
@@ -653,6 +666,10 @@ def estimate(
     transfers run beside it; what the structure exposes (the first gather and last
     reduce-scatter of the layer loop; fp8's tensor-parallel all-reduces) adds to the step, and
     either stream longer than the TensorCore's work sets the step instead.
+
+    `maxtext`: the trial is MaxText's program of the config's shape and settings, which
+    differs from our trainer's where MaxText builds a kernel otherwise (its unquantized
+    tokamax grouped matmul with tokamax's own tiles on TPU7x: `expert_tiles`).
     """
     degrees = check_static(config, num_devices)
     global_batch = global_batch_size(config, num_devices)
@@ -665,8 +682,8 @@ def estimate(
     peak = accel.peak_of(precision) * 1e12
     mem = memory_per_device(config, degrees, global_batch)
     comm = communication_bytes_per_device(config, degrees, global_batch)
-    step = _step(_terms(config, accel, num_devices, global_batch, degrees, mem, comm), accel,
-                 mem, comm)  # fmt: skip
+    step = _step(_terms(config, accel, num_devices, global_batch, degrees, mem, comm, maxtext),
+                 accel, mem, comm)  # fmt: skip
     times = step.times
     tokens = global_batch * config.seq_len
     used = memory_bytes if memory_bytes is not None else mem["total"]

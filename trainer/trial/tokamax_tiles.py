@@ -95,3 +95,53 @@ def run_tiles(
         entry = TABLES[name].get((m, k, n, groups, fp8))
         out[name] = picked or (entry[0] if entry else OWN_DEFAULT)
     return out
+
+
+# VMEM of a TPU generation at which tokamax picks its own tiles (its heuristics run at
+# generation 7 and on: TPU7x alone of ours). 64 MiB: with it the port below gives the tiles
+# libtpu 0.0.52 compiled for MaxText 0.2.5's gpt-oss-120b recipe on tpu7x:4x4x4 (sweep
+# 20261207-012409-1514: 128x2880x1408 forward, 1024x256x2880 weight gradient); 128 MiB would
+# give 512x2880x2880.
+HEURISTIC_VMEM_BYTES = {"tpu7x": 64 * 2**20}
+
+
+def _deflate(tile: int) -> int:
+    return 128 if tile <= 128 else max(tile // 2 // 128 * 128, 128)
+
+
+def heuristic_tiles(dims: tuple[int, int, int], vmem_bytes: int) -> dict[str, tuple[int, ...]]:
+    """The (tm, tk, tn) of each pass, in the estimate's order (`run_tiles`'), that tokamax
+    0.0.17 picks for bf16 operands on TPU7x when its caller gives no config (tokamax.ragged_dot
+    as MaxText 0.2.5's unquantized path calls it: layers/moe.py, `is_tokamax_v1_unquantized`):
+    its `_get_heuristics_config` and `_tgmm_heuristics_config`
+    (tokamax/_src/ops/ragged_dot/pallas_mosaic_tpu.py), ported: the largest tiles (rows
+    capped at 1024), halved in whole 128s down to 128 (rows, then columns, then the
+    contraction; for the weight gradient the weight's rows, its columns, then the routed
+    rows) until two buffers of each input tile and three of the output tile, two bytes an
+    element, fit 3/4 of half the VMEM. `dims`: the forward's (m, k, n)."""
+    m, k, n = dims
+    budget = vmem_bytes / 2 * 0.75
+
+    def fits(inputs: list[tuple[int, int]], out: tuple[int, int]) -> bool:
+        return sum(2 * 2 * a * b for a, b in inputs) + 3 * 2 * out[0] * out[1] <= budget
+
+    def gmm() -> tuple[int, int, int]:
+        t = {"m": min(m, 1024), "k": k, "n": n}
+        for axis in ("m", "n", "k"):
+            while (
+                not fits([(t["m"], t["k"]), (t["k"], t["n"])], (t["m"], t["n"])) and t[axis] > 128
+            ):
+                t[axis] = _deflate(t[axis])
+        return t["m"], t["k"], t["n"]
+
+    def tgmm() -> tuple[int, int, int]:
+        t = {"m": min(m, 1024), "k": k, "n": n}
+        for axis in ("k", "n", "m"):
+            while (
+                not fits([(t["m"], t["k"]), (t["m"], t["n"])], (t["k"], t["n"])) and t[axis] > 128
+            ):
+                t[axis] = _deflate(t[axis])
+        return t["m"], t["k"], t["n"]
+
+    tm, tk, tn = gmm()  # the input gradient's is the forward's: tokamax reads the same dims
+    return {"fwd": (tm, tk, tn), "dlhs": (tm, tn, tk), "drhs": tgmm()}
