@@ -46,6 +46,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -448,30 +449,39 @@ def main() -> None:
         raise SystemExit(f"the fit rows {FIT} need compile records first")
     fitted = fit(rows)
     predictions = frozen()
-    table = Table(title=f"tokens/s/chip, estimated vs published (fit on {len(FIT)} rows: MXU "
-                  f"efficiency bf16 {fitted[0]:.2f}, fp8 {fitted[1]:.2f})")  # fmt: skip
-    for column in ("row", "split", "libtpu", "published", "uncalibrated", "calibrated", "error",
-                   "frozen prediction (commit): error", "same per-device program as"):  # fmt: skip
-        table.add_column(column)
+    table = Table(title=f"tokens/s/chip, estimated vs published (fidelity compile, TPU7x; fit "
+                  f"on {len(FIT)} rows: MXU efficiency bf16 {fitted[0]:.2f}, fp8 "
+                  f"{fitted[1]:.2f})", box=box.SIMPLE_HEAD, padding=0, show_edge=False,
+                  caption="raw: at the step model's own MXU efficiencies; est.: at the fitted "
+                  "ones; frozen: the prediction committed before the row's figure (its "
+                  "error, its commit)", caption_justify="left")  # fmt: skip
+    for column in ("row", "split", "published", "raw", "est.", "error", "frozen"):
+        table.add_column(column, justify="left" if column in ("row", "split", "frozen") else
+                         "right", no_wrap=column not in ("row", "split"),
+                         min_width={"row": 20, "frozen": 13}.get(column),
+                         max_width=10 if column == "split" else None)  # fmt: skip
     made_by = {name: compiled_by(name).get("libtpu", "?") for name in rows}  # read once
     keys = {n: frozen_key(n, made_by[n]) for n in rows}
     pinned_for = {n: predictions.get(keys[n]) for n in rows}
     splits = {n: split(n, keys[n]) for n in rows}
     for name, row in rows.items():
         pinned = pinned_for[name]
-        before = (f"{pinned['tokens_per_sec_per_chip']:,.0f} ({pinned['commit'][:7]}): "
-                  f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%}"
-                  if pinned else "none")  # fmt: skip
-        table.add_row(name, splits[name], made_by[name],
-                      f"{row['published_tokens']:,.0f}",
+        before = (f"{pinned['tokens_per_sec_per_chip'] / row['published_tokens'] - 1:+.1%} "
+                  f"{pinned['commit'][:7]}" if pinned else "none")  # fmt: skip
+        table.add_row(name, splits[name], f"{row['published_tokens']:,.0f}",
                       f"{predict(row, UNCALIBRATED):,.0f}", f"{predict(row, fitted):,.0f}",
-                      f"{error(row, fitted):+.1%}", before,
-                      ", ".join(same_program(name, rows)))  # fmt: skip
-    console = Console(width=240)
+                      f"{error(row, fitted):+.1%}", before)  # fmt: skip
+    console = Console()
     console.print(table)
+    twins = sorted(
+        {tuple(sorted((n, *same_program(n, rows)))) for n in rows if same_program(n, rows)}
+    )
+    for twin in twins:
+        console.print("same per-device program: " + "; ".join(twin))
     installed = compiler()["libtpu"]
     older = [n for n in rows if made_by[n] != installed]
-    console.print(f"compiler: libtpu {installed} installed; the fit rows compiled by "
+    console.print(f"compiler: libtpu {installed} installed, every row's "
+                  f"{', '.join(sorted(set(made_by.values())))}; the fit rows compiled by "
                   f"{', '.join(sorted({made_by[n] for n in FIT}))}"
                   + (f"; {len(older)} rows by another (`--recompile --only NAME` redoes one)"
                      if older else ""))  # fmt: skip
