@@ -460,3 +460,21 @@ def test_each_compiled_recipe_is_set_beside_its_published_row_and_frozen_estimat
             assert columns["fits"][at] == "yes"
         else:
             assert columns["fits"][at] == record["status"].split(": ")[-1].replace("_", " ")
+
+
+def test_todays_estimate_of_each_published_row_stands_beside_the_frozen_one():
+    """benchmarks.recipe_rows compare (its third table): each published row's frozen estimate
+    as committed, and today's, predicted again from the kept files, with its error."""
+    from benchmarks.recipe_rows import PREDICTIONS, _read, compare_today, predict
+
+    table = compare_today()
+    columns = {c.header: list(c.cells) for c in table.columns}
+    at = [f"{r} x{n}" for r, n in zip(columns["row"], columns["chips"], strict=True)].index(
+        "gpt-oss-120b 8k bf16 x64"
+    )
+    path = "training/ironwood/gpt-oss-120b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh"
+    frozen = next(r for r in _read(PREDICTIONS) if r["path"] == path)
+    today = predict(path)["est_tokens_per_sec_per_chip"]
+    assert columns["frozen"][at] == f"{float(frozen['est_tokens_per_sec_per_chip']):,.0f}"
+    assert columns["today"][at] == f"{today:,.0f}"
+    assert columns["error"][at] == f"{today / 9581.66 - 1:+.1%}"
