@@ -343,8 +343,8 @@ def compare_compiles() -> Any:
     out = _table("Compiled recipes against the published row (fidelity compile, TPU7x; "
                  "tokens/s/chip; error: the compile's; GiB: a device's, of 94.75; seen: "
                  "compiled after the table)",
-                 ("row", "chips", "published", "frozen", "compile", "error", "ours", "GiB",
-                  "fits"), ("row", "fits"))  # fmt: skip
+                 ("row", "chips", "published", "compile", "error", "ours", "GiB", "fits"),
+                 ("row", "fits"))  # fmt: skip
     ours = _ours()
     errors: dict[tuple[str, str], list[float]] = {}
     last: list[str] = []
@@ -362,14 +362,13 @@ def compare_compiles() -> Any:
             errors.setdefault((families[row["path"]], "estimate"), []).append(
                 float(guess["est_tokens_per_sec_per_chip"]) / figure - 1)  # fmt: skip
         out.add_row(*_row_cells(key), f"{figure:,.0f}" if figure else "-",
-                    f"{float(guess['est_tokens_per_sec_per_chip']):,.0f}",
                     f"{float(row['est_tokens_per_sec_per_chip']):,.0f}" if ok else "-",
                     f"{error:+.1%}" if error is not None else "",
                     _ours_for(ours, key, figure),
                     row["hbm_per_device_gib"] or "-",
                     "yes" if ok else row["status"].split(": ")[-1].replace("_", " "))  # fmt: skip
     out.caption = _medians(errors) + (
-        "\n(the same rows by either fidelity; frozen: the estimate frozen before; ours: the "
+        "\n(the same rows by either fidelity, the estimate the one frozen before; ours: the "
         "error of our trainer's compile of the recipe, where benchmarks.calibration has it "
         "at the table's figure)"
     )
