@@ -451,6 +451,9 @@ def test_each_compiled_recipe_is_set_beside_its_published_row_and_frozen_estimat
     recorded = _read(COMPILES)
     assert sum(1 for n in columns["chips"] if n) == len(recorded)
     for record in recorded:
+        if not record["published_tokens_per_sec_per_chip"]:  # a model the table names not
+            assert "-" in columns["published"]
+            continue
         figure = float(record["published_tokens_per_sec_per_chip"])
         compiled = float(record["est_tokens_per_sec_per_chip"] or "nan")
         rows = [i for i, v in enumerate(columns["published"]) if v == f"{figure:,.0f}"]
