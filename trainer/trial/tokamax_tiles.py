@@ -106,7 +106,7 @@ HEURISTIC_VMEM_BYTES = {"tpu7x": 64 * 2**20}
 
 
 def _deflate(tile: int) -> int:
-    return 128 if tile <= 128 else max(tile // 2 // 128 * 128, 128)
+    return max(tile // 2 // 128 * 128, 128)
 
 
 def heuristic_tiles(dims: tuple[int, int, int], vmem_bytes: int) -> dict[str, tuple[int, ...]]:
@@ -122,26 +122,24 @@ def heuristic_tiles(dims: tuple[int, int, int], vmem_bytes: int) -> dict[str, tu
     m, k, n = dims
     budget = vmem_bytes / 2 * 0.75
 
-    def fits(inputs: list[tuple[int, int]], out: tuple[int, int]) -> bool:
-        return sum(2 * 2 * a * b for a, b in inputs) + 3 * 2 * out[0] * out[1] <= budget
-
-    def gmm() -> tuple[int, int, int]:
+    def deflated(order: str, inputs: tuple[str, str], out: str) -> tuple[int, int, int]:
+        """Tiles of axes m, k, n, deflated in `order` until the tiles of the two inputs and
+        the output (each named by its two axes) fit the budget."""
         t = {"m": min(m, 1024), "k": k, "n": n}
-        for axis in ("m", "n", "k"):
+
+        def size(tile: str) -> int:
+            return t[tile[0]] * t[tile[1]]
+
+        for axis in order:
             while (
-                not fits([(t["m"], t["k"]), (t["k"], t["n"])], (t["m"], t["n"])) and t[axis] > 128
+                sum(2 * 2 * size(i) for i in inputs) + 3 * 2 * size(out) > budget and t[axis] > 128
             ):
                 t[axis] = _deflate(t[axis])
         return t["m"], t["k"], t["n"]
 
-    def tgmm() -> tuple[int, int, int]:
-        t = {"m": min(m, 1024), "k": k, "n": n}
-        for axis in ("k", "n", "m"):
-            while (
-                not fits([(t["m"], t["k"]), (t["m"], t["n"])], (t["k"], t["n"])) and t[axis] > 128
-            ):
-                t[axis] = _deflate(t[axis])
-        return t["m"], t["k"], t["n"]
-
-    tm, tk, tn = gmm()  # the input gradient's is the forward's: tokamax reads the same dims
-    return {"fwd": (tm, tk, tn), "dlhs": (tm, tn, tk), "drhs": tgmm()}
+    # the forward's (lhs m x k @ rhs k x n); the input gradient's is the same: tokamax reads the
+    # same dims for it
+    tm, tk, tn = deflated("mnk", ("mk", "kn"), "mn")
+    # the weight gradient's (lhs m x k, rhs m x n, contracted over the routed rows m)
+    drhs = deflated("knm", ("mk", "mn"), "kn")
+    return {"fwd": (tm, tk, tn), "dlhs": (tm, tn, tk), "drhs": drhs}
