@@ -201,6 +201,27 @@ def _families(rows: list[dict[str, str]]) -> dict[str, str]:
     return {row["path"]: family(row) for row in rows}
 
 
+def _published_rows(
+    rows: list[dict[str, str]], table: dict[tuple[str, int, int, str], dict[str, Any]]
+) -> dict[tuple[str, int, int, str], list[dict[str, str]]]:
+    """The kept files' rows by the published row (with a figure) each runs."""
+    out: dict[tuple[str, int, int, str], list[dict[str, str]]] = {}
+    for row in rows:
+        key = table_key(row)
+        if key in table and table[key]["tokens_per_sec_per_chip"] is not None:
+            out.setdefault(key, []).append(row)
+    return out
+
+
+def _fits(statuses: set[str]) -> str:
+    """The files' verdicts on a row: yes, or the others (`over HBM`)."""
+    if statuses == {"fits"}:
+        return "yes"
+    return ",".join(
+        sorted(s.replace("_hbm", " HBM").replace("_", " ") for s in statuses - {"fits"})
+    )
+
+
 def _section(table: Any, family_name: str, last: list[str]) -> None:
     """A family's rows begun by its name (the table stays 80 columns wide without a column
     for it)."""
@@ -233,33 +254,23 @@ def compare() -> Any:
     table = published()
     rows = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
     families = _families(rows)
-    joined: dict[tuple, dict[str, Any]] = {}
-    for row in rows:
-        key = table_key(row)
-        if key not in table or table[key]["tokens_per_sec_per_chip"] is None:
-            continue
-        entry = joined.setdefault(key, {"files": 0, "est": set(), "status": set(),
-                                        "family": families[row["path"]]})  # fmt: skip
-        entry["files"] += 1
-        entry["est"].add(round(float(row["est_tokens_per_sec_per_chip"]), 1))
-        entry["status"].add(row["status"])
+    joined = _published_rows(rows, table)
     out = _table("Published Ironwood rows against the estimate frozen before (fidelity "
                  "estimate, TPU7x; tokens/s/chip; files: kept files that run the row)",
                  ("row", "chips", "split", "files", "published", "estimate", "error", "fits"),
                  ("row", "split", "fits"))  # fmt: skip
     errors: dict[tuple[str, str], list[float]] = {}
     last: list[str] = []
-    for key, entry in sorted(joined.items(), key=lambda kv: (kv[1]["family"], kv[0])):
-        _section(out, entry["family"], last)
+    for key, files in sorted(joined.items(), key=lambda kv: (families[kv[1][0]["path"]], kv[0])):
+        family_name = families[files[0]["path"]]
+        _section(out, family_name, last)
         figure = table[key]["tokens_per_sec_per_chip"]
-        est = statistics.median(entry["est"])
+        est = statistics.median({round(float(r["est_tokens_per_sec_per_chip"]), 1) for r in files})
         error = est / figure - 1
         where = split(key)
-        errors.setdefault((entry["family"], where), []).append(error)
-        fits = "yes" if entry["status"] == {"fits"} else ",".join(
-            sorted(s.replace("_hbm", " HBM").replace("_", " ") for s in entry["status"] - {"fits"}))  # fmt: skip
-        out.add_row(*_row_cells(key), where, str(entry["files"]), f"{figure:,.0f}",
-                    f"{est:,.0f}", f"{error:+.1%}", fits)  # fmt: skip
+        errors.setdefault((family_name, where), []).append(error)
+        out.add_row(*_row_cells(key), where, str(len(files)), f"{figure:,.0f}",
+                    f"{est:,.0f}", f"{error:+.1%}", _fits({r["status"] for r in files}))  # fmt: skip
     missing = [(key, row) for key, row in table.items()
                if key not in joined and row["tokens_per_sec_per_chip"] is not None]  # fmt: skip
     if missing:  # a published run no kept file imports (refused by name)
@@ -281,31 +292,24 @@ def compare_today() -> Any:
     frozen = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
     families = _families(frozen)
     now = {r["path"]: predict(r["path"]) for r in frozen}
-    joined: dict[tuple, dict[str, Any]] = {}
-    for row in frozen:
-        key = table_key(row)
-        if key in table and table[key]["tokens_per_sec_per_chip"] is not None:
-            entry = joined.setdefault(key, {"family": families[row["path"]], "frozen": [],
-                                            "today": [], "status": set()})  # fmt: skip
-            entry["frozen"].append(float(row["est_tokens_per_sec_per_chip"]))
-            entry["today"].append(float(now[row["path"]]["est_tokens_per_sec_per_chip"]))
-            entry["status"].add(now[row["path"]]["status"])
+    joined = _published_rows(frozen, table)
     out = _table("The estimate today against the one frozen (fidelity estimate, TPU7x; "
                  "tokens/s/chip; seen: the table was in before today's model)",
                  ("row", "chips", "published", "frozen", "today", "error", "fits"),
                  ("row", "fits"))  # fmt: skip
     errors: dict[tuple[str, str], list[float]] = {}
     last: list[str] = []
-    for key, entry in sorted(joined.items(), key=lambda kv: (kv[1]["family"], kv[0])):
-        _section(out, entry["family"], last)
+    for key, files in sorted(joined.items(), key=lambda kv: (families[kv[1][0]["path"]], kv[0])):
+        family_name = families[files[0]["path"]]
+        _section(out, family_name, last)
         figure = table[key]["tokens_per_sec_per_chip"]
-        was, est = statistics.median(entry["frozen"]), statistics.median(entry["today"])
-        errors.setdefault((entry["family"], "frozen"), []).append(was / figure - 1)
-        errors.setdefault((entry["family"], "today"), []).append(est / figure - 1)
-        fits = "yes" if entry["status"] == {"fits"} else ",".join(
-            sorted(s.replace("_hbm", " HBM").replace("_", " ") for s in entry["status"] - {"fits"}))  # fmt: skip
+        was = statistics.median(float(r["est_tokens_per_sec_per_chip"]) for r in files)
+        today = [now[r["path"]] for r in files]
+        est = statistics.median(float(r["est_tokens_per_sec_per_chip"]) for r in today)
+        errors.setdefault((family_name, "frozen"), []).append(was / figure - 1)
+        errors.setdefault((family_name, "today"), []).append(est / figure - 1)
         out.add_row(*_row_cells(key), f"{figure:,.0f}", f"{was:,.0f}", f"{est:,.0f}",
-                    f"{est / figure - 1:+.1%}", fits)  # fmt: skip
+                    f"{est / figure - 1:+.1%}", _fits({r["status"] for r in today}))  # fmt: skip
     out.caption = _medians(errors)
     return out
 
