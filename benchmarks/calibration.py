@@ -46,10 +46,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
+from benchmarks.tables import compact
 from sweeper.space.load import load_space
 from sweeper.space.points import assemble
 from trainer.compile.cost import program_cost
@@ -449,12 +448,11 @@ def main() -> None:
         raise SystemExit(f"the fit rows {FIT} need compile records first")
     fitted = fit(rows)
     predictions = frozen()
-    table = Table(title=f"tokens/s/chip, estimated vs published (fidelity compile, TPU7x; fit "
-                  f"on {len(FIT)} rows: MXU efficiency bf16 {fitted[0]:.2f}, fp8 "
-                  f"{fitted[1]:.2f})", box=box.SIMPLE_HEAD, padding=0, show_edge=False,
-                  caption="raw: at the step model's own MXU efficiencies; est.: at the fitted "
-                  "ones; frozen: the prediction committed before the row's figure (its "
-                  "error, its commit)", caption_justify="left")  # fmt: skip
+    table = compact(f"tokens/s/chip, estimated vs published (fidelity compile, TPU7x; fit on "
+                    f"{len(FIT)} rows: MXU efficiency bf16 {fitted[0]:.2f}, fp8 "
+                    f"{fitted[1]:.2f})", "raw: at the step model's own MXU efficiencies; est.: "
+                    "at the fitted ones; frozen: the prediction committed before the row's "
+                    "figure (its error, its commit)")  # fmt: skip
     for column in ("row", "split", "published", "raw", "est.", "error", "frozen"):
         table.add_column(column, justify="left" if column in ("row", "split", "frozen") else
                          "right", no_wrap=column not in ("row", "split"),
@@ -473,9 +471,8 @@ def main() -> None:
                       f"{error(row, fitted):+.1%}", before)  # fmt: skip
     console = Console()
     console.print(table)
-    twins = sorted(
-        {tuple(sorted((n, *same_program(n, rows)))) for n in rows if same_program(n, rows)}
-    )
+    same = {n: same_program(n, rows) for n in rows}  # each row's twins, read once
+    twins = sorted({tuple(sorted((n, *others))) for n, others in same.items() if others})
     for twin in twins:
         console.print("same per-device program: " + "; ".join(twin))
     installed = compiler()["libtpu"]

@@ -24,8 +24,8 @@ compiler's per-device memory (fidelity compile, libtpu AOT on this host; no TPU)
   tests/data/tpu_recipes/, imported: trial 0 as a MaxText trial of that space is given it),
   when `--maxtext-python` names the Python of a MaxText environment; where that
   environment's JAX or libtpu is not ours (ours pinned 0.10.2 and 0.0.42.1 until
-  2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now ours too), ours as published compiled in that environment as well, so that one pair
-  differs only in the trainer; without one, the figure recorded on this host kind
+  2026-12-04, MaxText's 0.12.0.1 and 0.0.52, now ours too), ours as published compiled in
+  that environment as well, so that one pair differs only in the trainer; without one, the figure recorded on this host kind
   (2026-12-01, with the recipe's Splash flags; the 2026-11-30 figure (docs/facts.md), 0.44 GiB
   less temp, predates them), marked "recorded".
 
@@ -55,11 +55,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from benchmarks.compile_real_models import compile_trial
+from benchmarks.tables import compact
 from sweeper.space.load import load_space
 from sweeper.space.points import assemble
 from trainer.maxtext import logs
@@ -236,15 +236,10 @@ def memory_table(name: str, target: str, rows: list[tuple[str, str, dict]]) -> T
     reference = next((r for n, _, r in rows if n.startswith("MaxText")), RECIPES[name].recorded)
     ref_total = reference["argument"] + reference["temp"]
     usable = Topology.parse(target).accelerator.usable_hbm_per_device
-    table = Table(
-        title=f"llama3.1-70b {name} recipe on {target}: HBM per device, GiB (usable "
+    table = compact(
+        f"llama3.1-70b {name} recipe on {target}: HBM per device, GiB (usable "
         f"{usable / GIB:.2f}; fidelity compile, TPU7x)",
-        box=box.SIMPLE_HEAD,
-        padding=0,
-        show_edge=False,
-        caption="figure: compiled by this run, or MaxText's compile as recorded; s: its compile "
-        "seconds",
-        caption_justify="left",
+        "figure: compiled by this run, or MaxText's compile as recorded; s: its compile seconds",
     )
     for col in ("who", "figure", "arguments", "temp", "total", "vs MaxText", "fits", "s"):
         table.add_column(
@@ -253,14 +248,14 @@ def memory_table(name: str, target: str, rows: list[tuple[str, str, dict]]) -> T
             no_wrap=col != "who",
             min_width=20 if col == "who" else None,
         )
-    for name, figure, row in rows:
-        figure = figure.removeprefix("compile (").removesuffix(")")
+    for who, compiled, row in rows:
+        figure = compiled.removeprefix("compile (").removesuffix(")")
         if row.get("argument") is None:
-            table.add_row(name, figure, "-", "-", "-", "-", row.get("status", "-"), "-")
+            table.add_row(who, figure, "-", "-", "-", "-", row.get("status", "-"), "-")
             continue
         total = row["argument"] + row["temp"]
         table.add_row(
-            name,
+            who,
             figure,
             f"{row['argument'] / GIB:.2f}",
             f"{row['temp'] / GIB:.2f}",

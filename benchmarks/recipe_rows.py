@@ -149,13 +149,10 @@ def table_key(row: dict[str, str]) -> tuple[str, int, int, str]:
 
 
 def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Any:
-    """A compact table of published rows (80 columns: no vertical rules, one space apart)."""
-    from rich import box
-    from rich.table import Table
+    """A compact table of published rows (`benchmarks.tables.compact`), its columns unwrapped."""
+    from benchmarks.tables import compact
 
-    out = Table(
-        title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False, caption_justify="left"
-    )
+    out = compact(title)
     for column in columns:
         out.add_column(column, justify="left" if column in left else "right", no_wrap=True)
     return out
