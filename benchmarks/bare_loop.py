@@ -62,11 +62,16 @@ def _layer(cfg: ModelConfig, x, p, positions):
     h = _rms(x, p["mlp_norm"]["scale"], cfg.norm_eps)
     if cfg.is_moe:
         y, aux = _moe(p["moe"], h, cfg)
+        if cfg.shared_width:  # the shared experts: a dense MLP beside the routed ones
+            y = y + _mlp(p["shared_mlp"], h)
     else:
-        m = p["mlp"]
-        hidden = jax.nn.silu(h @ m["wi_0"].astype(BF16)) * (h @ m["wi_1"].astype(BF16))
-        y, aux = hidden @ m["wo"].astype(BF16), jnp.zeros((), jnp.float32)
+        y, aux = _mlp(p["mlp"], h), jnp.zeros((), jnp.float32)
     return x + y, aux
+
+
+def _mlp(m, h):
+    hidden = jax.nn.silu(h @ m["wi_0"].astype(BF16)) * (h @ m["wi_1"].astype(BF16))
+    return hidden @ m["wo"].astype(BF16)
 
 
 def loss_fn(params, inputs, targets, positions, cfg: ModelConfig):

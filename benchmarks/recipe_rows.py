@@ -380,7 +380,7 @@ def compare_compiles() -> Any:
 COMPILES = REPO / "benchmarks" / "data" / "recipe_compiles.csv"
 COMPILE_FIELDS = ("path", "sweep_id", "status", "hbm_per_device_gib", "usable_hbm_gib",
                   "est_tokens_per_sec_per_chip", "est_step_time_s", "est_mfu", "compile_s",
-                  "published_tokens_per_sec_per_chip", "error")  # fmt: skip
+                  "published_tokens_per_sec_per_chip", "error", "maxtext_tflops_per_device")  # fmt: skip
 
 
 def recipe_paths() -> list[str]:
@@ -473,11 +473,14 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
            "est_tokens_per_sec_per_chip": est, "est_step_time_s": number("est_step_time_s", 3),
            "est_mfu": number("est_mfu", 4), "compile_s": number("compile_s", 0),
            "published_tokens_per_sec_per_chip": figure or "",
-           "error": f"{est / figure - 1:+.4f}" if figure and est != "" else ""}  # fmt: skip
+           "error": f"{est / figure - 1:+.4f}" if figure and est != "" else "",
+           "maxtext_tflops_per_device": number("maxtext_tflops_per_device", 1)}  # fmt: skip
     append_row(COMPILES, "Kept Ironwood recipes' trial 0 compiled through MaxText 0.2.5's "
                "train_compile (libtpu 0.0.52) on a 2-core CPU host by python -m "
                "benchmarks.recipe_rows compile; fidelity compile, TPU7x. Compiled after the "
-               "published table entered the repository: seen, not held out.",
+               "published table entered the repository: seen, not held out. "
+               "maxtext_tflops_per_device: MaxText's own count of a step's training TFLOPs "
+               "per device (maxtext_utils.calculate_tflops_training_per_device).",
                COMPILE_FIELDS, out)  # fmt: skip
     return out
 

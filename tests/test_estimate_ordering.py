@@ -113,11 +113,16 @@ def test_remat_recomputes_what_it_does_not_keep_and_never_a_dense_output_project
     def again(policy: str, **extra: Any) -> dict[str, bool]:
         return recomputed(load_config({**dense, **extra, "remat": {"policy": policy}}))
 
-    assert again("full") == {"qkv": True, "attention": True, "out": True, "wi": True, "wo": False}
+    assert again("full") == {"qkv": True, "attention": True, "out": True, "wi": True, "wo": False,
+                             "shared_wi": True, "shared_wo": False}  # fmt: skip
     assert again("save_dot_except_mlp") == {"qkv": False, "attention": True, "out": False,
-                                            "wi": True, "wo": False}  # fmt: skip
+                                            "wi": True, "wo": False, "shared_wi": True,
+                                            "shared_wo": False}  # fmt: skip
     assert not any(v for k, v in again("minimal").items() if k != "attention")
     assert again("full", model={"preset": "mixtral-8x7b"})["wo"] is True
+    # an MoE layer's shared experts are a dense MLP: their output projection is never run again
+    shared = again("full", model={"preset": "mixtral-8x7b", "shared_experts": 1})
+    assert shared["wo"] and shared["shared_wi"] and not shared["shared_wo"]
     config = load_config({**dense, "remat": {"policy": "full"}})
     flops = forward_flops_per_token(config)
     assert recompute_share(config) == pytest.approx(1 - flops["wo"] / sum(flops.values()))
@@ -164,3 +169,24 @@ def test_the_screen_floors_small_grouped_matmul_tiles_at_their_grid_steps():
         return est["est_tokens_per_sec_per_chip"]
 
     assert tokens("512x512x512") > tokens("256x512x512")
+
+
+def test_shared_experts_cost_a_dense_mlp_of_their_width_in_every_layer():
+    """qwen3-235b-a22b with one shared expert 1536 wide (deepseek's rule: a routed expert's
+    width): its parameters and forward FLOPs grow by exactly a dense MLP of that width a
+    layer, and the estimate's step is slower and holds more."""
+    from trainer.estimate.analytic import parameter_count
+
+    base = {"model": {"preset": "qwen3-235b-a22b"}, "seq_len": 4096, "per_device_batch": 2,
+            "mesh": {"fsdp": -1}}  # fmt: skip
+    plain = load_config(base)
+    shared = load_config({**base, "model": {**base["model"], "shared_experts": 1}})
+    m = plain.model
+    assert parameter_count(shared) - parameter_count(plain) == m.num_layers * 3 * m.d_model * 1536
+    more = {
+        k: forward_flops_per_token(shared)[k] - v for k, v in forward_flops_per_token(plain).items()
+    }
+    assert sum(more.values()) == 6 * m.d_model * 1536
+    slow, fast = (estimate(c, TARGET.accelerator, TARGET.devices) for c in (shared, plain))
+    assert slow["est_step_time_s"] > fast["est_step_time_s"]
+    assert slow["est_memory_per_device"]["total"] > fast["est_memory_per_device"]["total"]

@@ -17,8 +17,8 @@ from sweeper.space.command import read_command, translate
 from sweeper.space.load import load_space
 from sweeper.space.points import maxtext_knobs
 from trainer.trial.config import ConfigError
-from trainer.trial.hardware import Topology
-from trainer.trial.maxtext import program_settings
+from trainer.trial.hardware import Backend, Topology
+from trainer.trial.maxtext import program_settings, to_maxtext
 
 RECIPES = Path(__file__).parent / "data" / "tpu_recipes"
 PUBLISHED = [c["path"] for c in yaml.safe_load((RECIPES / "index.yaml").read_text())["commands"]]
@@ -163,8 +163,10 @@ def test_a_knob_changes_only_the_settings_it_maps_to(tmp_path):
 
 
 def test_a_model_we_have_no_preset_of_is_maxtexts_own(tmp_path):
-    """gemma4-26b: its shape is MaxText 0.2.5's config (configs/models/gemma4-26b.yml), and
-    what the estimate does not model of it is said."""
+    """gemma4-26b: its shape is MaxText 0.2.5's config (configs/models/gemma4-26b.yml), its
+    shared expert as wide as its dense base_mlp_dim (gemma4's rule:
+    maxtext_utils.get_shared_expert_mlp_dim), and what the estimate does not model of it is
+    said."""
     space, output = _import(GEMMA4_26B, tmp_path)
     model = load_space_model(space)
     assert (model.d_model, model.num_layers, model.num_heads, model.num_kv_heads) == (
@@ -175,10 +177,28 @@ def test_a_model_we_have_no_preset_of_is_maxtexts_own(tmp_path):
     )
     assert (model.head_dim, model.num_experts, model.experts_per_token) == (256, 128, 8)
     assert model.mlp_dim == 704 and model.vocab_size == 262144  # an expert's width
-    assert "sliding_window_size=1024" in output and "shared_experts=1" in output
+    assert (model.shared_experts, model.shared_mlp_dim, model.shared_width) == (1, 2112, 2112)
+    assert "sliding_window_size=1024" in output and "shared_experts" not in output
     recipe = space.maxtext_program().recipe
-    assert recipe is not None and any("shared expert" in u for u in recipe.unmodeled)
+    assert recipe is not None and not any("shared expert" in u for u in recipe.unmodeled)
     assert recipe.settings["model_name"] == "gemma4-26b"
+
+
+def test_deepseeks_shared_expert_is_in_its_model_and_its_space_still_runs_its_recipe(tmp_path):
+    """deepseek3-671b's shared expert is as wide as a routed one (moe_mlp_dim); MaxText's
+    mixtral block, which our shape of a custom MoE maps to, has none, but the imported space
+    runs the recipe's own model by name, so its validation does not refuse it."""
+    path = f"{IRONWOOD}deepseek3-671b/4k-bf16-tpu7x-4x8x8-gcs/xpk/run_recipe.sh"
+    space, output = _import(path, tmp_path)
+    model = load_space_model(space)
+    assert (model.mlp_dim, model.shared_experts, model.shared_width) == (2048, 1, 2048)
+    assert "not modeled by the estimate: first_num_dense_layers=3" in output
+    assert "shared_experts" not in output
+    config = static_check(space, space.search.warm_start[0])
+    unmapped = to_maxtext(config, Backend.TPU).unmapped
+    assert [u.field for u in unmapped if u.field.startswith("model.")] == ["model.shared_experts"]
+    settings = _settings(space, space.search.warm_start[0])
+    assert settings.args["model_name"] == "deepseek3-671b" and "decoder_block" not in settings.args
 
 
 def load_space_model(space):
@@ -491,3 +511,36 @@ def test_todays_estimate_of_each_published_row_stands_beside_the_frozen_one():
     assert columns["frozen"][at] == f"{float(frozen['est_tokens_per_sec_per_chip']):,.0f}"
     assert columns["today"][at] == f"{today:,.0f}"
     assert columns["error"][at] == f"{today / 9581.66 - 1:+.1%}"
+
+
+def test_our_count_of_a_recipes_flops_is_maxtexts_where_we_model_its_features():
+    """Our training FLOPs of each compiled recipe's trial 0 (trainer.trial.flops) against
+    MaxText's own count of the same program (maxtext_tflops_per_device, recorded by its
+    compile sweep): the same where the importer names no unmodeled feature; with the shared
+    experts counted, deepseek3-671b and gemma4-26b nearer MaxText's than without them."""
+    from benchmarks.recipe_rows import COMPILES, _read, recipe_trial
+    from trainer.trial.checks import global_batch_size
+    from trainer.trial.config import load_config
+    from trainer.trial.flops import training_flops_per_step
+
+    one_a_model: dict[str, dict[str, str]] = {}
+    for record in _read(COMPILES):
+        if record["maxtext_tflops_per_device"]:
+            one_a_model.setdefault(record["path"].split("/")[2], record)
+    assert {"llama3.1-70b", "qwen3-235b-a22b", "deepseek3-671b", "gemma4-26b"} <= set(one_a_model)
+    for model, record in one_a_model.items():
+        config, _, program = recipe_trial(record["path"])
+        trial = load_config(config)
+        devices = Topology.parse(config["compile_target"]).devices
+        batch = global_batch_size(trial, devices)
+
+        def ratio(shape, trial=trial, devices=devices, batch=batch, record=record):
+            ours = training_flops_per_step(shape, batch, trial.seq_len) / devices / 1e12
+            return ours / float(record["maxtext_tflops_per_device"])
+
+        assert program.recipe is not None
+        if not program.recipe.unmodeled:
+            assert ratio(trial.model) == pytest.approx(1.0, abs=1e-3), model
+        elif trial.model.shared_experts:
+            without = trial.model.model_copy(update={"shared_experts": 0})
+            assert abs(ratio(trial.model) - 1) < abs(ratio(without) - 1) / 2, model

@@ -14,10 +14,17 @@ from trainer.run.train import train
 from trainer.trial.config import load_config
 from trainer.trial.events import Emitter
 
+SHARED = {"shared_experts": 2, "shared_mlp_dim": 48}  # a shared MLP 96 wide beside 4 experts
 
-@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
-def test_flax_model_matches_hand_written_forward(model):
-    config = load_config(trial(model, steps=1, num_devices=1, per_device_batch=4, mesh={"fsdp": 1}))
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [("tiny-dense", {}), ("tiny-moe", {}), ("tiny-moe", SHARED)],
+    ids=["dense", "moe", "moe-shared"],
+)
+def test_flax_model_matches_hand_written_forward(model, shape):
+    base = trial(model, steps=1, num_devices=1, per_device_batch=4, mesh={"fsdp": 1})
+    config = load_config({**base, "model": {**base["model"], **shape}})
     program = build_program(config, jax.devices()[:1])
     params = program.init_fn(jax.random.key(config.seed)).params
     batch = BatchSource(config, program.global_batch, 1).batch(0)
@@ -26,6 +33,9 @@ def test_flax_model_matches_hand_written_forward(model):
     )
     trainer_loss = train(config, Emitter(quiet=True)).losses[0]
     assert trainer_loss == pytest.approx(float(bare_ce), rel=1e-4)
+    if shape:  # the shared experts' MLP, at its width, in every layer
+        shared = params["layers"]["shared_mlp"]
+        assert shared["wi_0"].shape == (config.model.num_layers, config.model.d_model, 96)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -107,8 +107,12 @@ def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:
     """A MaxText space: every setting of its trials, and every value of every knob, is one
     MaxText can take; what it cannot is refused by name before any trial runs."""
     platform = space.default_backend
+    recipe = space.maxtext_program().recipe
+    # what the recipe's own configuration cannot map, its settings carry as written
+    # (`over_recipe`): MaxText runs the recipe's model by its name, not our shape of it
+    own = to_maxtext(recipe.config(), platform).unmapped if recipe is not None else []
     for u in to_maxtext(load_config(space.base_trial()), platform).unmapped:
-        if u.field not in _MAXTEXT_HANDLED:
+        if u.field not in _MAXTEXT_HANDLED and u not in own:
             raise SpaceError(
                 f"{u.field} = {u.value!r}: MaxText has no setting for it ({u.why}); remove "
                 "it, or run the space with program: sweeper-trainer",
@@ -123,6 +127,8 @@ def _check_maxtext(space: Space, root: yaml.Node | None, file: str) -> None:
             point = {**knob.condition_point(), key: int(value) if knob.kind == "int" else value}
             config = load_config(assemble(space, point))
             for u in to_maxtext(config, platform).unmapped:
+                if u in own:
+                    continue
                 if u.field == key or _under(u.field, key) or _under(key, u.field):
                     raise SpaceError(
                         f"value {value!r}: MaxText has no setting for {u.field} = {u.value!r} "

@@ -71,7 +71,6 @@ UNMODELED = {
     "attention_type": "attention of kind {}",
     "q_lora_rank": "low-rank queries (MLA, rank {})",
     "kv_lora_rank": "low-rank keys and values (MLA, rank {})",
-    "shared_experts": "{} shared expert(s)",
     "first_num_dense_layers": "{} dense first layer(s)",
     "sliding_window_size": "sliding-window attention ({} tokens)",
     "global_head_dim": "global layers' head width {}",
@@ -90,6 +89,7 @@ MODEL_KEYS = (
     *SHAPE_OF,
     *UNMODELED,
     "base_moe_mlp_dim",
+    "shared_experts",
     "load_balance_loss_weight",
     "decoder_block",
 )
@@ -452,7 +452,14 @@ def model_of(settings: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         if theirs in config:
             shape[ours] = number(theirs)
     if number("num_experts", default=1) > 1:
-        shape["mlp_dim"] = number("base_moe_mlp_dim", default=shape.get("mlp_dim", 0))
+        dense_mlp = shape.get("mlp_dim", 0)
+        shape["mlp_dim"] = number("base_moe_mlp_dim", default=dense_mlp)
+        if number("shared_experts", default=0):
+            shape["shared_experts"] = number("shared_experts")
+            # MaxText sizes a shared expert by moe_mlp_dim, but gemma4's by mlp_dim
+            # (maxtext_utils.get_shared_expert_mlp_dim)
+            if config.get("decoder_block") == "gemma4" and dense_mlp != shape["mlp_dim"]:
+                shape["shared_mlp_dim"] = dense_mlp
         if "load_balance_loss_weight" in config:
             shape["load_balance_loss_weight"] = number("load_balance_loss_weight", float)
     else:

@@ -35,7 +35,9 @@ def parameter_count(config: TrialConfig) -> int:
     m = config.model
     attention = m.d_model * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
     if m.is_moe:
-        mlp = m.num_experts * 3 * m.d_model * m.mlp_dim + m.d_model * m.num_experts
+        mlp = (
+            m.num_experts * m.mlp_dim + m.shared_width
+        ) * 3 * m.d_model + m.d_model * m.num_experts
     else:
         mlp = 3 * m.d_model * m.mlp_dim
     return (
@@ -145,6 +147,10 @@ def layer_tensor_bytes(
     # An expert's output row is a partial sum over the tensor shards of the mlp dimension
     # (summed after the combine): every device holds whole d_model rows.
     sizes[Tensor.MLPWO] = rows * m.d_model * BF16 / (1 if m.is_moe else tensor)
+    if m.shared_width:  # the shared experts' MLP answers to the dense MLP's names
+        sizes[Tensor.MLPWI_0] += tokens_local * m.shared_width * BF16 / tensor
+        sizes[Tensor.MLPWI_1] += tokens_local * m.shared_width * BF16 / tensor
+        sizes[Tensor.MLPWO] += residual / tensor
     return {t.value: v for t, v in sizes.items()}
 
 
@@ -257,6 +263,9 @@ def recomputed(config: TrialConfig) -> dict[str, bool]:
         "wi": not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
         # an MoE layer's expert outputs feed the router weights' gradient (see _placed)
         "wo": config.model.is_moe and Tensor.MLPWO.value not in kept,
+        # the shared experts' MLP, as a dense one
+        "shared_wi": not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
+        "shared_wo": False,
     }
 
 
@@ -270,6 +279,8 @@ def forward_flops_per_token(config: TrialConfig) -> dict[str, float]:
         "out": 2 * m.num_heads * m.head_dim * m.d_model,
         "wi": 4 * m.d_model * m.mlp_dim * experts,
         "wo": 2 * m.d_model * m.mlp_dim * experts,
+        "shared_wi": 4 * m.d_model * m.shared_width,
+        "shared_wo": 2 * m.d_model * m.shared_width,
     }
 
 

@@ -128,10 +128,11 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     cfg: ModelConfig
     dtype: Dtype
+    width: int | None = None  # the hidden width; None: the model's mlp_dim
 
     @nn.compact
     def __call__(self, x_BxSxE):
-        e, f, dt = self.cfg.d_model, self.cfg.mlp_dim, self.dtype
+        e, f, dt = self.cfg.d_model, self.width or self.cfg.mlp_dim, self.dtype
         wi_0 = weight(self, "wi_0", (e, f), ("embed", "mlp"), e)
         wi_1 = weight(self, "wi_1", (e, f), ("embed", "mlp"), e)
         wo = weight(self, "wo", (f, e), ("mlp", "embed"), f)
@@ -172,6 +173,8 @@ class DecoderLayer(nn.Module):
                 cfg, self.dtype, self.kernels, self.platform, self.expert_fp8, name="moe"
             )
             y, aux_loss = moe(h)
+            if cfg.shared_width:  # every token's shared experts, one dense MLP (MaxText's)
+                y = y + Mlp(cfg, self.dtype, cfg.shared_width, name="shared_mlp")(h)
         else:
             y, aux_loss = Mlp(cfg, self.dtype, name="mlp")(h), jnp.zeros((), jnp.float32)
         x = nn.with_logical_constraint(x + y, ACT_BxSxE)

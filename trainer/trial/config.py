@@ -55,6 +55,13 @@ class ModelConfig(Frozen):
     """MoE experts; 0 is a dense model."""
     experts_per_token: int = Field(default=0, ge=0)
     """top-k experts each token is routed to (MoE)."""
+    shared_experts: int = Field(default=0, ge=0)
+    """experts every token passes through beside its routed ones (MoE; MaxText
+    `shared_experts`): one dense MLP of shared_experts x shared_mlp_dim, added to the routed
+    output."""
+    shared_mlp_dim: int | None = Field(default=None, gt=0)
+    """width of one shared expert; None: mlp_dim, the routed experts' (MaxText's rule but for
+    gemma4, whose shared expert takes the model's dense base_mlp_dim)."""
     capacity_factor: float = -1.0
     """-1: dropless (ragged groups); > 0: each expert takes at most factor x its fair share of tokens, the rest are dropped."""
     load_balance_loss_weight: float = Field(default=0.01, ge=0)
@@ -99,11 +106,18 @@ class ModelConfig(Frozen):
                 )
         elif self.experts_per_token:
             raise ValueError("experts_per_token is set but num_experts is 0 (dense model)")
+        elif self.shared_experts:
+            raise ValueError("shared_experts is set but num_experts is 0 (dense model)")
         return self
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def shared_width(self) -> int:
+        """The shared experts' MLP width (0: none)."""
+        return self.shared_experts * (self.shared_mlp_dim or self.mlp_dim)
 
 
 class MeshConfig(Frozen):

@@ -14,12 +14,13 @@ def training_flops_by_kind(model: ModelConfig, global_batch: int, seq_len: int) 
     `attention` (the causal attention core: Splash, in bf16) and `logits` (the output
     embedding). Forward and backward: 3 x each forward matmul; remat recompute not counted.
 
-    MoE counts the router and the top-k experts.
+    MoE counts the router, the top-k experts and the shared experts.
     """
     tokens = global_batch * seq_len
     ffn_one = 2 * tokens * model.mlp_dim * model.d_model * 3  # wi_0, wi_1, wo
     if model.is_moe:
         ffn = 2 * tokens * model.d_model * model.num_experts + ffn_one * model.experts_per_token
+        ffn += 2 * tokens * model.shared_width * model.d_model * 3
     else:
         ffn = ffn_one
     qkv = 2 * tokens * model.d_model * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim

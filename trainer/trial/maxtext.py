@@ -317,6 +317,11 @@ def _model(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
     if model.qk_norm:
         unmapped.append(Unmapped("model.qk_norm", True, "MaxText sets QK-norm by model_name"))
     values = {theirs: _text(shape[ours.removeprefix("model.")]) for ours, theirs in SHAPE.items()}
+    if model.shared_experts:
+        unmapped.append(Unmapped(
+            "model.shared_experts", model.shared_experts,
+            "the block a custom MoE shape runs as, mixtral's, has no shared expert",
+        ))  # fmt: skip
     if model.is_moe:  # every layer an MoE layer: MaxText sizes the experts by base_moe_mlp_dim
         values["base_moe_mlp_dim"] = values["base_mlp_dim"]
         # MaxText's default block (llama2) has a dense MLP whatever num_experts says: without a
