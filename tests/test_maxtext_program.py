@@ -167,6 +167,11 @@ def test_a_point_becomes_maxtexts_settings_with_its_maxtext_knobs(tmp_path):
             "fidelity: MaxText trials are compiled or run",
         ),
         ({"maxtext": {"extra": {"no_such_key": 1}}}, "maxtext.extra", "not a MaxText"),
+        (  # a custom MoE shape runs as MaxText's mixtral block, which has no shared expert
+            {"model": {"preset": "tiny-moe", "shared_experts": 1}},
+            "trial.model.shared_experts",
+            "MaxText has no setting for it (the block a custom MoE shape runs as",
+        ),
         (
             {
                 "program": None,
