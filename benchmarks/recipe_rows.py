@@ -46,6 +46,7 @@ TABLE = (
 # The table's model ids, where a kept file's model_name differs.
 TABLE_MODEL = {
     "deepseek3-671b": "deepseek-v3",
+    "deepseek3-671b-2dfsdp": "deepseek-v3-2dfsdp",  # the same model, 2D FSDP: no published row
     "gemma4-e2b": "gemma4-2b",
     "gemma4-e4b": "gemma4-4b",
 }
