@@ -2,8 +2,9 @@
 compile fidelity, for v5e:1x1) before the chip measures it, then the predictions against the
 measurements.
 
-    python -m benchmarks.v5e_predictions freeze SPACE COMPILE_SWEEP_DIR
+    python -m benchmarks.v5e_predictions freeze SPACE [COMPILE_SWEEP_DIR]
         # writes benchmarks/data/SPACE_predictions.csv: commit it before any measurement lands
+        # (without a compile sweep: the estimate's predictions alone)
     python -m benchmarks.v5e_predictions compare SPACE [--measured CSV ...]
 
 `freeze` judges every point by the analytic estimate (the screen, in this process) and reads
@@ -113,9 +114,16 @@ def compiled(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def freeze(space_name: str, sweep_dir: Path) -> Path:
-    est, comp = estimates(space_name), compiled(sweep_dir)
-    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+def freeze(space_name: str, sweep_dir: Path | None) -> Path:
+    """Every point's predictions, written before the chip measures any: the estimate's, and
+    compile fidelity's from `sweep_dir` (None: the estimate's alone, compile_status not_run)."""
+    est = estimates(space_name)
+    comp = compiled(sweep_dir) if sweep_dir is not None else {}
+    source = (
+        f"compile fidelity from sweep {json.loads((sweep_dir / 'sweep.json').read_text())['sweep_id']}"
+        if sweep_dir is not None
+        else "no compile fidelity (the estimate alone)"
+    )
     path = DATA / f"{space_name}_predictions.csv"
     fields = ["key", "est_tokens_per_sec_per_chip", "est_hbm_gib", "est_verdict",
               "compile_status", "compile_est_tokens_per_sec_per_chip", "compile_hbm_gib"]  # fmt: skip
@@ -123,12 +131,13 @@ def freeze(space_name: str, sweep_dir: Path) -> Path:
     with path.open("w", newline="") as f:
         f.write(f"# {space_name}: every point predicted for {TARGET} before the chip measured it. "
                 f"Model at commit {_commit()} (plus the working tree this file was written "
-                f"from); compile fidelity from sweep {manifest['sweep_id']}.\n")  # fmt: skip
+                f"from); {source}.\n")  # fmt: skip
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for key, row in est.items():
-            writer.writerow({"key": key, **row, **comp.get(key, {"compile_status": "missing"})})
-    if missing:
+            absent = "missing" if sweep_dir is not None else "not_run"
+            writer.writerow({"key": key, **row, **comp.get(key, {"compile_status": absent})})
+    if missing and sweep_dir is not None:
         print(f"{len(missing)} point(s) have no compile trial: {missing[:3]}")
     return path
 
@@ -194,6 +203,11 @@ def measured_of(space_name: str, grid: Path) -> dict[str, dict[str, Any]]:
 SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
     "v5e_dense": ("per_device_batch", {"fit (batch 8)": 8, "held out (batch 16)": 16}),
     "v5e_moe": ("remat.policy", {"fit (remat full)": "full", "held out (minimal)": "minimal"}),
+    # its points without a shared expert are v5e_moe's (measured there: seen)
+    "v5e_moe_shared": (
+        "model.shared_experts",
+        {"seen (none)": 0, "held out (1 shared)": 1, "held out (2 shared)": 2},
+    ),
 }
 
 
@@ -499,7 +513,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("freeze")
     f.add_argument("space")
-    f.add_argument("sweep_dir", type=Path)
+    f.add_argument("sweep_dir", type=Path, nargs="?", default=None)
     c = sub.add_parser("compare")
     c.add_argument("space")
     c.add_argument("--grid", type=Path, default=None)

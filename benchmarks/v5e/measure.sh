@@ -13,6 +13,9 @@
 #   bash benchmarks/v5e/measure.sh moe SECONDS    # v5e_moe's every point (space_grid, resumed
 #       from results/v5e_moe_grid), then kernels.tune on its trial 0 (Megablox) once; packs
 #       both into $OUT/v5e_moe.tgz. Its predictions are committed before this runs.
+#   SPACE=NAME bash benchmarks/v5e/measure.sh space SECONDS  # any v5e space's every point
+#       (space_grid, resumed from results/NAME_grid), packed into $OUT/NAME.tgz. Its
+#       predictions are committed before this runs.
 set -u
 STAGE=$1
 SECONDS_LEFT=$2
@@ -115,6 +118,12 @@ case "$STAGE" in
     fi
     tar -czf "$OUT/v5e_moe.tgz" results/v5e_moe_grid/grid.csv results/v5e_moe_grid/*.log \
       results/v5e_moe_tune 2>/dev/null
+    ls -la "$OUT"
+    ;;
+  space)
+    python3 -m benchmarks.space_grid "$SPACE" --out "results/${SPACE}_grid" --cache results/cache \
+      --resume --budget $(( $(left) - 60 )) 2>&1 | grep -v "UserWarning\|warnings.warn" | tail -40
+    tar -czf "$OUT/$SPACE.tgz" "results/${SPACE}_grid/grid.csv" results/"${SPACE}"_grid/*.log
     ls -la "$OUT"
     ;;
 esac
