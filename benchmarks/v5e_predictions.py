@@ -32,6 +32,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.tables import compact
+
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = "v5e:1x1"
 INTERNAL = ("sweeper.",)  # the searcher's own keys in a trial's config (optuna number, repeats)
@@ -231,10 +233,10 @@ def compare(
     measured = measured_of(space_name, grid)
     both = [k for k in predictions if k in measured]
     summary: dict[str, Any] = {"points": len(both)}
-    table = Table(title=f"{space_name}: {path.name} against the chip (run fidelity, TPU v5e)")
+    table = compact(f"{space_name}: {path.name} against the chip (run fidelity, TPU v5e)")
     for col in ("fidelity, points", "n", "Spearman", "median |error|", "memory |error|",
                 "OOM caught", "OOM said, ran"):  # fmt: skip
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="left" if col.startswith("fidelity") else "right")
     splits = SPLITS[space_name][1] if space_name in SPLITS else {}
     for split, side in {"all" if splits else "all (held out)": None, **splits}.items():
         keys = [k for k in both if side is None or _side(space_name, k) == side]
@@ -307,8 +309,8 @@ def search(space_name: str, sweep_dir: Path, grid: Path, console: Console) -> di
         "sweep_best_point": knobs(rows[best_i]),
         "first_within_2pct": reached,
     }
-    table = Table(title=f"{space_name}: sweep {sweep_dir.name} against the grid of "
-                        f"{len(measured)} points (run fidelity, TPU v5e)")  # fmt: skip
+    table = compact(f"{space_name}: sweep {sweep_dir.name} against the grid of "
+                    f"{len(measured)} points (run fidelity, TPU v5e)")  # fmt: skip
     for col in ("", "tokens/s/chip", "of the grid's best", "point"):
         table.add_column(col)
     for name, value, point in (("trial 0", out["trial0"], out["trial0_point"]),
@@ -531,7 +533,7 @@ def main() -> None:
     e.add_argument("sweep_dir", type=Path)
     e.add_argument("--grid", type=Path, default=None)
     args = parser.parse_args()
-    console = Console(width=100)
+    console = Console(width=80)
     if args.command == "freeze":
         console.print(str(freeze(args.space, args.sweep_dir)))
     elif args.command == "replay":
