@@ -126,6 +126,18 @@ def test_what_maxtext_cannot_take_is_listed_with_why():
     assert all(why for why in unmapped.values())
 
 
+@pytest.mark.parametrize("preset", ["tiny-moe", "mixtral-8x7b"])
+def test_a_shared_expert_is_never_dropped_on_the_way_to_maxtext(preset):
+    """A shared expert on an MoE shape, ours or one MaxText names (mixtral-8x7b has none):
+    MaxText's program would lack it, so it is unmapped (the space refused), never dropped."""
+    base = trial(preset)
+    config = load_config({**base, "model": {**base["model"], "shared_experts": 1}})
+    settings = to_maxtext(config)
+    assert [u.field for u in settings.unmapped if u.field.startswith("model.")] == [
+        "model.shared_experts"
+    ]
+
+
 def test_the_published_recipes_export_to_their_maxtext_names_and_flags():
     """Trial 0 of the 70B space is MaxText's llama3.1-70b with the recipe's knobs."""
     space = load_space("llama31_70b_8k_tpu7x")

@@ -308,7 +308,12 @@ def _model(config: TrialConfig, unmapped: list[Unmapped]) -> dict[str, str]:
     shape = model.model_dump(exclude={"preset", "capacity_factor", "load_balance_loss_weight"})
     name = MODEL_NAMES.get(model.preset or "")
     preset = MODEL_PRESETS.get(model.preset or "", {})
-    if name and all(shape[k] == v for k, v in preset.items() if k in shape):
+    # (no model MaxText names has our presets' shape with a shared expert beside it)
+    if (
+        name
+        and not model.shared_experts
+        and all(shape[k] == v for k, v in preset.items() if k in shape)
+    ):
         # MaxText refuses a setting its model config also sets (qwen3-235b-a22b's
         # load_balance_loss_weight) with another value unless told to override it.
         own = preset.get("load_balance_loss_weight", model.load_balance_loss_weight)
