@@ -1,5 +1,6 @@
 """Decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU) with a scanned, rematted layer stack;
-QK-norm (Qwen3) and mixture-of-experts layers where the config asks for them."""
+QK-norm (Qwen3) and mixture-of-experts layers, with shared experts beside the routed ones,
+where the config asks for them."""
 
 from __future__ import annotations
 
