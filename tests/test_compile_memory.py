@@ -134,6 +134,11 @@ MEMORY_GRID = {
     "dense_fsdp8": {"model": SMALL},
     "dense_fsdp4_tp2": {"model": SMALL, "mesh": {"fsdp": 4, "tensor": 2}},
     "moe_fsdp4_ep2": {"model": SMALL_MOE, "mesh": {"fsdp": 4, "expert": 2}},
+    # a shared expert twice a routed one's width, its MLP sharded over tensor as a dense one
+    "moe_shared_fsdp4_tp2": {
+        "model": {**SMALL_MOE, "shared_experts": 1, "shared_mlp_dim": 1024},
+        "mesh": {"fsdp": 4, "tensor": 2},
+    },
 }
 
 
