@@ -490,7 +490,13 @@ def record(path: str, sweep_dir: Path) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["compile"] and len(sys.argv) == 3:
-        print(compile_row(sys.argv[2]))
+        try:
+            print(compile_row(sys.argv[2]))
+        except subprocess.CalledProcessError as exc:  # the engine said why, above
+            print(f"error: `sweeper {exc.cmd[3]}` ended {exc.returncode} (its message above);\n"
+                  "  PATH is a kept file's path under tests/data/tpu_recipes "
+                  "(training/ironwood/...)", file=sys.stderr)  # fmt: skip
+            raise SystemExit(2) from None
     elif sys.argv[1:2] == ["compile-all"] and len(sys.argv) == 3:
         compile_rows(float(sys.argv[2]))
     elif sys.argv[1:2] == ["record"] and len(sys.argv) == 4:  # a compile sweep run by hand
