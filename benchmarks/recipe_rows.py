@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -312,6 +313,7 @@ def compare_today() -> Any:
     return out
 
 
+@functools.cache
 def _ours() -> list[tuple[str, float, float]]:
     """Our trainer's compile of each recipe it expresses (benchmarks.calibration's recorded
     rows, at its fitted MXU efficiencies): its row name, published figure and figure."""
