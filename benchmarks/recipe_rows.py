@@ -33,6 +33,7 @@ from __future__ import annotations
 import csv
 import datetime
 import functools
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -234,8 +235,6 @@ def _section(table: Any, family_name: str, last: list[str]) -> None:
 
 def _medians(errors: dict[tuple[str, str], list[float]]) -> str:
     """Median |error| (rows) by family, a line a family."""
-    import statistics
-
     lines: dict[str, list[str]] = {}
     for (name, where), es in sorted(errors.items()):
         lines.setdefault(name, []).append(
@@ -248,8 +247,6 @@ def _medians(errors: dict[tuple[str, str], list[float]]) -> str:
 
 def compare() -> Any:
     """The frozen estimate against every published row, by family and split."""
-    import statistics
-
     table = published()
     rows = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
     families = _families(rows)
@@ -285,7 +282,6 @@ def compare_today() -> Any:
     """Today's estimate of each published row (every kept file predicted again) beside the
     frozen one: what the model's mends since the freeze changed, all of it seen (the table
     was in the repository before them)."""
-    import statistics
 
     table = published()
     frozen = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
@@ -351,8 +347,9 @@ def compare_compiles() -> Any:
                  ("row", "chips", "published", "compile", "error", "ours", "GiB", "fits"),
                  ("row", "fits"))  # fmt: skip
     ours = _ours()
-    # one error a published row: the files that run it (-gcs, -lustre) compile one program
-    errors: dict[tuple[str, str], dict[tuple, float]] = {}
+    # a published row's error: the median over the files that run it, as compare's (its
+    # -gcs and -lustre files compile one program), so each row counts once
+    errors: dict[tuple[str, str], dict[tuple, list[float]]] = {}
     last: list[str] = []
     for row in sorted(
         compiled, key=lambda r: (families[r["path"]], table_key(predicted[r["path"]]))
@@ -364,8 +361,9 @@ def compare_compiles() -> Any:
         ok = row["status"] == "ok"
         error = float(row["est_tokens_per_sec_per_chip"]) / figure - 1 if ok and figure else None
         if error is not None and figure:
-            errors.setdefault((families[row["path"]], "compile"), {})[key] = error
-            errors.setdefault((families[row["path"]], "estimate"), {})[key] = (
+            errors.setdefault((families[row["path"]], "compile"), {}).setdefault(key, []).append(
+                error)  # fmt: skip
+            errors.setdefault((families[row["path"]], "estimate"), {}).setdefault(key, []).append(
                 float(guess["est_tokens_per_sec_per_chip"]) / figure - 1)  # fmt: skip
         out.add_row(*_row_cells(key), f"{figure:,.0f}" if figure else "-",
                     f"{float(row['est_tokens_per_sec_per_chip']):,.0f}" if ok else "-",
@@ -373,7 +371,8 @@ def compare_compiles() -> Any:
                     _ours_for(ours, key, figure),
                     row["hbm_per_device_gib"] or "-",
                     "yes" if ok else row["status"].split(": ")[-1].replace("_", " "))  # fmt: skip
-    out.caption = _medians({k: list(v.values()) for k, v in errors.items()}) + (
+    by_row = {k: [statistics.median(e) for e in v.values()] for k, v in errors.items()}
+    out.caption = _medians(by_row) + (
         "\n(over published rows, the same by either fidelity, the estimate the one frozen "
         "before; ours: the "
         "error of our trainer's compile of the recipe, where benchmarks.calibration has it "
