@@ -129,7 +129,8 @@ def freeze(space_name: str, sweep_dir: Path | None) -> Path:
     path = DATA / f"{space_name}_predictions.csv"
     fields = ["key", "est_tokens_per_sec_per_chip", "est_hbm_gib", "est_verdict",
               "compile_status", "compile_est_tokens_per_sec_per_chip", "compile_hbm_gib"]  # fmt: skip
-    missing = sorted(set(est) - set(comp))
+    missing = sorted(set(est) - set(comp)) if sweep_dir is not None else []
+    absent = "missing" if sweep_dir is not None else "not_run"
     with path.open("w", newline="") as f:
         f.write(f"# {space_name}: every point predicted for {TARGET} before the chip measured it. "
                 f"Model at commit {_commit()} (plus the working tree this file was written "
@@ -137,9 +138,8 @@ def freeze(space_name: str, sweep_dir: Path | None) -> Path:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for key, row in est.items():
-            absent = "missing" if sweep_dir is not None else "not_run"
             writer.writerow({"key": key, **row, **comp.get(key, {"compile_status": absent})})
-    if missing and sweep_dir is not None:
+    if missing:
         print(f"{len(missing)} point(s) have no compile trial: {missing[:3]}")
     return path
 

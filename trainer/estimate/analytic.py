@@ -148,8 +148,9 @@ def layer_tensor_bytes(
     # (summed after the combine): every device holds whole d_model rows.
     sizes[Tensor.MLPWO] = rows * m.d_model * BF16 / (1 if m.is_moe else tensor)
     if m.shared_width:  # the shared experts' MLP answers to the dense MLP's names
-        sizes[Tensor.MLPWI_0] += tokens_local * m.shared_width * BF16 / tensor
-        sizes[Tensor.MLPWI_1] += tokens_local * m.shared_width * BF16 / tensor
+        shared = tokens_local * m.shared_width * BF16 / tensor
+        sizes[Tensor.MLPWI_0] += shared
+        sizes[Tensor.MLPWI_1] += shared
         sizes[Tensor.MLPWO] += residual / tensor
     return {t.value: v for t, v in sizes.items()}
 
@@ -256,15 +257,16 @@ def recomputed(config: TrialConfig) -> dict[str, bool]:
     context spares the attention core."""
     kept = {n.removeprefix("moe_") for where in placements(config.remat).values() for n in where}
     qkv = {Tensor.QUERY_PROJ.value, Tensor.KEY_PROJ.value, Tensor.VALUE_PROJ.value}
+    wi = not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept
     return {
         "qkv": not (qkv <= kept or Tensor.QKV_PROJ.value in kept),
         "attention": Tensor.CONTEXT.value not in kept,
         "out": Tensor.OUT_PROJ.value not in kept,
-        "wi": not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
+        "wi": wi,
         # an MoE layer's expert outputs feed the router weights' gradient (see _placed)
         "wo": config.model.is_moe and Tensor.MLPWO.value not in kept,
-        # the shared experts' MLP, as a dense one
-        "shared_wi": not {Tensor.MLPWI_0.value, Tensor.MLPWI_1.value} <= kept,
+        # the shared experts' MLP, as a dense one (its tensors answer to the same names)
+        "shared_wi": wi,
         "shared_wo": False,
     }
 
