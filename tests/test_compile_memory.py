@@ -7,6 +7,7 @@ import collections
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -417,3 +418,39 @@ def test_context_parallelism_saves_each_devices_chunk_of_keys_and_values(attenti
     kv = [dims for _, dims in stacks if len(dims) == 5 and dims[-2:] == (2, 128)]
     assert len(kv) == 2, stacks
     assert all(dims[2] == seq // context for dims in kv), stacks
+
+
+def test_a_compiled_peak_is_read_by_part_and_inside_the_layer_loop(tmp_path):
+    """benchmarks.peak_parts reads XLA's live-range dump as the compiler states it: the peak's
+    bytes, its parts, and where the peak lies inside the layers' loop, that loop's parts
+    (deepseek3-671b's recipe through MaxText: one layer's gathered experts, 22.61 GB, and one
+    expert weight gradient, 7.52 GB, at its largest). And MaxText's compile command takes a
+    `--set` in place of the recipe's own setting of that key, not beside it."""
+    from benchmarks.peak_parts import loop_parts, peak_parts
+    from trainer.maxtext.driver import compile_command
+    from trainer.trial.maxtext import MaxTextProgram, MaxTextSettings
+
+    text = (Path(__file__).parent / "data/live_range/deepseek3_671b_4k_peak.txt").read_text()
+    peak, parts = peak_parts(text)
+    assert peak == 122_210_124_206
+    assert [p.name for p in parts][:2] == ["while.437", "dynamic-update-slice-start.2"]
+    loop, body = loop_parts(parts)  # type: ignore[misc]
+    assert loop == "while.437" and sum(p.bytes for p in body) <= parts[0].bytes
+    largest = sorted(body, key=lambda p: -p.bytes)[:2]
+    assert [round(p.bytes / 1e9, 2) for p in largest] == [22.61, 7.52]
+    assert largest[0].name.endswith("rematted_computation/convert_element_type")
+    assert "tgmm" in largest[1].name
+    # Entries below a part are that part's, not the loop's: the gathered weights' async
+    # copies (three of 7.52 GB, one a matrix) sit under the first, each over its custom call.
+    copies = [round(p.bytes / 1e9, 2) for p in largest[0].parts]
+    assert copies[:3] == [7.52] * 3 and sum(copies) == pytest.approx(22.61, abs=0.01)
+    assert all(
+        len(p.parts) == 1 and p.parts[0].name.startswith("custom-call") for p in largest[0].parts
+    )
+    assert not any(p.name.startswith("async_computation") for p in body)
+
+    settings = MaxTextSettings({"model_name": "deepseek3-671b", "steps": "30"}, [])
+    program = MaxTextProgram(base_config=str(tmp_path / "base.yml"))
+    argv, env = compile_command(program, settings, tmp_path, ("steps=2",))
+    assert "steps=2" in argv and "steps=30" not in argv and "model_name=deepseek3-671b" in argv
+    assert env["XLA_FLAGS"].startswith(f"--xla_dump_to={tmp_path / 'hlo'}")

@@ -197,6 +197,34 @@ def _failed(output: Output, what: str) -> TrialFailure:
     )
 
 
+def compile_command(
+    program: MaxTextProgram,
+    settings: MaxTextSettings,
+    work: Path,
+    overrides: tuple[str, ...] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """MaxText train_compile's arguments and environment for a trial's settings, on this CPU
+    host: its output under `work/out`, XLA's dump of the step under `work/hlo`. `overrides`
+    (MaxText `key=value` settings) replace the trial's own of the same key."""
+    env = {
+        "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
+        "JAX_PLATFORMS": "cpu",
+        "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # concurrent compile trials share libtpu
+        "XLA_FLAGS": f"--xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re=jit_train_step",
+    }
+    replaced = {o.split("=", 1)[0] for o in overrides}
+    own = [a for a in settings.argv() if a.split("=", 1)[0] not in replaced]
+    argv = [
+        base_config(program), "run_name=sweeper", f"base_output_directory={work / 'out'}",
+        *own, *overrides,
+        # tokamax's TPU kernels check the default device (this host's CPU) unless told the
+        # program is lowered for another machine: its absl flag, read by MaxText's app.run.
+        "--tokamax_cross_compile",
+    ]  # fmt: skip
+    return argv, env
+
+
 def compile_trial(
     config: TrialConfig,
     program: MaxTextProgram,
@@ -227,19 +255,7 @@ def compile_trial(
         settings = program_settings(config, program, knobs, Backend.TPU)
     work = Path(tempfile.mkdtemp(prefix="sweeper-maxtext-"))
     try:
-        env = {
-            "LIBTPU_INIT_ARGS": " ".join(settings.libtpu_init_args),
-            "JAX_PLATFORMS": "cpu",
-            "TPU_WORKER_HOSTNAMES": "localhost",  # no TPU host here: libtpu asks for one
-            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # concurrent compile trials share libtpu
-            "XLA_FLAGS": f"--xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re=jit_train_step",
-        }
-        argv = [
-            base, "run_name=sweeper", f"base_output_directory={work / 'out'}", *settings.argv(),
-            # tokamax's TPU kernels check the default device (this host's CPU) unless told the
-            # program is lowered for another machine: its absl flag, read by MaxText's app.run.
-            "--tokamax_cross_compile",
-        ]  # fmt: skip
+        argv, env = compile_command(program, settings, work)
         started = time.time()
         output = run_maxtext(python, TRAIN_COMPILE, argv, env, lambda _: None)
         if output.returncode:
