@@ -61,8 +61,7 @@ def test_estimate_only_needs_no_compiler_and_says_so(tmp_path):
     )
     # 70B of f32 state over 128 devices: about 8.75 GiB of parameters+optimizer+gradients each.
     state = sum(
-        summary["est_memory_per_device"][k]
-        for k in ("params_f32", "optimizer_state", "gradients_f32")
+        summary["est_memory_per_device"][k] for k in ("params_f32", "optimizer_state", "gradients")
     )
     assert state / 2**30 == pytest.approx(70.6e9 * 16 / 128 / 2**30, rel=0.05)
     code, events, _ = run_trainer(

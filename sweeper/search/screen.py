@@ -20,6 +20,7 @@ from sweeper.space.schema import Space
 from trainer.estimate.analytic import estimate
 from trainer.trial.config import ConfigError
 from trainer.trial.hardware import GIB, Topology
+from trainer.trial.maxtext import grad_bytes
 
 # Verdicts of a screened point, and how a count of them reads.
 FITS, OVER_HBM, INVALID = "fits", "over_hbm", "invalid"
@@ -101,8 +102,10 @@ def _judge(
     ours = {k: v for k, v in point.items() if k not in maxtext_knobs(point)}
     try:
         config = static_check(space, ours, topology.devices)
-        est = estimate(config, topology.accelerator, topology.devices,
-                       maxtext=space.program == "maxtext")  # fmt: skip
+        maxtext = space.program == "maxtext"
+        grads = grad_bytes(space.maxtext_program(), point) if maxtext else 4
+        est = estimate(config, topology.accelerator, topology.devices, maxtext=maxtext,
+                       grad_bytes=grads)  # fmt: skip
     except ConfigError as exc:
         row.update(verdict=INVALID, why=f"{exc.field}: {exc.message}")
         return row

@@ -188,9 +188,10 @@ def _placed(config: TrialConfig) -> dict[str, tuple[str, ...]]:
 
 
 def memory_per_device(
-    config: TrialConfig, degrees: dict[str, int], global_batch: int
+    config: TrialConfig, degrees: dict[str, int], global_batch: int, grad_bytes: int = F32
 ) -> dict[str, float]:
-    """Bytes per device at the step's peak: parameters, optimizer state and gradients; the
+    """Bytes per device at the step's peak: parameters, optimizer state and gradients (at
+    `grad_bytes` each: MaxText keeps them in its `grad_dtype`, our trainer in float32); the
     activations each layer keeps on device for the backward (per tensor, as the remat policy
     or its custom placements place them; offloaded ones are host bytes); and the working set
     of one layer's backward or of the loss, whichever is larger."""
@@ -240,7 +241,7 @@ def memory_per_device(
     memory = {
         "params_f32": params * F32,
         "optimizer_state": params * (mu_bytes + F32),
-        "gradients_f32": params * F32,
+        "gradients": params * grad_bytes,
         "activations": saved,
         "working_set": working,
     }
@@ -496,7 +497,7 @@ def _terms(
     compute = layer / layer_rate + expert_s + logits / (peak * mxu) + attention_s
     layer_bytes = m.num_layers * sum(layer_tensor_bytes(config, degrees, tokens_local).values())
     passes = 2 + sum(again[k] for k in ("qkv", "out", "wi")) / 3
-    update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients_f32"]) / hbm
+    update = 2 * (mem["params_f32"] + mem["optimizer_state"] + mem["gradients"]) / hbm
     shard = degrees["fsdp"] * context * degrees["expert"]
     layer_params = (parameter_count(config) - 2 * m.vocab_size * m.d_model) / m.num_layers
     edge = (
@@ -669,6 +670,7 @@ def estimate(
     num_devices: int,
     memory_bytes: float | None = None,
     maxtext: bool = False,
+    grad_bytes: int = F32,
 ) -> dict[str, Any]:
     """Step estimate on `num_devices` devices of `accel` (fidelity: estimate).
 
@@ -682,7 +684,8 @@ def estimate(
 
     `maxtext`: the trial is MaxText's program of the config's shape and settings, which
     differs from our trainer's where MaxText builds a kernel otherwise (its unquantized
-    tokamax grouped matmul with tokamax's own tiles on TPU7x: `expert_tiles`).
+    tokamax grouped matmul with tokamax's own tiles on TPU7x: `expert_tiles`); `grad_bytes`:
+    what it keeps each gradient in (`memory_per_device`).
     """
     degrees = check_static(config, num_devices)
     global_batch = global_batch_size(config, num_devices)
@@ -693,7 +696,7 @@ def estimate(
     recompute = (kinds["layer_matmul"] + kinds["attention"]) / 3 * share
     precision = config.precision.peak
     peak = accel.peak_of(precision) * 1e12
-    mem = memory_per_device(config, degrees, global_batch)
+    mem = memory_per_device(config, degrees, global_batch, grad_bytes)
     comm = communication_bytes_per_device(config, degrees, global_batch)
     step = _step(_terms(config, accel, num_devices, global_batch, degrees, mem, comm, maxtext),
                  accel, mem, comm)  # fmt: skip

@@ -218,6 +218,18 @@ class MaxTextSettings:
         return [f"{key}={value}" for key, value in self.args.items()]
 
 
+def grad_bytes(program: MaxTextProgram, knobs: dict[str, Any]) -> int:
+    """Bytes a MaxText trial keeps each gradient in: its `grad_dtype` (the point's
+    `maxtext.grad_dtype`, else the space's `maxtext.extra`, else the imported recipe's, else
+    MaxText's float32). MaxText casts the float32 gradients to it after the backward, and its
+    compiled program then accumulates them so: deepseek3-671b's recipe (grad_dtype bfloat16)
+    holds bfloat16 accumulators at its peak (docs/facts.md). Our trainer keeps float32."""
+    recipe = program.recipe.settings if program.recipe is not None else {}
+    dtype = knobs.get(f"{KNOB_PREFIX}grad_dtype", program.extra.get("grad_dtype"))
+    dtype = str(dtype if dtype is not None else recipe.get("grad_dtype", "float32"))
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
 def program_settings(
     config: TrialConfig,
     program: MaxTextProgram,
