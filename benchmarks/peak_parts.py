@@ -8,11 +8,12 @@ breakdown). Fidelity compile, TPU7x: the compiler's account of its own program.
 PATH is a kept file under tests/data/tpu_recipes (as `benchmarks.recipe_rows compile` takes
 it). `--set` replaces one of the recipe's MaxText settings (a smaller program of the same
 layer: `--set base_num_decoder_layers=5 --set override_model_config=True --set
-compile_topology=tpu7x-128`); `--flag` adds a libtpu flag (`--flag=--xla_tpu_max_hbm_size_mib=N`:
-the compiler plans for N MiB a device, which it acts on: a program that needs more is
-refused with the HBM it was offered). Prints the compiler's memory per device, then the peak's
-largest parts; where the peak lies inside a loop (the scanned layers), that loop's parts
-too. A part is named by the operation that made it (its JAX source path, shortened).
+compile_topology=tpu7x-128`); `--flag` adds a libtpu flag
+(`--flag=--xla_tpu_max_hbm_size_mib=N`: the compiler plans for N MiB a device, which it acts
+on: a program that needs more is refused with the HBM it was offered). Prints the compiler's
+memory per device, then the peak's largest parts; where the peak lies inside a loop (the
+scanned layers), that loop's parts too. A part is named by the operation that made it (its
+JAX source path, shortened).
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ def short(name: str, width: int = 60) -> str:
 
 def _print(title: str, parts: list[Part], top: int) -> None:
     print(title)
-    for part in sorted(parts, key=lambda p: -p.bytes)[:top]:
+    ranked = sorted(parts, key=lambda p: -p.bytes)
+    for part in ranked[:top]:
         print(f"  {part.bytes / GB:7.2f}  {short(part.name, 68)}")
-    rest = sorted(parts, key=lambda p: -p.bytes)[top:]
+    rest = ranked[top:]
     if rest:
         print(f"  {sum(p.bytes for p in rest) / GB:7.2f}  {len(rest)} smaller parts")
 

@@ -17,7 +17,7 @@ from sweeper.record.row import knob_column, knob_columns
 from sweeper.space.checks import static_check
 from sweeper.space.points import count_points, maxtext_knobs, points, sample_points
 from sweeper.space.schema import Space
-from trainer.estimate.analytic import estimate
+from trainer.estimate.analytic import F32, estimate
 from trainer.trial.config import ConfigError
 from trainer.trial.hardware import GIB, Topology
 from trainer.trial.maxtext import grad_bytes
@@ -103,7 +103,7 @@ def _judge(
     try:
         config = static_check(space, ours, topology.devices)
         maxtext = space.program == "maxtext"
-        grads = grad_bytes(space.maxtext_program(), point) if maxtext else 4
+        grads = grad_bytes(space.maxtext_program(), point) if maxtext else F32
         est = estimate(config, topology.accelerator, topology.devices, maxtext=maxtext,
                        grad_bytes=grads)  # fmt: skip
     except ConfigError as exc:
