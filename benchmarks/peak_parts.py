@@ -118,9 +118,12 @@ def compile_dump(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a kept file under tests/data/tpu_recipes")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="in place of the recipe's own MaxText setting of KEY",
+    )  # fmt: skip
     parser.add_argument(
         "--flag",
         action="append",
