@@ -66,11 +66,17 @@ def peak_parts(live_range: str) -> tuple[int, list[Part]]:
 def loop_parts(parts: list[Part]) -> tuple[str, list[Part]] | None:
     """The largest loop among the peak's parts and its body's parts (a `while` holds one
     child, its body computation), or None where no loop is live at the peak."""
-    loops = [p for p in parts if p.name.startswith("while") and len(p.parts) == 1]
+    loops = [p for p in parts if _is_loop(p.name) and len(p.parts) == 1]
     if not loops:
         return None
     loop = max(loops, key=lambda p: p.bytes)
     return loop.name, loop.parts[0].parts
+
+
+def _is_loop(name: str) -> bool:
+    """A while loop's name: bare (`while.437`, MaxText's scan) or its JAX source path's last
+    step (`jit(train_step)/transpose(jvp(Transformer))/while`, our trainer's)."""
+    return re.fullmatch(r"while(\.\d+)?", name.rsplit("/", 1)[-1]) is not None
 
 
 def short(name: str, width: int = 60) -> str:

@@ -449,6 +449,18 @@ def test_a_compiled_peak_is_read_by_part_and_inside_the_layer_loop(tmp_path):
     )
     assert not any(p.name.startswith("async_computation") for p in body)
 
+    # Our trainer's programs name the loop by its source path; its body is read the same way
+    # (the small-MoE table's tensor-2 point: the peak is a layer's backward, the grouped
+    # matmul's transposed output its largest part); a loop's outputs are not loops.
+    ours = (
+        Path(__file__).parent / "data/live_range/search_table_moe_t2_b8_full_peak.txt"
+    ).read_text()
+    _, parts = peak_parts(ours)
+    loop, body = loop_parts(parts)  # type: ignore[misc]
+    assert loop == "jit(train_step)/transpose(jvp(Transformer))/while"
+    assert "gmm_transpose_rhs" in max(body, key=lambda p: p.bytes).name
+    assert loop_parts([p for p in parts if p.name != loop]) is None  # `while{3}`: an output
+
     settings = MaxTextSettings({"model_name": "deepseek3-671b", "steps": "30"}, [])
     program = MaxTextProgram(base_config=str(tmp_path / "base.yml"))
     argv, env = compile_command(program, settings, tmp_path, ("steps=2",))
