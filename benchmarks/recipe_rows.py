@@ -282,7 +282,6 @@ def compare_today() -> Any:
     """Today's estimate of each published row (every kept file predicted again) beside the
     frozen one: what the model's mends since the freeze changed, all of it seen (the table
     was in the repository before them)."""
-
     table = published()
     frozen = [r for r in _read(PREDICTIONS) if r["status"] != "refused"]
     families = _families(frozen)

@@ -120,17 +120,17 @@ def freeze(space_name: str, sweep_dir: Path | None) -> Path:
     """Every point's predictions, written before the chip measures any: the estimate's, and
     compile fidelity's from `sweep_dir` (None: the estimate's alone, compile_status not_run)."""
     est = estimates(space_name)
-    comp = compiled(sweep_dir) if sweep_dir is not None else {}
-    source = (
-        f"compile fidelity from sweep {json.loads((sweep_dir / 'sweep.json').read_text())['sweep_id']}"
-        if sweep_dir is not None
-        else "no compile fidelity (the estimate alone)"
-    )
+    if sweep_dir is None:
+        comp: dict[str, dict[str, Any]] = {}
+        source, absent, missing = "no compile fidelity (the estimate alone)", "not_run", []
+    else:
+        comp = compiled(sweep_dir)
+        sweep_id = json.loads((sweep_dir / "sweep.json").read_text())["sweep_id"]
+        source, absent = f"compile fidelity from sweep {sweep_id}", "missing"
+        missing = sorted(set(est) - set(comp))
     path = DATA / f"{space_name}_predictions.csv"
     fields = ["key", "est_tokens_per_sec_per_chip", "est_hbm_gib", "est_verdict",
               "compile_status", "compile_est_tokens_per_sec_per_chip", "compile_hbm_gib"]  # fmt: skip
-    missing = sorted(set(est) - set(comp)) if sweep_dir is not None else []
-    absent = "missing" if sweep_dir is not None else "not_run"
     with path.open("w", newline="") as f:
         f.write(f"# {space_name}: every point predicted for {TARGET} before the chip measured it. "
                 f"Model at commit {_commit()} (plus the working tree this file was written "
