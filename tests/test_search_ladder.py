@@ -79,6 +79,27 @@ def test_the_verify_rung_takes_the_best_that_fit_and_the_fast_ones_near_the_memo
     assert list(frame["compiled_for"]) == [BY_RANK, BY_RANK, "", BY_EDGE, "", ""]
 
 
+def test_the_memory_edge_defaults_to_the_estimates_measured_error_for_the_models_kind():
+    """Unset, the edge is the estimate's memory error measured for the model's kind (EDGE):
+    a mixture-of-experts space compiles a fast point the estimate puts 20% over its memory
+    limit (the estimate reads MoE memory up to 32% high), a dense space does not; a space's
+    own edge stands for either."""
+    rows = [(FITS, 100, 5), (FITS, 90, 9), (OVER_HBM, 120, 12), (OVER_HBM, 130, 14)]
+    budget = {"constraints": {"max_memory_per_device_gib": 10}}
+    chosen = {}
+    for name, model, ladder in (
+        ("dense", "tiny-dense", {"verify": 2}),
+        ("moe", "tiny-moe", {"verify": 2}),
+        ("moe, edge set", "tiny-moe", {"verify": 2, "edge": 0.1}),
+    ):
+        space = load_space({**LADDER, **budget, "model": {"preset": model},
+                            "search": {"ladder": ladder}})  # fmt: skip
+        chosen[name] = list(choose(_screened(rows), space)["compiled_for"])
+    assert chosen["dense"] == [BY_RANK, BY_RANK, "", ""]
+    assert chosen["moe"] == [BY_RANK, BY_RANK, BY_EDGE, ""]  # +40%: beyond even the MoE edge
+    assert chosen["moe, edge set"] == chosen["dense"]
+
+
 def test_what_the_screen_cannot_tell_apart_the_verify_rung_explores_with_tpe():
     """The screen cannot tell scoped VMEM limits apart (no estimated figure changes): the
     verify rung compiles the screen's picks, then TPE trials over the VMEM values, the knobs

@@ -42,6 +42,7 @@ def validate(
     set_: SetOpt = None,
 ) -> None:
     """Check a space (schema, knob values, sampler, fidelity) and count its points."""
+    from sweeper.search.ladder import edge
     from sweeper.space.checks import check_space
 
     try:
@@ -81,7 +82,7 @@ def validate(
     ladder = pinned.search.ladder
     what = (
         f"ladder: screen {ladder.screen or 'every point'} by the estimate, compile the best "
-        f"{ladder.verify} (and fast ones within {ladder.edge:.0%} of the memory limit), "
+        f"{ladder.verify} (and fast ones within {edge(pinned):.0%} of the memory limit), "
         f"write the best {ladder.run} as a run rung"
         if ladder
         else f"{counted(pinned.search.trials, 'trial')} with {pinned.search.sampler}"

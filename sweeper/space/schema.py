@@ -167,10 +167,11 @@ class Ladder(Frozen):
     """points screened (drawn at random with search.seed; default every point of the space)."""
     verify: int = Field(default=8, gt=0, le=MAX_TRIALS)
     """the best screened points that fit, compiled for the target (the verify rung's trials)."""
-    edge: float = Field(default=0.1, ge=0, le=1)
+    edge: float | None = Field(default=None, ge=0, le=1)
     """also compile a point the screen judged within this fraction of the HBM limit (either
     side) when its est. tokens/s would place it among the `verify` best: the estimate's memory
-    error could flip its verdict."""
+    error could flip its verdict (default: that error as measured for the space's model,
+    0.1 dense, 0.35 mixture-of-experts; docs/search.md)."""
     run: int = Field(default=0, ge=0, le=MAX_TRIALS)
     """the best compiled points run on the target's slices (a run-fidelity sweep of them)."""
 
