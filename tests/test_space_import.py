@@ -220,6 +220,10 @@ def test_every_knob_holds_the_commands_value_first(tmp_path):
         if "when" not in knob:
             assert start[key] == knob["values"][0], key
     assert start["kernels.q_layout"] == "seq_minor" and start["per_device_batch"] == 2
+    # A tensor the recipe places may be moved; its layer input only on or off the device (the
+    # checkpoint's input stays on device placed `remat`: the same program as `device`).
+    assert data["knobs"]["remat.custom.context"]["values"] == ["device", "offload", "remat"]
+    assert data["knobs"]["remat.custom.decoder_layer_input"]["values"] == ["device", "offload"]
 
 
 def test_an_unknown_setting_is_refused_by_name_and_nothing_is_written(tmp_path):

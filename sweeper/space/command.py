@@ -599,7 +599,14 @@ def knobs_around(
     vary("per_device_batch", int(batch) if float(batch).is_integer() else batch, doubled)
     if config.remat.policy == "custom":
         for tensor, place in config.remat.custom.items():
-            vary(f"remat.custom.{tensor}", place, ["device", "offload", "remat"])
+            # the layer's input stays on device placed `remat` (the checkpoint's input): a
+            # trial there would compile `device` again (trainer.estimate.analytic._placed)
+            places = (
+                ["device", "offload"]
+                if tensor == "decoder_layer_input"
+                else ["device", "offload", "remat"]
+            )
+            vary(f"remat.custom.{tensor}", place, places)
     else:
         vary("remat.policy", config.remat.policy, ["full", "save_dot_except_mlp", "minimal"])
     precision = config.precision
