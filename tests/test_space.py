@@ -204,6 +204,31 @@ def test_pinning_follows_the_backend_trials_run_on(tmp_path):
     assert on_cpu.knobs["remat.custom.context"].values == ["device", "remat"]
 
 
+def test_a_layer_input_placed_remat_is_its_device_twin_on_every_backend(tmp_path):
+    """The layer's input is its checkpoint's input, kept on device placed `remat` (compiled:
+    tests/test_compile_memory.py): a trial there would compile `device` again, on a TPU too,
+    so `remat` is pinned to `device`, a warm start's with it; where host offload is dropped,
+    `offload` is `device` too."""
+    text = GOOD.replace("trial: {seq_len: 64, steps: 4, backend: cpu}", "trial: {seq_len: 64}")
+    text += (
+        "  remat.custom.decoder_layer_input:\n"
+        "    values: [remat, device, offload]\n"
+        "    when: {remat.policy: custom}\n"
+        "search:\n"
+        "  warm_start:\n"
+        "  - {remat.policy: custom, remat.custom.decoder_layer_input: remat}\n"
+    )
+    space = load_space(_write(tmp_path, text))
+    on_tpu, notes = pin_inert(space, "tpu")
+    knob = "remat.custom.decoder_layer_input"
+    assert on_tpu.knobs[knob].values == ["device", "offload"]
+    assert on_tpu.search.warm_start[0][knob] == "device"
+    assert len(notes) == 1 and "same program as 'device'" in notes[0]
+    on_cpu, _ = pin_inert(space, "cpu")
+    assert on_cpu.knobs[knob].values == ["device"]
+    assert on_cpu.knobs["remat.custom.context"].values == ["device", "remat"]
+
+
 @pytest.mark.parametrize(
     "path", sorted(p.name for p in resolve_path("smoke").parent.glob("*.yaml"))
 )

@@ -98,15 +98,39 @@ def pin_inert(space: Space, backend: Backend | None = None) -> tuple[Space, list
     """The space with values that are inert (or only emulated) on the backend its trials run
     on removed, and a note for each. TPU trials keep every value."""
     backend = backend or space.default_backend
+    space, notes = _boundary_twin(space)
     if backend == Backend.TPU:
-        return space, []
-    notes, knobs = [], dict(space.knobs)
+        return space, notes
+    knobs = dict(space.knobs)
     for key in sorted(space.knobs, key=lambda k: k != "remat.policy"):  # its note first
         pinned = _pinned(space, key, space.knobs[key], backend)
         if pinned is not None:
             knobs[key], note = pinned
             notes.append(note)
     return space.model_copy(update={"knobs": knobs}), notes
+
+
+BOUNDARY = "remat.custom.decoder_layer_input"
+
+
+def _boundary_twin(space: Space) -> tuple[Space, list[str]]:
+    """The layer's input placed `remat` is the same program as placed `device` on every
+    backend: it is the layer checkpoint's input, which nothing recomputes (compiled for TPU7x:
+    trainer.estimate.analytic._placed). Its `remat` value, and a warm start's, become
+    `device`."""
+    knob = space.knobs.get(BOUNDARY)
+    if knob is None or not knob.values or "remat" not in knob.values:
+        return space, []
+    starts = [
+        {**p, BOUNDARY: "device"} if p.get(BOUNDARY) == "remat" else p
+        for p in space.search.warm_start
+    ]
+    search = space.search.model_copy(update={"warm_start": starts})
+    knobs = {**space.knobs, BOUNDARY: _drop(knob, {"remat"}, {"remat": "device"})}
+    return space.model_copy(update={"knobs": knobs, "search": search}), [
+        f"{BOUNDARY}: 'remat' is the same program as 'device' (the layer's input is its "
+        "checkpoint's input, kept on device); not sampled"
+    ]
 
 
 def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob, str] | None:
@@ -132,8 +156,9 @@ def _pinned(space: Space, key: str, knob: Knob, backend: Backend) -> tuple[Knob,
         and "offload" in knob.values
         and backend in NO_HOST_OFFLOAD
     ):
-        return _drop(knob, {"offload"}, {"offload": "remat"}), (
-            f"{key}: 'offload' is inert on {backend} (same program as 'remat'); not sampled"
+        twin = "device" if key == BOUNDARY else "remat"  # the layer input stays on device
+        return _drop(knob, {"offload"}, {"offload": twin}), (
+            f"{key}: 'offload' is inert on {backend} (same program as '{twin}'); not sampled"
         )
     if key in KERNEL_CHOICES and knob.values:
         twins = _kernel_twins(key, knob.values, backend)
