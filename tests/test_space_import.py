@@ -17,7 +17,7 @@ from sweeper.space.command import read_command, translate
 from sweeper.space.load import load_space
 from sweeper.space.points import maxtext_knobs
 from trainer.trial.config import ConfigError
-from trainer.trial.hardware import Backend, Topology
+from trainer.trial.hardware import GIB, Backend, Topology
 from trainer.trial.maxtext import program_settings, to_maxtext
 
 RECIPES = Path(__file__).parent / "data" / "tpu_recipes"
@@ -567,7 +567,6 @@ def test_a_maxtext_trials_gradients_are_estimated_in_its_grad_dtype(tmp_path):
     0 counts two bytes a gradient, four where the point sets maxtext.grad_dtype float32."""
     from sweeper.search.screen import judge
     from trainer.estimate.analytic import parameter_count
-    from trainer.trial.hardware import GIB
     from trainer.trial.maxtext import grad_bytes
 
     path = f"{IRONWOOD}deepseek3-671b/4k-bf16-tpu7x-4x4x8/xpk/run_recipe.sh"
@@ -581,3 +580,58 @@ def test_a_maxtext_trials_gradients_are_estimated_in_its_grad_dtype(tmp_path):
     in_f32 = judge(space, {**point, "maxtext.grad_dtype": "float32"})["est_hbm_per_device_gib"]
     params = parameter_count(static_check(space, point)) / space.num_devices
     assert in_f32 - as_published == pytest.approx(params * 2 / GIB, rel=1e-6)
+
+
+def _compiled_recipes() -> list[str]:
+    from benchmarks.recipe_rows import COMPILES, _read
+
+    return sorted({r["path"] for r in _read(COMPILES) if r["status"] == "ok"})
+
+
+# deepseek-v3's MoE layer: the estimate's one-layer term over-counts it (docs/calibration.md,
+# "Where deepseek-v3's memory reading goes wrong"); its floor reads 108-112 GiB a device where
+# MaxText's program compiles to 84-91.
+_DEEPSEEK_OVER = pytest.mark.xfail(
+    strict=True, reason="deepseek-v3: the estimate's MoE layer over-counts its live set"
+)
+
+
+_COMPILED = [
+    pytest.param(p, marks=_DEEPSEEK_OVER) if "deepseek" in p else p for p in _compiled_recipes()
+]
+
+
+@pytest.mark.parametrize("path", _COMPILED)
+def test_each_recipe_maxtext_compiled_for_tpu7x_fits_by_the_estimate(path):
+    """Every kept recipe whose trial 0 MaxText 0.2.5 compiled for its TPU7x topology
+    (benchmarks/data/recipe_compiles.csv, status ok) is judged to fit by the screen: a fit is
+    judged by the step's floor, what libtpu compiles it in where the device has no more room
+    (an MoE layer's routed rows three buffers, not the 4.19 it keeps with room:
+    benchmarks/data/floor_predictions.csv). gpt-oss-120b's recipe takes 94.96 GiB by the
+    estimate with room and compiles to 92.88 of 94.75: it fits by its floor, and is expected
+    to take all the device offers."""
+    from benchmarks.recipe_rows import imported
+    from sweeper.search.screen import FITS, judge, memory_limit_gib
+
+    space = imported(path)[1]
+    judged = judge(space, space.search.warm_start[0])
+    assert judged["verdict"] == FITS, judged["why"]
+    assert judged["est_hbm_per_device_gib"] <= memory_limit_gib(space)
+
+
+def test_a_step_is_packed_into_the_device_not_into_a_spaces_tighter_budget():
+    """A space's max_memory_per_device_gib is checked against what the compile took, which
+    libtpu plans for the whole device: gpt-oss-120b's recipe (94.96 GiB with room, its floor
+    under the 94.75 a device offers) is expected to take all the device offers, so it fits the
+    device and is over a budget of 94.5 GiB."""
+    from benchmarks.recipe_rows import imported
+    from sweeper.search.screen import FITS, OVER_HBM, judge
+
+    space = imported(f"{IRONWOOD}gpt-oss-120b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh")[1]
+    point = space.search.warm_start[0]
+    device = space.target.tpu.accelerator.usable_hbm_per_device / GIB
+    alone = judge(space, point)
+    assert alone["verdict"] == FITS and alone["est_hbm_per_device_gib"] == device
+    budget = space.constraints.model_copy(update={"max_memory_per_device_gib": 94.5})
+    tight = judge(space.model_copy(update={"constraints": budget}), point)
+    assert tight["verdict"] == OVER_HBM and tight["est_hbm_per_device_gib"] == device > 94.5

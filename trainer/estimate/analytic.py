@@ -123,6 +123,11 @@ ROUTED_COPIES: float = 4.19
 # FP8 with the MLP sharded over `tensor`: quantized copies of the MLP's up-projections kept
 # beside the bf16 ones (at tensor 1 the compiles show none).
 FP8_MLP_COPIES: float = 2.0
+# What libtpu gives back when a device has no room for more (compiled told a device offers
+# less: --xla_tpu_max_hbm_size_mib): an MoE layer's routed rows, of which its layers' loop
+# then holds three buffers, not ROUTED_COPIES: deepseek-v3's MaxText recipe at its floor,
+# qwen3-235b's offered 70 GiB (seven with 14 GiB free). The step's floor, `memory_per_device`.
+ROUTED_FLOOR_COPIES: float = 3.0
 
 
 def layer_tensor_bytes(
@@ -198,7 +203,9 @@ def memory_per_device(
     `grad_bytes` each: MaxText keeps them in its `grad_dtype`, our trainer in float32); the
     activations each layer keeps on device for the backward (per tensor, as the remat policy
     or its custom placements place them; offloaded ones are host bytes); and the working set
-    of one layer's backward or of the loss, whichever is larger."""
+    of one layer's backward or of the loss, whichever is larger. `total` is what the step
+    takes with room (the constants are fitted on such compiles); `floor`, what it compiles
+    in where the device has no more (ROUTED_FLOOR_COPIES), the figure a fit is judged by."""
     m = config.model
     shards = degrees["fsdp"] * degrees["context"] * degrees["expert"] * degrees["tensor"]
     params = parameter_count(config) / shards
@@ -241,6 +248,7 @@ def memory_per_device(
         + logits * vocab_whole
     )
     working = max(layer, loss)
+    pressed = max(layer - max(ROUTED_COPIES - ROUTED_FLOOR_COPIES, 0.0) * routed, loss)
     mu_bytes = BF16 if config.mu_dtype == "bfloat16" else F32
     memory = {
         "params_f32": params * F32,
@@ -250,6 +258,7 @@ def memory_per_device(
         "working_set": working,
     }
     memory["total"] = sum(memory.values())
+    memory["floor"] = memory["total"] - working + pressed
     memory["host_activations"] = host  # pinned host memory, not in the device total
     return memory
 
@@ -706,7 +715,7 @@ def estimate(
                  accel, mem, comm)  # fmt: skip
     times = step.times
     tokens = global_batch * config.seq_len
-    used = memory_bytes if memory_bytes is not None else mem["total"]
+    used = memory_bytes if memory_bytes is not None else mem["floor"]
     return {
         "fidelity": "estimate",
         "hardware": accel.name,
