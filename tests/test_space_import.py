@@ -589,7 +589,7 @@ def _compiled_recipes() -> list[str]:
 
 
 # deepseek-v3's MoE layer: the estimate's one-layer term over-counts it (docs/calibration.md,
-# "Where deepseek-v3's memory reading goes wrong"); its floor reads 108-112 GiB a device where
+# "Where deepseek-v3's memory reading goes wrong"); its floor reads 96-112 GiB a device where
 # MaxText's program compiles to 84-91.
 _DEEPSEEK_OVER = pytest.mark.xfail(
     strict=True, reason="deepseek-v3: the estimate's MoE layer over-counts its live set"
