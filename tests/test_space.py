@@ -8,6 +8,8 @@ import textwrap
 
 import optuna
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optuna.distributions import IntDistribution
 
 from sweeper.search.distributions import DefineByRun, from_distribution, to_distribution
@@ -15,7 +17,7 @@ from sweeper.search.outcomes import constraint_vector, outcome
 from sweeper.space.errors import SpaceError
 from sweeper.space.inert import pin_inert
 from sweeper.space.load import load_space, resolve_path
-from sweeper.space.points import assemble, count_points
+from sweeper.space.points import assemble, count_points, in_words, points
 from sweeper.space.schema import Knob
 from tests.helpers import unfolded
 
@@ -99,6 +101,27 @@ def test_count_points_respects_conditions_and_inclusive_int_bounds(tmp_path):
     space = load_space(_write(tmp_path, GOOD))
     # tensor(2) x [full + custom x context(2)] x batch(1..3 inclusive = 3)
     assert count_points(space) == 2 * (1 + 2) * 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_count_points_counts_what_walking_every_point_finds(tmp_path_factory, data):
+    """The count is made without walking the points (a recipe's space holds millions): on
+    spaces whose knobs are conditioned on earlier ones, it is the number of distinct points
+    that walking them all finds."""
+    base = load_space(_write(tmp_path_factory.mktemp("space"), GOOD))
+    knobs: dict[str, Knob] = {}
+    for i in range(data.draw(st.integers(1, 6))):
+        values = list(range(data.draw(st.integers(1, 3))))
+        when = {}
+        if knobs and data.draw(st.booleans()):
+            on = data.draw(st.sampled_from(sorted(knobs)))
+            given = knobs[on].values or [0]
+            when = {on: data.draw(st.sampled_from([given[0], given[:2]]))}
+        knobs[f"k{i}"] = Knob(values=values, when=when)
+    space = base.model_copy(update={"knobs": knobs})
+    walked = {in_words(p) for p in points(space, limit=10**6)}
+    assert count_points(space) == len(walked)
 
 
 @pytest.mark.parametrize(

@@ -159,19 +159,32 @@ def sample_points(space: Space, n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def count_points(space: Space) -> int | None:
-    """Distinct points (conditional knobs counted only where active); None if continuous."""
+    """Distinct points (conditional knobs counted only where active); None if continuous.
+    Counted, not enumerated: the points below knob i depend only on the values of the knobs
+    that later conditions name, so each such prefix is counted once (an imported recipe's
+    space of 1.9 million points in milliseconds, where walking them took seconds)."""
     keys = list(space.knobs)
+    # The knobs named by the conditions of knob i or a later one, for each i.
+    named: list[tuple[str, ...]] = [()] * (len(keys) + 1)
+    for i in reversed(range(len(keys))):
+        named[i] = tuple(sorted({*named[i + 1], *space.knobs[keys[i]].when}))
+    counts: dict[tuple[int, str], int] = {}
 
     def walk(i: int, point: dict[str, Any]) -> int:
         if i == len(keys):
             return 1
+        memo = (i, repr([point.get(k) for k in named[i]]))
+        if memo in counts:
+            return counts[memo]
         knob = space.knobs[keys[i]]
         if not active(knob, point):
-            return walk(i + 1, point)
+            counts[memo] = walk(i + 1, point)
+            return counts[memo]
         values = knob.candidates()
         if values is None:
             raise OverflowError
-        return sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
+        counts[memo] = sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
+        return counts[memo]
 
     try:
         return walk(0, {})
