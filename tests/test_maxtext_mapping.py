@@ -343,3 +343,18 @@ def test_the_parity_table_sets_each_compile_against_maxtexts_in_80_columns():
     console = Console(width=80, record=True)
     console.print(table)
     assert max(len(line) for line in console.export_text().splitlines()) <= 80
+
+
+def test_a_boolean_flag_is_read_as_libtpu_reads_it_the_last_setting_counting():
+    """Recipes write a boolean flag `=true`, `=True` or `=ENABLED`, or bare; libtpu reads the
+    last setting (a compile with the layer scheduler set true, then false, kept what it keeps
+    without it: benchmarks/data/floor_predictions.csv)."""
+    from trainer.trial.flags import LAYER_SCHEDULER, flag_on
+
+    for on in ("", "=true", "=True", "=ENABLED", "=1"):
+        assert flag_on([f"{LAYER_SCHEDULER}{on}"], LAYER_SCHEDULER), on
+    for off in ("=false", "=DISABLED", "=0"):
+        assert not flag_on([f"{LAYER_SCHEDULER}{off}"], LAYER_SCHEDULER), off
+    assert not flag_on([f"{LAYER_SCHEDULER}=true", f"{LAYER_SCHEDULER}=false"], LAYER_SCHEDULER)
+    assert flag_on([f"{LAYER_SCHEDULER}=false", LAYER_SCHEDULER], LAYER_SCHEDULER)
+    assert not flag_on([f"{LAYER_SCHEDULER}_x=true", "--xla_other=true"], LAYER_SCHEDULER)

@@ -13,6 +13,7 @@ from typing import Any
 from trainer.trial.capacity import receive_buffer_groups
 from trainer.trial.checks import check_static, global_batch_size
 from trainer.trial.config import GMM_PASSES, TrialConfig
+from trainer.trial.flags import LAYER_SCHEDULER, flag_on
 from trainer.trial.flops import training_flops_by_kind
 from trainer.trial.hardware import Accelerator, Backend
 from trainer.trial.mxu import (
@@ -235,6 +236,9 @@ def memory_per_device(
     # gathered bf16 unembedding twice (the forward's and the gradient matmul's copy); the
     # final norm's output and its gradient.
     vocab_whole = degrees["tensor"] == 1
+    # The logits are kept beside the layers' backward where the vocabulary is whole, unless
+    # libtpu's layer scheduler runs the unembedding's weight gradient first (flags.py).
+    logits_beside = vocab_whole and not flag_on(config.xla.libtpu_init_args(), LAYER_SCHEDULER)
     logits = tokens_local * m.vocab_size / degrees["tensor"] * BF16 / config.vocab_tiling
     unembedding = m.vocab_size * m.d_model / degrees["tensor"] * BF16
     loss = logits * (2 if vocab_whole else 1) + 2 * unembedding + 2 * residual
@@ -245,7 +249,8 @@ def memory_per_device(
         + FP8_MLP_COPIES * sizes[Tensor.MLPWI_0.value] * fp8
         # the logits, kept until the unembedding's weight gradient, which libtpu runs beside
         # the layers' backward when the vocabulary is whole (qwen3's 18.5 GiB stay live there)
-        + logits * vocab_whole
+        # and its layer scheduler is off
+        + logits * logits_beside
     )
     working = max(layer, loss)
     pressed = max(layer - max(ROUTED_COPIES - ROUTED_FLOOR_COPIES, 0.0) * routed, loss)

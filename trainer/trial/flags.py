@@ -49,6 +49,27 @@ ASYNC_FUSION = (
     "--xla_enable_async_all_gather=true",
 )
 
+# libtpu's layer scheduler, set by deepseek-v3's and gpt-oss-120b's published recipes (libtpu
+# refuses it without --xla_tpu_enable_sparse_core_collective_aggregator=true). With it the
+# unembedding's weight gradient no longer waits for the layers' backward: the logits' gradient
+# is not kept beside them (compiled for TPU7x, 2026-12-07: qwen3-235b's MaxText recipe with it
+# 60.34 GiB a device, no logits' gradient at the peak, 80.33 without; deepseek-v3's without it
+# keeps its 8.47 GB beside the layers' loop: benchmarks/data/floor_predictions.csv).
+LAYER_SCHEDULER = "--xla_tpu_enable_latency_hiding_layer_scheduler"
+
+
+def flag_on(flags: list[str], name: str) -> bool:
+    """Whether the last of `flags` that sets the boolean flag `name` (`--name`, `--name=true`,
+    `=1`, `=ENABLED`) turns it on: libtpu reads the last (a compile with the layer scheduler set
+    true, then false, kept the logits' gradient it keeps without the flag)."""
+    value = None
+    for flag in flags:
+        key, _, given = flag.partition("=")
+        if key == name:
+            value = given or "true"
+    return value is not None and value.lower() in ("true", "1", "enabled")
+
+
 _PROBE = (
     "from jax.experimental import topologies\n"
     "topologies.get_topology_desc(platform='tpu', topology_name='tpu7x:2x2x1')\n"
