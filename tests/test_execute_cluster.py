@@ -20,7 +20,7 @@ import ray
 from mlflow.tracking import MlflowClient
 from ray.cluster_utils import Cluster
 
-from sweeper.execute.cluster import WORKER_NICENESS, place, shipped_code
+from sweeper.execute.cluster import place, shipped_code
 from sweeper.execute.placement import LABEL_SLICE
 from sweeper.space.errors import SpaceError
 from sweeper.space.load import load_space
@@ -50,10 +50,9 @@ def tpu_cluster():
                     "ray.io/tpu-topology": "2x2x2",
                     "ray.io/tpu-pod-type": "v7x-16",
                 },
-                # As docs/cluster.md asks of a cluster: its workers at the raylet's priority.
-                env_vars={"TPU_NAME": name, "TPU_WORKER_ID": str(worker), WORKER_NICENESS: "0"},
+                env_vars={"TPU_NAME": name, "TPU_WORKER_ID": str(worker)},
             )
-    gpu_node = cluster.add_node(num_cpus=1, num_gpus=2, env_vars={WORKER_NICENESS: "0"})
+    gpu_node = cluster.add_node(num_cpus=1, num_gpus=2)
     cluster.gpu_node_id = gpu_node.node_id
     # As `sweeper run --address` does: the nodes import the driver's copy of the code.
     ray.init(

@@ -4,10 +4,12 @@ work, a CPU sweep's trials then started a minute or more late: sweeper/execute/c
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
+from sweeper.execute.cluster import WORKER_NICENESS
 from tests.helpers import REPO
 
 # A private Ray started as a sweep starts it; a task there reports its niceness and that of a
@@ -28,7 +30,8 @@ _PROBE = textwrap.dedent("""
 
 
 def test_a_private_rays_workers_and_their_children_run_at_the_drivers_niceness():
-    done = subprocess.run(["nice", "-n", "5", sys.executable, "-c", _PROBE], cwd=REPO,
+    env = {k: v for k, v in os.environ.items() if k != WORKER_NICENESS}  # as a user's shell
+    done = subprocess.run(["nice", "-n", "5", sys.executable, "-c", _PROBE], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("NICE")]
