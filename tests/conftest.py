@@ -16,7 +16,7 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # The Ray clusters the suite starts stand for a user's own (a pipeline's ray.init, a
 # cluster_utils cluster): started as docs/cluster.md asks, their workers (and the trainers
-# they start) not 15 niceness steps below the suite's other worker, which starved them.
+# they start) at the suite's own priority, not 15 niceness steps below its other worker.
 os.environ.setdefault("RAY_worker_niceness", "0")
 # The many run trials of the suite (sweeps, trainer processes) share JAX's persistent
 # compilation cache: a tiny model's 8 s CPU compile becomes a 1 s load. Run trials only
