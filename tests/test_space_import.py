@@ -598,9 +598,7 @@ _DEEPSEEK_OVER = pytest.mark.xfail(
 
 
 _COMPILED = [
-    pytest.param(p, marks=_DEEPSEEK_OVER)
-    if "deepseek3-671b/4k-bf16-tpu7x-4x4x8" in p or "deepseek3-671b/4k-fp8-tpu7x-4x4x8" in p
-    else p
+    pytest.param(p, marks=_DEEPSEEK_OVER) if "deepseek3-671b" in p and "tpu7x-4x4x8" in p else p
     for p in _compiled_recipes()
 ]
 
@@ -668,7 +666,7 @@ def test_under_the_layer_scheduler_no_logits_are_kept_beside_the_layers_backward
 
     space = imported(f"{IRONWOOD}qwen3-235b-a22b/4k-bf16-tpu7x-4x8x8/xpk/run_recipe.sh")[1]
     (start,) = space.search.warm_start
-    config = static_check(space, {k: v for k, v in start.items() if k not in maxtext_knobs(start)})
+    config = static_check(space, start)
     xla = config.xla.model_copy(update={"extra": [*config.xla.extra, *flags]})
     topology = space.target.tpu
     est = estimate(config.model_copy(update={"xla": xla}), topology.accelerator,

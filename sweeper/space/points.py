@@ -178,13 +178,13 @@ def count_points(space: Space) -> int | None:
             return counts[memo]
         knob = space.knobs[keys[i]]
         if not active(knob, point):
-            counts[memo] = walk(i + 1, point)
-            return counts[memo]
-        values = knob.candidates()
-        if values is None:
+            count = walk(i + 1, point)
+        elif (values := knob.candidates()) is None:
             raise OverflowError
-        counts[memo] = sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
-        return counts[memo]
+        else:
+            count = sum(walk(i + 1, {**point, keys[i]: v}) for v in values)
+        counts[memo] = count
+        return count
 
     try:
         return walk(0, {})
