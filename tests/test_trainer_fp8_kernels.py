@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_trainer, trial
-from trainer.model.attention import reference_attention, splash_attention, splash_config
+from trainer.model.attention import reference_attention
 from trainer.model.grouped_matmul import grouped_matmul
+from trainer.model.splash import splash_attention, splash_config
 from trainer.program.build import build_program
 from trainer.run.train import check_convergence, train
 from trainer.trial.checks import check_static
@@ -681,7 +682,7 @@ def test_cudnn_attention_is_refused_where_it_cannot_run():
 def test_load_balanced_mask_is_lazy_and_causal_in_positions():
     """The context-parallel Splash mask is computed from each row's position (no S x S array),
     and undoing the pipeline's chunk order puts gathered keys back in position order."""
-    from trainer.model.attention import LoadBalancedCausalMask
+    from trainer.model.splash import LoadBalancedCausalMask
     from trainer.parallel.context import load_balance_order, natural_chunk_order
 
     s, context = 32, 2

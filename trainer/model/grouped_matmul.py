@@ -5,19 +5,21 @@ trainer/model/fp8_gmm.py. Off TPU the Pallas kernels run with interpret=True."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-import tokamax
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.extend import backend
-from tokamax._src.ops.ragged_dot import base as ragged_dot_base
-from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
 
-from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
 from trainer.trial import tokamax_tiles
 from trainer.trial.config import GMM_PASSES, KernelsConfig, PrecisionConfig, TokamaxTiles
 from trainer.trial.hardware import Backend
+
+if TYPE_CHECKING:
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
+
+# tokamax (1.8 s to import) is imported where a trial runs its kernels, not by every trial.
 
 # tokamax's grouped-matmul kernels for NVIDIA GPUs, in tokamax's own order of preference.
 # Which of them builds depends on the JAX and tokamax a host carries (seen in deviceless H200
@@ -35,6 +37,7 @@ def tokamax_gpu_gmm(
     `device` (a GPU, or an AOT target's), forward and both gradients on a small problem, or
     None; and why each one before it did not. Tracing is where version skew shows (an API a
     kernel calls is gone); nothing runs."""
+    import tokamax
     from tokamax._src import config as tokamax_config
 
     x = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
@@ -76,6 +79,8 @@ def tokamax_tpu_configs(
 ) -> dict[str, tokamax_tpu.Config | None]:
     """The tile config of tokamax's TPU kernel for each pass (`tokamax_tiles.picks`); None:
     tokamax's own choice."""
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
+
     (m, k), (groups, _, n) = x_MxK.shape, w_GxKxN.shape
     configs: dict[str, tokamax_tpu.Config | None] = {}
     for name, (picked, buffers) in tokamax_tiles.picks((m, k, n), groups, weight, tiles,
@@ -93,6 +98,8 @@ def tokamax_tpu_configs(
 def _tokamax_tpu(config: tokamax_tpu.Config | None, **fields):
     """tokamax's TPU kernel with `config` (None: its choice), then its XLA path where the
     kernel declines a shape (any dim under 128), as tokamax's default order does."""
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
+
     return (tokamax_tpu.PallasMosaicTpuRaggedDot(config=config, **fields), "xla")
 
 
@@ -100,6 +107,10 @@ def tokamax_tpu_gmm(x_MxK, w_GxKxN, group_sizes_G, weight: str, tiles: TokamaxTi
     """tokamax.ragged_dot on TPU with the knob's tiles for each pass (tokamax's own VJP, its
     gradient kernels given their tiles); without any, tokamax's default (its table's tiles,
     tokamax 0.0.12) or MaxText's (tokamax 0.0.17)."""
+    import tokamax
+    from tokamax._src.ops.ragged_dot import base as ragged_dot_base
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tokamax_tpu
+
     if tiles.is_default and tokamax_tiles.UNSET is None:
         return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G)
     configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, tiles, fp8=False)
@@ -132,6 +143,8 @@ def grouped_matmul(
     which multiplies the dequantized operands: the same quantization, emulated). `weight`
     (wi, wo) picks tokamax's TPU tiles (`kernels.tokamax_tiles`)."""
     if fp8 is not None:  # moe_gmm tokamax, not on GPU (config.check_fp8_experts)
+        from trainer.model.fp8_gmm import Fp8Gmm, fp8_grouped_matmul
+
         passes: tuple = ("xla",) * 3
         if platform == "tpu":
             configs = tokamax_tpu_configs(x_MxK, w_GxKxN, weight, kernels.tokamax_tiles, True)
@@ -144,6 +157,8 @@ def grouped_matmul(
         # moe_gmm ragged_dot, as the knob's effect then says), not tokamax's own XLA path.
         kernel = tokamax_gpu_gmm(default_device())[0] if platform == "gpu" else None
         if kernel:
+            import tokamax
+
             return tokamax.ragged_dot(x_MxK, w_GxKxN, group_sizes_G, implementation=kernel)
         moe_gmm = "ragged_dot"
     if moe_gmm == "ragged_dot":

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax.numpy as jnp
-import qwix
 
 from trainer.trial.config import ConfigError, PrecisionConfig
+
+if TYPE_CHECKING:  # imported by an fp8 trial only
+    import qwix
 
 FORMATS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 # Weight matmuls go through lax.dot_general (dense) and lax.ragged_dot (MoE); attention's
@@ -18,6 +22,8 @@ MODULE_PATH = "layers/.*"
 
 
 def qt_rule(precision: PrecisionConfig, experts_in_tokamax: bool = False) -> qwix.QtRule:
+    import qwix
+
     if precision.mode == "int8":  # forward and backward operands alike (MaxText's int8)
         fwd = bwd = jnp.int8
     else:
@@ -47,6 +53,8 @@ def quantize(
     matmuls quantize themselves (trainer/model/fp8_gmm.py), so the rule leaves ragged_dot alone."""
     if precision.mode == "bf16":
         return model, None
+    import qwix
+
     provider = qwix.QtProvider([qt_rule(precision, experts_in_tokamax)])
     return qwix.quantize_model(model, provider), provider
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from trainer.model.attention import fused_attention, reference_attention, sharded_splash_attention
+from trainer.model.attention import fused_attention, reference_attention
 from trainer.model.loss import mean_cross_entropy
 from trainer.model.loss import unembed as output_logits
 from trainer.model.moe import MoeBlock
@@ -104,8 +104,10 @@ class Attention(nn.Module):
         chunk = ("activation_batch", "activation_length", "activation_kv_heads", None)
         k, v = (nn.with_logical_constraint(x, chunk) for x in (k, v))
         if self.kernels.attention == "splash":
+            from trainer.model.splash import sharded_splash_attention  # imports tokamax
+
             # Gathers keys and values itself; names its output and logsumexp "context"
-            # (kernels.splash_config).
+            # (splash.splash_config).
             ctx = sharded_splash_attention(
                 q, k, v, self.kernels, self.interpret, self.load_balanced
             )

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
-from trainer.model.attention import chunk_splash_attention, splash_attention
 from trainer.model.grouped_matmul import grouped_matmul, tokamax_tpu_configs
+from trainer.model.splash import chunk_splash_attention, splash_attention
 from trainer.parallel.context import load_balance_order
 from trainer.trial.config import KernelsConfig, PrecisionConfig
 
