@@ -30,8 +30,7 @@ from sweeper.execute.placement import Placement
 from sweeper.execute.processes import Handle, LocalHandle, TrainerProcess, lease_cores
 from sweeper.execute.programs import program_of
 from sweeper.execute.slices import reserve_slice, start_slice
-from sweeper.record.callback import LOG_TAIL_LINES, TRAINER_LOG
-from sweeper.record.row import TUNING_FILE
+from sweeper.record.row import LOG_TAIL_LINES, TRAINER_LOG, TUNING_FILE
 from sweeper.space.checks import static_check
 from sweeper.space.points import PROFILE_KEY, REUSE_KEY, knob_point
 from sweeper.space.schema import Space

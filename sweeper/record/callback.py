@@ -11,15 +11,13 @@ from typing import Any
 from ray import tune
 
 from sweeper.record.journal import read_state
+from sweeper.record.row import LOG_TAIL_LINES, TRAINER_LOG
 from sweeper.record.tracker import Tracker
 from sweeper.record.trial import SweepTrial
 from sweeper.space.points import OPTUNA_NUMBER_KEY, REMEASURE_KEY, knob_point
 from trainer.trial.events import FailureClass, TrialStatus
 from trainer.trial.files import write_json
 from trainer.trial.result import STATUS_KEY, TrialResult
-
-TRAINER_LOG = "trainer.log"  # in a local trial's Tune working directory
-LOG_TAIL_LINES = 60
 
 
 class TrackingCallback(tune.Callback):

@@ -67,6 +67,8 @@ class Column(StrEnum):
 
 # kernels.tune's record of a trial: in its folder, and an artifact of its MLflow run.
 TUNING_FILE = "tuning.json"
+TRAINER_LOG = "trainer.log"  # a local trial's trainer output, in its Tune working directory
+LOG_TAIL_LINES = 60  # of it, kept with a failed trial's record
 
 # Columns of the results table that hold a sampled knob: the prefix, then the knob's name.
 KNOB_PREFIX = "knob:"
