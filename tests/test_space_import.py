@@ -179,6 +179,7 @@ def test_a_model_we_have_no_preset_of_is_maxtexts_own(tmp_path):
     assert model.mlp_dim == 704 and model.vocab_size == 262144  # an expert's width
     assert (model.shared_experts, model.shared_mlp_dim, model.shared_width) == (1, 2112, 2112)
     assert "sliding_window_size=1024" in output and "shared_experts" not in output
+    assert "fsdp_transpose" not in output  # 1: nothing folded
     recipe = space.maxtext_program().recipe
     assert recipe is not None and not any("shared expert" in u for u in recipe.unmodeled)
     assert recipe.settings["model_name"] == "gemma4-26b"
@@ -194,6 +195,11 @@ def test_deepseeks_shared_expert_is_in_its_model_and_its_space_still_runs_its_re
     assert (model.mlp_dim, model.shared_experts, model.shared_width) == (2048, 1, 2048)
     assert "not modeled by the estimate: first_num_dense_layers=3" in output
     assert "shared_experts" not in output
+    # Its fsdp_transpose 2 becomes fsdp, which the estimate cannot tell apart (said, not hidden).
+    assert (
+        "not modeled by the estimate: ici_fsdp_transpose_parallelism=2: read as fsdp"
+        in " ".join(output.split())
+    )
     config = static_check(space, space.search.warm_start[0])
     unmapped = to_maxtext(config, Backend.TPU).unmapped
     assert [u.field for u in unmapped if u.field.startswith("model.")] == ["model.shared_experts"]

@@ -82,6 +82,10 @@ UNMODELED = {
     "attention_bias": "biases in attention's projections",
     "inhomogeneous_layer_cycle_interval": "layers alternating every {} (e.g. sliding and full)",
 }
+# A mesh axis of MaxText's that the engine's mesh folds into fsdp (trainer.trial.maxtext's
+# _fold_mesh), so the estimate cannot tell it apart: benchmarks/data/floor_predictions.csv,
+# ninth, and docs/calibration.md.
+FSDP_TRANSPOSE = "ici_fsdp_transpose_parallelism"
 # MaxText 0.2.5's model configs, the keys the engine reads of each (SHAPE_OF, UNMODELED and
 # the MoE widths): the file says how to regenerate it from MaxText's configs/models/.
 MODELS_FILE = Path(__file__).with_name("maxtext_0.2.5_models.yaml")
@@ -536,6 +540,12 @@ def recipe_of(command: Command) -> MaxTextRecipe:
     """The command's recipe record: its settings and flags as written, and the trial they
     read as (the model of record: a preset, or MaxText's config's shape)."""
     model, unmodeled = model_of(command.settings)
+    transpose = command.settings.get(FSDP_TRANSPOSE, "1").strip()
+    if transpose != "1":
+        unmodeled.append(
+            f"{FSDP_TRANSPOSE}={transpose}: read as fsdp, where MaxText shards weights and "
+            "gradients otherwise (deepseek-v3 on 128 chips needs 42 GiB more with 2)"
+        )
     try:
         trial = from_maxtext(command.settings, command.libtpu_init_args)
     except ConfigError as exc:
